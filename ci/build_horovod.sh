@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Builds a Horovod wheel (PyTorch + MPI, no TensorFlow/MXNet) into the folder $1.
+# Horovod 0.28.1 predates two things on these machines, fixed here without patching its source:
+#  - cmake >= 4 rejects its old cmake_minimum_required: CMAKE_POLICY_VERSION_MINIMUM=3.5;
+#  - its CMake pins -std=c++14 for the torch module, torch 2.x headers need C++17:
+#    a compiler wrapper rewrites the flag.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+out="$1"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cxx_real=$(command -v "${CXX:-g++}")
+cat > "$work/cxx17" <<WRAP
+#!/usr/bin/env bash
+args=()
+for a in "\$@"; do
+    case "\$a" in -std=c++14|-std=gnu++14) a=-std=c++17;; esac
+    args+=("\$a")
+done
+exec "$cxx_real" "\${args[@]}"
+WRAP
+chmod +x "$work/cxx17"
+export CXX="$work/cxx17" CMAKE_POLICY_VERSION_MINIMUM=3.5
+export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
+       HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_CPU_OPERATIONS=MPI
+export MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="${HOROVOD_BUILD_ARCH_FLAGS:-}"
+"$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$out" "horovod==$HOROVOD_VERSION"

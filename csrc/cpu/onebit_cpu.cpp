@@ -1,0 +1,332 @@
+// 1-bit codec with fused error feedback, CPU.
+//
+// Encode is two passes over v = g + r:
+//   1. per-column sums of the non-negative and negative entries and the count of
+//      non-negative ones (rows split across threads, partial sums combined after);
+//   2. pack the sign bits (8 values -> 1 byte) and, in the same pass, overwrite r with
+//      v - decoded (the error-feedback update).
+// Decode-sum walks the output in blocks small enough to stay in cache, adding each of the
+// K payloads' reconstruction into the block before writing it once.
+#include "onebit_cpu.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <type_traits>
+#include <vector>
+
+#include "../checks.h"
+#include "simd.h"
+
+namespace {
+
+template <typename T> struct Acc { using type = float; };
+template <> struct Acc<double> { using type = double; };
+
+constexpr int64_t kGrain = 1 << 15;     // elements per task below which threads do not pay off
+constexpr int64_t kLanes = 16;          // independent accumulators of the one-column reduction
+constexpr int64_t kMaxChunkRows = 1 << 22;  // float counts stay exact well below 2^24
+
+int64_t num_chunks(int64_t work, int64_t rows) {
+  const int64_t by_threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work / kGrain));
+  return std::max(by_threads, (rows + kMaxChunkRows - 1) / kMaxChunkRows);
+}
+
+inline void finish_column(double p, double m, double cnt, double rows, float* a_pos, float* a_neg) {
+  const double neg = rows - cnt;
+  *a_pos = cnt > 0 ? static_cast<float>(p / cnt) : 0.f;
+  *a_neg = neg > 0 ? static_cast<float>(m / neg) : 0.f;
+}
+
+// Pass 1: per-column mean of the non-negative and of the negative entries of v = g (+ r).
+template <typename scalar_t, bool kResidual>
+void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t cols, float* a_pos, float* a_neg) {
+  using acc_t = typename Acc<scalar_t>::type;
+  const int64_t n = rows * cols;
+  if (cols == 1) {
+    // One column: a reduction over kLanes interleaved accumulators (vectorizes without
+    // reassociating floats), chunks across threads, combined in double.
+    const int64_t chunks = num_chunks(n, n / kLanes);
+    std::vector<double> part(3 * chunks, 0.0);
+    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+#if defined(__SSE2__)
+        if constexpr (std::is_same<scalar_t, float>::value) {
+          hgc::sse_sums_1col<kResidual>(g, r, lo, hi, &part[3 * c]);
+          continue;
+        }
+#endif
+        acc_t p[kLanes] = {}, m[kLanes] = {}, cnt[kLanes] = {};
+        int64_t i = lo;
+        for (; i + kLanes <= hi; i += kLanes) {
+          for (int64_t l = 0; l < kLanes; ++l) {
+            acc_t v = static_cast<acc_t>(g[i + l]);
+            if (kResidual) v += static_cast<acc_t>(r[i + l]);
+            const bool nonneg = v >= acc_t(0);
+            p[l] += nonneg ? v : acc_t(0);
+            m[l] += nonneg ? acc_t(0) : v;
+            cnt[l] += nonneg ? acc_t(1) : acc_t(0);
+          }
+        }
+        for (; i < hi; ++i) {
+          acc_t v = static_cast<acc_t>(g[i]);
+          if (kResidual) v += static_cast<acc_t>(r[i]);
+          const bool nonneg = v >= acc_t(0);
+          p[0] += nonneg ? v : acc_t(0);
+          m[0] += nonneg ? acc_t(0) : v;
+          cnt[0] += nonneg ? acc_t(1) : acc_t(0);
+        }
+        for (int64_t l = 0; l < kLanes; ++l) {
+          part[3 * c] += p[l]; part[3 * c + 1] += m[l]; part[3 * c + 2] += cnt[l];
+        }
+      }
+    });
+    double p = 0, m = 0, cnt = 0;
+    for (int64_t c = 0; c < chunks; ++c) { p += part[3 * c]; m += part[3 * c + 1]; cnt += part[3 * c + 2]; }
+    finish_column(p, m, cnt, static_cast<double>(n), a_pos, a_neg);
+    return;
+  }
+  // Several columns: each chunk of rows accumulates into its own column arrays; the inner
+  // loop runs along a row, so it is contiguous and vectorizes.
+  const int64_t chunks = num_chunks(n, rows);
+  std::vector<acc_t> sp(chunks * cols, acc_t(0)), sn(chunks * cols, acc_t(0)), sc(chunks * cols, acc_t(0));
+  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
+    for (int64_t c = c0; c < c1; ++c) {
+      acc_t* __restrict__ p = sp.data() + c * cols;
+      acc_t* __restrict__ m = sn.data() + c * cols;
+      acc_t* __restrict__ cnt = sc.data() + c * cols;
+      for (int64_t row = rows * c / chunks; row < rows * (c + 1) / chunks; ++row) {
+        const scalar_t* __restrict__ gr = g + row * cols;
+        const scalar_t* __restrict__ rr = kResidual ? r + row * cols : nullptr;
+#if defined(__SSE2__)
+        if constexpr (std::is_same<scalar_t, float>::value) {
+          hgc::sse_sums_row<kResidual>(gr, rr, cols, p, m, cnt);
+          continue;
+        }
+#endif
+        for (int64_t j = 0; j < cols; ++j) {
+          acc_t v = static_cast<acc_t>(gr[j]);
+          if (kResidual) v += static_cast<acc_t>(rr[j]);
+          const bool nonneg = v >= acc_t(0);
+          p[j] += nonneg ? v : acc_t(0);
+          m[j] += nonneg ? acc_t(0) : v;
+          cnt[j] += nonneg ? acc_t(1) : acc_t(0);
+        }
+      }
+    }
+  });
+  at::parallel_for(0, cols, kGrain, [&](int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; ++j) {
+      double p = 0, m = 0, cnt = 0;
+      for (int64_t c = 0; c < chunks; ++c) { p += sp[c * cols + j]; m += sn[c * cols + j]; cnt += sc[c * cols + j]; }
+      finish_column(p, m, cnt, static_cast<double>(rows), a_pos + j, a_neg + j);
+    }
+  });
+}
+
+// Pass 2 over bytes [b0, b1): pack the sign bits and, with a residual, store v - decoded.
+template <typename scalar_t, bool kResidual>
+void pack_range(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, const float* a_pos, const float* a_neg,
+                uint8_t* bits, int64_t b0, int64_t b1) {
+  using acc_t = typename Acc<scalar_t>::type;
+  int64_t i = b0 * 8;
+  if (cols == 1 || cols % 8 == 0) {
+    // The 8 values of a byte share one row: their columns are j..j+7 (or the one column).
+    acc_t ones_p[8], ones_n[8];
+    std::fill(ones_p, ones_p + 8, static_cast<acc_t>(a_pos[0]));
+    std::fill(ones_n, ones_n + 8, static_cast<acc_t>(a_neg[0]));
+    acc_t col_p[8], col_n[8];
+    const int64_t full_end = std::min(b1, n / 8);
+    int64_t j = cols == 1 ? 0 : i % cols;
+    for (int64_t b = b0; b < full_end; ++b, i += 8) {
+#if defined(__SSE2__)
+      if constexpr (std::is_same<scalar_t, float>::value) {
+        if (cols == 1) {
+          bits[b] = hgc::sse_pack8<kResidual>(g + i, r + i, ones_p, ones_n);
+        } else {
+          bits[b] = hgc::sse_pack8<kResidual>(g + i, r + i, a_pos + j, a_neg + j);
+          j += 8;
+          if (j == cols) j = 0;
+        }
+        continue;
+      }
+#endif
+      acc_t v[8];
+      for (int k = 0; k < 8; ++k) {
+        v[k] = static_cast<acc_t>(g[i + k]);
+        if (kResidual) v[k] += static_cast<acc_t>(r[i + k]);
+      }
+      bits[b] = hgc::sign_byte(v);
+      if (kResidual) {
+        const acc_t* P = ones_p;
+        const acc_t* N = ones_n;
+        if (cols != 1) {
+          for (int k = 0; k < 8; ++k) { col_p[k] = a_pos[j + k]; col_n[k] = a_neg[j + k]; }
+          P = col_p; N = col_n;
+          j += 8;
+          if (j == cols) j = 0;
+        }
+        for (int k = 0; k < 8; ++k) r[i + k] = static_cast<scalar_t>(v[k] - (v[k] >= acc_t(0) ? P[k] : N[k]));
+      }
+    }
+    b0 = full_end;
+  }
+  // Any column count (and the last, partial byte): element by element with a wrapping column.
+  int64_t j = cols ? i % cols : 0;
+  for (int64_t b = b0; b < b1; ++b) {
+    uint8_t byte = 0;
+    for (int k = 0; k < 8 && i < n; ++k, ++i) {
+      acc_t v = static_cast<acc_t>(g[i]);
+      if (kResidual) v += static_cast<acc_t>(r[i]);
+      const bool nonneg = v >= acc_t(0);
+      byte |= static_cast<uint8_t>(nonneg) << k;
+      if (kResidual) r[i] = static_cast<scalar_t>(v - static_cast<acc_t>(nonneg ? a_pos[j] : a_neg[j]));
+      if (++j == cols) j = 0;
+    }
+    bits[b] = byte;
+  }
+}
+
+template <typename scalar_t, bool kResidual>
+void encode_impl(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, uint8_t* bits, float* scales) {
+  const int64_t rows = cols ? n / cols : 0;
+  float* a_pos = scales;
+  float* a_neg = scales + cols;
+  if (n == 0) return;
+  column_stats<scalar_t, kResidual>(g, r, rows, cols, a_pos, a_neg);
+  at::parallel_for(0, (n + 7) / 8, kGrain / 8, [&](int64_t b0, int64_t b1) {
+    pack_range<scalar_t, kResidual>(g, r, n, cols, a_pos, a_neg, bits, b0, b1);
+  });
+}
+
+// acc[t] += bit(start + t) ? a+[col] : a-[col] for t < len, one payload.
+inline void add_payload(const uint8_t* bk, const float* ap, const float* an, int64_t cols, int64_t start,
+                        int64_t len, float* acc) {
+  int64_t t = 0;
+  if (cols == 1 || cols % 8 == 0) {
+    float ones_p[8], ones_n[8];
+    std::fill(ones_p, ones_p + 8, ap[0]);
+    std::fill(ones_n, ones_n + 8, an[0]);
+    int64_t j = cols == 1 ? 0 : start % cols;
+    for (; t + 8 <= len; t += 8) {
+      const uint8_t byte = bk[(start + t) >> 3];
+      if (cols == 1) {
+        hgc::add_select8(byte, ones_p, ones_n, acc + t);
+      } else {
+        hgc::add_select8(byte, ap + j, an + j, acc + t);
+        j += 8;
+        if (j == cols) j = 0;
+      }
+    }
+  }
+  int64_t j = cols ? (start + t) % cols : 0;
+  for (; t < len; ++t) {
+    const int64_t i = start + t;
+    acc[t] += ((bk[i >> 3] >> (i & 7)) & 1) ? ap[j] : an[j];
+    if (++j == cols) j = 0;
+  }
+}
+
+// out[i] = scale * sum_k (bit_k(i) ? a+_k[col(i)] : a-_k[col(i)]) for i in [lo, hi), lo % 8 == 0.
+// Sums in float (in double for double outputs), a cache-sized block at a time.
+template <typename scalar_t>
+void decode_sum_range(const uint8_t* bits, int64_t bits_stride, const float* scales, int64_t scales_stride,
+                      int64_t K, int64_t cols, double scale, scalar_t* out, int64_t lo, int64_t hi) {
+  constexpr int64_t kBlock = 4096;  // a multiple of 8: blocks start on byte boundaries
+  if (std::is_same<scalar_t, double>::value) {
+    for (int64_t i = lo; i < hi; ++i) {
+      double acc = 0;
+      const int64_t j = i % cols;
+      for (int64_t k = 0; k < K; ++k) {
+        const float* ap = scales + k * scales_stride;
+        acc += ((bits[k * bits_stride + (i >> 3)] >> (i & 7)) & 1) ? ap[j] : ap[cols + j];
+      }
+      out[i] = static_cast<scalar_t>(acc * scale);
+    }
+    return;
+  }
+  float acc[kBlock];
+  const float s = static_cast<float>(scale);
+  for (int64_t start = lo; start < hi; start += kBlock) {
+    const int64_t len = std::min(kBlock, hi - start);
+    std::fill(acc, acc + len, 0.f);
+    for (int64_t k = 0; k < K; ++k) {
+      const float* ap = scales + k * scales_stride;
+      add_payload(bits + k * bits_stride, ap, ap + cols, cols, start, len, acc);
+    }
+    for (int64_t t = 0; t < len; ++t) out[start + t] = static_cast<scalar_t>(acc[t] * s);
+  }
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
+                                                     const c10::optional<at::Tensor>& residual,
+                                                     int64_t cols) {
+  HGC_CHECK_CPU(grad);
+  HGC_CHECK_CONTIGUOUS(grad);
+  HGC_CHECK_FLOATING(grad);
+  const int64_t n = grad.numel();
+  TORCH_CHECK(cols >= 0 && (n == 0 || (cols > 0 && n % cols == 0)),
+              "onebit_encode: ", n, " values do not split into columns of ", cols);
+  const bool has_res = residual.has_value() && residual->defined();
+  if (has_res) {
+    HGC_CHECK_CPU(*residual);
+    HGC_CHECK_CONTIGUOUS(*residual);
+    TORCH_CHECK(residual->scalar_type() == grad.scalar_type(), "onebit_encode: residual dtype ",
+                residual->scalar_type(), " differs from gradient dtype ", grad.scalar_type());
+    TORCH_CHECK(residual->numel() == n, "onebit_encode: residual has ", residual->numel(),
+                " values, gradient ", n);
+  }
+  auto bits = at::empty({(n + 7) / 8}, grad.options().dtype(at::kByte));
+  auto scales = at::zeros({2 * cols}, grad.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "onebit_encode_cpu", [&] {
+    const auto* g = grad.data_ptr<scalar_t>();
+    if (has_res) {
+      encode_impl<scalar_t, true>(g, residual->data_ptr<scalar_t>(), n, cols, bits.data_ptr<uint8_t>(),
+                                  scales.data_ptr<float>());
+    } else {
+      encode_impl<scalar_t, false>(g, nullptr, n, cols, bits.data_ptr<uint8_t>(), scales.data_ptr<float>());
+    }
+  });
+  return {bits, scales};
+}
+
+at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
+                                 at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
+  HGC_CHECK_CPU(bits);
+  HGC_CHECK_CPU(scales);
+  TORCH_CHECK(bits.scalar_type() == at::kByte, "onebit_decode: bits must be uint8, got ", bits.scalar_type());
+  TORCH_CHECK(scales.scalar_type() == at::kFloat, "onebit_decode: scales must be float32, got ",
+              scales.scalar_type());
+  TORCH_CHECK(bits.dim() == 2 && scales.dim() == 2 && bits.size(0) == scales.size(0),
+              "onebit_decode_sum: expected bits [K, nbytes] and scales [K, 2*cols] with the same K");
+  TORCH_CHECK(bits.stride(1) == 1 && scales.stride(1) == 1, "onebit_decode_sum: rows must be contiguous");
+  TORCH_CHECK(bits.size(1) >= (n + 7) / 8, "onebit_decode: ", bits.size(1), " bytes of bits cannot hold ", n,
+              " values");
+  TORCH_CHECK(scales.size(1) == 2 * cols, "onebit_decode: expected ", 2 * cols, " scales, got ", scales.size(1));
+  TORCH_CHECK(cols >= 0 && (n == 0 || (cols > 0 && n % cols == 0)), "onebit_decode: ", n,
+              " values do not split into columns of ", cols);
+  at::Tensor out;
+  if (out_opt.has_value() && out_opt->defined()) {
+    out = *out_opt;
+    HGC_CHECK_CPU(out);
+    HGC_CHECK_CONTIGUOUS(out);
+    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, "onebit_decode: out must hold ", n, " values of ",
+                dtype, ", got ", out.numel(), " of ", out.scalar_type());
+  } else {
+    out = at::empty({n}, bits.options().dtype(dtype));
+  }
+  const int64_t K = bits.size(0);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "onebit_decode_sum_cpu", [&] {
+    auto* o = out.data_ptr<scalar_t>();
+    const int64_t nbytes = (n + 7) / 8;
+    at::parallel_for(0, nbytes, kGrain / 8, [&](int64_t b0, int64_t b1) {
+      decode_sum_range<scalar_t>(bits.data_ptr<uint8_t>(), bits.stride(0), scales.data_ptr<float>(),
+                                 scales.stride(0), K, cols, scale, o, b0 * 8, std::min(n, b1 * 8));
+    });
+  });
+  return out;
+}

@@ -1,0 +1,18 @@
+// 1-bit codec, CPU kernels (see horovod_gradcomp/codecs/onebit.py for the wire format).
+#pragma once
+#include <torch/extension.h>
+#include <tuple>
+
+// grad: contiguous float tensor of n values viewed as [n / cols, cols]. When residual is
+// given (same dtype, contiguous, n values) it is added first and overwritten with the new
+// quantization error. Returns (bits uint8[ceil(n/8)], scales float32[2*cols]).
+std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
+                                                     const c10::optional<at::Tensor>& residual,
+                                                     int64_t cols);
+
+// scale * sum_k decode(bits[k], scales[k]) as a flat tensor of n values of `dtype`.
+// bits: uint8 [K, >= ceil(n/8)] (rows may be strided), scales: float32 [K, 2*cols].
+// Written into `out` (contiguous, n values of dtype) when given, else into a new tensor.
+at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n,
+                                 int64_t cols, at::ScalarType dtype, double scale,
+                                 const c10::optional<at::Tensor>& out);

@@ -1,0 +1,133 @@
+// Small SIMD helpers for the CPU kernels: 8 values <-> 8 sign bits.
+// x86-64 always has SSE2; other architectures take the scalar loops.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+namespace hgc {
+
+// Byte whose bit k is set where v[k] >= 0 (NaN gives 0).
+inline uint8_t sign_byte(const float* v) {
+#if defined(__SSE2__)
+  const __m128 z = _mm_setzero_ps();
+  const int lo = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(v), z));
+  const int hi = _mm_movemask_ps(_mm_cmpge_ps(_mm_loadu_ps(v + 4), z));
+  return static_cast<uint8_t>(lo | (hi << 4));
+#else
+  uint8_t b = 0;
+  for (int k = 0; k < 8; ++k) b |= static_cast<uint8_t>(v[k] >= 0.f) << k;
+  return b;
+#endif
+}
+
+inline uint8_t sign_byte(const double* v) {
+#if defined(__SSE2__)
+  const __m128d z = _mm_setzero_pd();
+  int b = 0;
+  for (int q = 0; q < 4; ++q) b |= _mm_movemask_pd(_mm_cmpge_pd(_mm_loadu_pd(v + 2 * q), z)) << (2 * q);
+  return static_cast<uint8_t>(b);
+#else
+  uint8_t b = 0;
+  for (int k = 0; k < 8; ++k) b |= static_cast<uint8_t>(v[k] >= 0.0) << k;
+  return b;
+#endif
+}
+
+// out[k] += bit k of `byte` ? pos[k] : neg[k], for k < 8.
+inline void add_select8(uint8_t byte, const float* pos, const float* neg, float* out) {
+#if defined(__SSE2__)
+  const __m128i b = _mm_set1_epi32(byte);
+  const __m128i sel_lo = _mm_setr_epi32(1, 2, 4, 8), sel_hi = _mm_setr_epi32(16, 32, 64, 128);
+  const __m128 m_lo = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, sel_lo), sel_lo));
+  const __m128 m_hi = _mm_castsi128_ps(_mm_cmpeq_epi32(_mm_and_si128(b, sel_hi), sel_hi));
+  const __m128 lo = _mm_or_ps(_mm_and_ps(m_lo, _mm_loadu_ps(pos)), _mm_andnot_ps(m_lo, _mm_loadu_ps(neg)));
+  const __m128 hi = _mm_or_ps(_mm_and_ps(m_hi, _mm_loadu_ps(pos + 4)), _mm_andnot_ps(m_hi, _mm_loadu_ps(neg + 4)));
+  _mm_storeu_ps(out, _mm_add_ps(_mm_loadu_ps(out), lo));
+  _mm_storeu_ps(out + 4, _mm_add_ps(_mm_loadu_ps(out + 4), hi));
+#else
+  for (int k = 0; k < 8; ++k) out[k] += ((byte >> k) & 1) ? pos[k] : neg[k];
+#endif
+}
+
+}  // namespace hgc
+
+#if defined(__SSE2__)
+namespace hgc {
+
+// fp32 fast paths of the 1-bit encoder (the scalar templates in onebit_cpu.cpp serve the
+// other dtypes and non-x86 builds). kRes: add the residual r to g first.
+
+// Sums over v = g (+ r) of [lo, hi): non-negative sum, negative sum, non-negative count.
+template <bool kRes>
+inline void sse_sums_1col(const float* g, const float* r, int64_t lo, int64_t hi, double* out3) {
+  const __m128 z = _mm_setzero_ps(), one = _mm_set1_ps(1.f);
+  __m128 p0 = z, p1 = z, m0 = z, m1 = z, c0 = z, c1 = z;
+  int64_t i = lo;
+  double c = 0.0;
+  // Float counts stay exact for < 2^24 per lane: flush every 2^22 iterations.
+  while (i + 8 <= hi) {
+    const int64_t stop = std::min<int64_t>(hi - 7, i + (int64_t(1) << 25));
+    for (; i < stop; i += 8) {
+      __m128 v0 = _mm_loadu_ps(g + i), v1 = _mm_loadu_ps(g + i + 4);
+      if (kRes) { v0 = _mm_add_ps(v0, _mm_loadu_ps(r + i)); v1 = _mm_add_ps(v1, _mm_loadu_ps(r + i + 4)); }
+      const __m128 k0 = _mm_cmpge_ps(v0, z), k1 = _mm_cmpge_ps(v1, z);
+      p0 = _mm_add_ps(p0, _mm_and_ps(k0, v0)); p1 = _mm_add_ps(p1, _mm_and_ps(k1, v1));
+      m0 = _mm_add_ps(m0, _mm_andnot_ps(k0, v0)); m1 = _mm_add_ps(m1, _mm_andnot_ps(k1, v1));
+      c0 = _mm_add_ps(c0, _mm_and_ps(k0, one)); c1 = _mm_add_ps(c1, _mm_and_ps(k1, one));
+    }
+    float cc[4];
+    _mm_storeu_ps(cc, _mm_add_ps(c0, c1));
+    c += double(cc[0]) + cc[1] + cc[2] + cc[3];
+    c0 = c1 = z;
+  }
+  float pp[4], mm[4];
+  _mm_storeu_ps(pp, _mm_add_ps(p0, p1));
+  _mm_storeu_ps(mm, _mm_add_ps(m0, m1));
+  double p = double(pp[0]) + pp[1] + pp[2] + pp[3], m = double(mm[0]) + mm[1] + mm[2] + mm[3];
+  for (; i < hi; ++i) {
+    const float v = kRes ? g[i] + r[i] : g[i];
+    if (v >= 0.f) { p += v; c += 1; } else { m += v; }
+  }
+  out3[0] += p; out3[1] += m; out3[2] += c;
+}
+
+// Column-wise accumulation of one row of `cols` values into p/m/cnt[cols].
+template <bool kRes>
+inline void sse_sums_row(const float* g, const float* r, int64_t cols, float* p, float* m, float* cnt) {
+  const __m128 z = _mm_setzero_ps(), one = _mm_set1_ps(1.f);
+  int64_t j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    __m128 v = _mm_loadu_ps(g + j);
+    if (kRes) v = _mm_add_ps(v, _mm_loadu_ps(r + j));
+    const __m128 k = _mm_cmpge_ps(v, z);
+    _mm_storeu_ps(p + j, _mm_add_ps(_mm_loadu_ps(p + j), _mm_and_ps(k, v)));
+    _mm_storeu_ps(m + j, _mm_add_ps(_mm_loadu_ps(m + j), _mm_andnot_ps(k, v)));
+    _mm_storeu_ps(cnt + j, _mm_add_ps(_mm_loadu_ps(cnt + j), _mm_and_ps(k, one)));
+  }
+  for (; j < cols; ++j) {
+    const float v = kRes ? g[j] + r[j] : g[j];
+    if (v >= 0.f) { p[j] += v; cnt[j] += 1.f; } else { m[j] += v; }
+  }
+}
+
+// One byte of bits for the 8 values at g (+ r); with kRes, r <- v - (v >= 0 ? pos : neg).
+template <bool kRes>
+inline uint8_t sse_pack8(const float* g, float* r, const float* pos, const float* neg) {
+  const __m128 z = _mm_setzero_ps();
+  __m128 v0 = _mm_loadu_ps(g), v1 = _mm_loadu_ps(g + 4);
+  if (kRes) { v0 = _mm_add_ps(v0, _mm_loadu_ps(r)); v1 = _mm_add_ps(v1, _mm_loadu_ps(r + 4)); }
+  const __m128 k0 = _mm_cmpge_ps(v0, z), k1 = _mm_cmpge_ps(v1, z);
+  if (kRes) {
+    const __m128 q0 = _mm_or_ps(_mm_and_ps(k0, _mm_loadu_ps(pos)), _mm_andnot_ps(k0, _mm_loadu_ps(neg)));
+    const __m128 q1 = _mm_or_ps(_mm_and_ps(k1, _mm_loadu_ps(pos + 4)), _mm_andnot_ps(k1, _mm_loadu_ps(neg + 4)));
+    _mm_storeu_ps(r, _mm_sub_ps(v0, q0));
+    _mm_storeu_ps(r + 4, _mm_sub_ps(v1, q1));
+  }
+  return static_cast<uint8_t>(_mm_movemask_ps(k0) | (_mm_movemask_ps(k1) << 4));
+}
+
+}  // namespace hgc
+#endif

@@ -1,0 +1,13 @@
+"""horovod_gradcomp: gradient compression for data-parallel PyTorch training with Horovod.
+
+A thin facade: everything is defined in the submodules and re-exported here.
+"""
+from ._version import __version__
+from .native import NativeUnavailableError, native_available, native_error, native_has_cuda
+from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
+from .horovod_adapter import Compression
+
+__all__ = [
+    "__version__", "Codec", "Compression", "NativeUnavailableError", "Payload", "available_codecs",
+    "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
+]

@@ -1,0 +1,306 @@
+"""``python -m horovod_gradcomp.bench codecs``: encode/decode speed and wire size of every codec.
+
+What is measured, per (codec, impl):
+
+* one fp32 gradient per parameter of ResNet-50 (161 tensors, 25.6 M values), drawn from a
+  standard normal with a fixed seed, on the CPU;
+* ``encode_ms``: one pass encoding all tensors in parameter order. Codecs that fuse error
+  feedback (``codec.fuses_feedback``) get a residual per tensor, as in training; residuals
+  are zeroed before every pass, outside the timed region;
+* ``decode_ms``: one pass decoding all the payloads of that encode pass;
+* ``bytes``: summed ``payload.nbytes`` (exact wire bytes); ``ratio = 4 * numel / bytes``.
+
+Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
+call on the first tensor. The pure-torch reference impl is slow, so it runs
+``--reference-repeat`` passes (default: ``min(repeat, 2)``).
+
+Codecs come from the registry (``available_codecs()``), so a newly registered codec shows
+up without touching this file. ``--codecs name:key=value`` passes options to
+``get_codec``; they are echoed in the row's ``options`` key. The ``fp16`` baseline row
+(impl ``torch``: ``tensor.half()`` / ``.float()``, 2 bytes a value) is always there unless
+``--codecs`` leaves it out.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import gc
+import json
+import statistics
+import sys
+import time
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from .. import available_codecs, get_codec, native_available, native_error
+from ..codecs import Payload
+from ..native import NativeUnavailableError
+from .shapes import Shape, resnet50_shapes, total_numel
+
+COMMAND = "codecs"
+HELP = "encode/decode time and wire bytes of every codec on ResNet-50's gradients"
+
+BASELINE = "fp16"
+IMPLS = ("native", "reference")
+REQUIRED_KEYS = ("codec", "impl", "numel", "encode_ms", "decode_ms", "bytes", "ratio")
+
+CodecSpec = Tuple[str, Dict[str, object]]
+
+
+class Fp16Baseline:
+    """Codec-shaped stand-in for "just send fp16": encode is ``half()``, decode ``float()``."""
+
+    name = BASELINE
+    impl = "torch"
+    fuses_feedback = False
+
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
+        """Payload with one fp16 buffer (2 bytes a value); ``residual`` is ignored."""
+        return Payload({"half": tensor.half()}, tensor.shape, tensor.dtype, tensor.device)
+
+    def decode(self, payload: Payload) -> torch.Tensor:
+        """The fp16 values back in the payload's dtype."""
+        return payload.buffers["half"].to(payload.dtype)
+
+
+# -- inputs ------------------------------------------------------------------------
+
+def make_gradients(shapes: Sequence[Shape], seed: int = 0) -> List[torch.Tensor]:
+    """One contiguous fp32 N(0, 1) tensor per shape, identical for a given ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]
+
+
+def parse_codec_spec(text: str) -> CodecSpec:
+    """``"qsgd:bits=4:bucket=512"`` -> ``("qsgd", {"bits": 4, "bucket": 512})``.
+
+    Values are Python literals when they parse as such (ints, floats, True/False), strings
+    otherwise."""
+    name, *pairs = text.strip().split(":")
+    options: Dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep or not key:
+            raise ValueError(f"bad codec option {pair!r} in {text!r}: expected key=value")
+        try:
+            options[key] = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            options[key] = raw
+    return name, options
+
+
+def check_specs(specs: Sequence[CodecSpec]) -> None:
+    """Raise ValueError naming what is available when a spec names no known codec."""
+    known = {BASELINE, *available_codecs()}
+    for name, options in specs:
+        if name not in known:
+            raise ValueError(f"unknown codec {name!r}; available: {', '.join(sorted(known))}")
+        if name == BASELINE and options:
+            raise ValueError(f"the {BASELINE} baseline takes no options, got {options}")
+
+
+def default_specs() -> List[CodecSpec]:
+    """The baseline plus every registered codec with its default options."""
+    return [(BASELINE, {})] + [(name, {}) for name in available_codecs()]
+
+
+# -- timing ------------------------------------------------------------------------
+
+def _timed_ms(fn: Callable[[], object]) -> Tuple[float, object]:
+    """Run ``fn`` once with the garbage collector paused; return (milliseconds, result)."""
+    gc.collect()
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        out = fn()
+        return (time.perf_counter() - t0) * 1e3, out
+    finally:
+        gc.enable()
+
+
+def _encode_all(codec, grads: Sequence[torch.Tensor], residuals: Optional[List[torch.Tensor]]) -> List[Payload]:
+    """Encode every gradient, with its residual when ``residuals`` is given."""
+    if residuals is None:
+        return [codec.encode(g) for g in grads]
+    return [codec.encode(g, residual=r) for g, r in zip(grads, residuals)]
+
+
+def _warm_up(codec, grad: torch.Tensor) -> None:
+    """One untimed encode + decode (first-call costs: lazy init, allocator, caches)."""
+    residual = torch.zeros_like(grad) if codec.fuses_feedback else None
+    codec.decode(codec.encode(grad, residual=residual))
+
+
+def _decode_all(codec, payloads: Sequence[Payload]) -> None:
+    """Decode every payload (outputs are dropped as we go, like a real consumer would)."""
+    for p in payloads:
+        codec.decode(p)
+
+
+def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int) -> Dict[str, float]:
+    """Median encode/decode milliseconds over ``repeat`` passes, and the pass's wire bytes.
+
+    Residuals (for ``fuses_feedback`` codecs) are allocated once and zeroed before every
+    pass, so every pass encodes the same inputs."""
+    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
+    _warm_up(codec, grads[0])
+    enc, dec, nbytes = [], [], 0
+    for _ in range(max(1, repeat)):
+        if residuals is not None:
+            for r in residuals:
+                r.zero_()
+        ms, payloads = _timed_ms(lambda: _encode_all(codec, grads, residuals))
+        enc.append(ms)
+        dec.append(_timed_ms(lambda: _decode_all(codec, payloads))[0])
+        nbytes = sum(p.nbytes for p in payloads)
+    return {"encode_ms": statistics.median(enc), "decode_ms": statistics.median(dec), "bytes": nbytes}
+
+
+def make_row(name: str, impl: str, options: Dict[str, object], numel: int, timing: Dict[str, float]) -> dict:
+    """One result row: the required keys, plus ``options`` only when there are any."""
+    row = {"codec": name, "impl": impl, "numel": numel,
+           "encode_ms": round(timing["encode_ms"], 3), "decode_ms": round(timing["decode_ms"], 3),
+           "bytes": int(timing["bytes"]), "ratio": round(4 * numel / timing["bytes"], 3)}
+    if options:
+        row["options"] = dict(options)
+    return row
+
+
+# -- the run -----------------------------------------------------------------------
+
+def _log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _usable_impls(impls: Iterable[str]) -> List[str]:
+    """``impls`` minus ``native`` when the extension did not load (said loudly on stderr)."""
+    impls = list(impls)
+    for impl in impls:
+        if impl not in IMPLS:
+            raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if "native" in impls and not native_available():
+        _log("!" * 78 + "\n!! WARNING: the native extension horovod_gradcomp._C is not available: "
+             f"{native_error()}\n!! The 'native' rows are MISSING from these results; only the "
+             "slow reference impl was timed.\n" + "!" * 78)
+        impls.remove("native")
+    return impls
+
+
+def _build(name: str, impl: str, options: Dict[str, object]):
+    """The codec to time for (name, impl), or None when it cannot be built natively."""
+    if name == BASELINE:
+        return Fp16Baseline()
+    try:
+        return get_codec(name, impl=impl, **options)
+    except NativeUnavailableError as exc:
+        _log(f"!! WARNING: skipping {name}/{impl}: {exc}")
+        return None
+
+
+def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] = IMPLS, repeat: int = 3,
+              reference_repeat: Optional[int] = None, limit_tensors: Optional[int] = None,
+              seed: int = 0) -> List[dict]:
+    """Time every (codec, impl) of ``specs`` (default: baseline + all registered codecs)
+    on ResNet-50's gradients (the first ``limit_tensors`` only, when given) and return one
+    row per pair; the baseline is timed once, as impl ``torch``."""
+    specs = default_specs() if specs is None else list(specs)
+    impls = _usable_impls(impls)
+    shapes = resnet50_shapes()[:limit_tensors] if limit_tensors else resnet50_shapes()
+    grads, numel = make_gradients(shapes, seed), total_numel(shapes)
+    ref_repeat = min(repeat, 2) if reference_repeat is None else reference_repeat
+    rows = []
+    for name, options in specs:
+        for impl in (["torch"] if name == BASELINE else impls):
+            codec = _build(name, impl, options)
+            if codec is None:
+                continue
+            n = ref_repeat if impl == "reference" else repeat
+            _log(f"timing {name}/{impl}{' ' + str(options) if options else ''} on {len(shapes)} tensors, "
+                 f"{n} pass(es)")
+            rows.append(make_row(name, impl, options, numel, time_codec(codec, grads, n)))
+    return rows
+
+
+def layout_ratio(codec, shapes: Sequence[Shape], dtype: torch.dtype = torch.float32) -> float:
+    """Compression ratio of a fixed-size codec from its layout alone (nothing is encoded):
+    ``element_size * numel / sum(codec.payload_nbytes(shape))``."""
+    esize = torch.empty((), dtype=dtype).element_size()
+    return esize * total_numel(shapes) / sum(codec.payload_nbytes(s, dtype) for s in shapes)
+
+
+# -- output ------------------------------------------------------------------------
+
+def format_table(rows: Sequence[dict]) -> str:
+    """Rows as a left/right aligned text table (numbers right-aligned)."""
+    head = ["codec", "impl", "options", "numel", "encode_ms", "decode_ms", "bytes", "ratio"]
+    cells = [[r["codec"], r["impl"], ",".join(f"{k}={v}" for k, v in r.get("options", {}).items()) or "-",
+              f"{r['numel']:,}", f"{r['encode_ms']:.2f}", f"{r['decode_ms']:.2f}",
+              f"{r['bytes']:,}", f"{r['ratio']:.2f}"] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]
+    left = 3  # codec, impl, options are text
+    def fmt(line):
+        return "  ".join(c.ljust(w) if i < left else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths])] + [fmt(c) for c in cells])
+
+
+def speedup_lines(rows: Sequence[dict]) -> List[str]:
+    """One line per codec (and options) timed with both impls: reference over native time,
+    encode + decode."""
+    by_key: Dict[Tuple[str, str], Dict[str, dict]] = {}
+    for r in rows:
+        key = (r["codec"], json.dumps(r.get("options", {}), sort_keys=True))
+        by_key.setdefault(key, {})[r["impl"]] = r
+    lines = []
+    for (name, opts), impls in by_key.items():
+        if "native" in impls and "reference" in impls:
+            ref, nat = (impls[i]["encode_ms"] + impls[i]["decode_ms"] for i in ("reference", "native"))
+            label = name if opts == "{}" else f"{name} {opts}"
+            lines.append(f"{label}: native vs reference speed-up: {ref / max(nat, 1e-9):.1f}x (encode+decode)")
+    return lines
+
+
+# -- command line ------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Options of the ``codecs`` subcommand."""
+    parser.add_argument("--json", action="store_true", help="print one JSON list of rows on stdout")
+    parser.add_argument("--repeat", type=int, default=3, help="timed passes per codec; the median is kept (3)")
+    parser.add_argument("--reference-repeat", type=int, default=None,
+                        help="timed passes for the slow reference impl (default: min(repeat, 2))")
+    parser.add_argument("--codecs", default=None,
+                        help="comma-separated codecs, each NAME or NAME:key=value[:key=value] "
+                             f"(default: {BASELINE} + all registered)")
+    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated impls (native,reference)")
+    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (torch.set_num_threads)")
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    # Testing aid: time only the first N ResNet-50 tensors.
+    parser.add_argument("--limit-tensors", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark from parsed arguments; print JSON or a table on stdout."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    _log(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
+         f"native extension {'loaded' if native_available() else 'NOT loaded'}")
+    impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    specs = None
+    try:
+        if args.codecs is not None:
+            specs = [parse_codec_spec(s) for s in args.codecs.split(",") if s.strip()]
+            check_specs(specs)
+        bad = [i for i in impls if i not in IMPLS]
+        if bad:
+            raise ValueError(f"unknown impl(s) {', '.join(bad)}; expected some of {', '.join(IMPLS)}")
+    except ValueError as exc:
+        _log(f"error: {exc}")
+        return 2
+    rows = run_bench(specs, impls, args.repeat, args.reference_repeat, args.limit_tensors, args.seed)
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print(format_table(rows))
+        for line in speedup_lines(rows):
+            print(line)
+    return 0

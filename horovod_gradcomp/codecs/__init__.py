@@ -1,0 +1,6 @@
+"""Codecs: encode a gradient into a payload and back. Importing a module registers it."""
+from .base import BufferSpec, Codec, Payload
+from .registry import available_codecs, get_codec, register_codec
+from . import onebit  # noqa: F401  (registers "onebit")
+
+__all__ = ["BufferSpec", "Codec", "Payload", "available_codecs", "get_codec", "register_codec"]

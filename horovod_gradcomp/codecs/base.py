@@ -1,0 +1,101 @@
+"""The codec interface: encode a tensor into a :class:`Payload`, decode it back.
+
+A codec holds options only. Per-parameter state (error-feedback residuals, momentum)
+lives in the caller (see :mod:`horovod_gradcomp.feedback`), which hands a codec that
+supports it the residual to update in the same pass as the encoding.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+
+# (buffer name, dtype, number of elements) of one buffer of a payload, in wire order.
+BufferSpec = Tuple[str, torch.dtype, int]
+
+
+@dataclass
+class Payload:
+    """What one rank sends for one tensor.
+
+    ``buffers`` are flat tensors, in wire order; ``nbytes`` counts exactly the bytes they
+    hold (packed data, scales and headers alike). ``shape``/``dtype``/``device`` describe
+    the tensor that was encoded; they are known to every rank and are not sent.
+    A *stacked* payload carries K ranks' payloads at once: each buffer then has shape
+    ``[K, numel]`` (rows may be strided views into a receive buffer).
+    """
+
+    buffers: Dict[str, torch.Tensor]
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+
+    @property
+    def nbytes(self) -> int:
+        """Exact bytes held by the buffers (K payloads' worth for a stacked payload)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers.values())
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for s in self.shape:
+            n *= s
+        return n
+
+
+class Codec:
+    """Base class of every codec.
+
+    Subclasses set ``name`` and implement :meth:`encode`, :meth:`decode` and
+    :meth:`layout`; they may override :meth:`decode_mean` with a fused kernel.
+    """
+
+    name: str = "codec"
+    #: True when ``encode(tensor, residual=r)`` updates ``r`` itself (fused error feedback).
+    fuses_feedback: bool = False
+
+    def __init__(self, impl: str = "native"):
+        if impl not in ("native", "reference"):
+            raise ValueError(f"{self.name}: impl must be 'native' or 'reference', got {impl!r}")
+        self.impl = impl
+
+    # -- to implement -------------------------------------------------------------
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
+        raise NotImplementedError
+
+    def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The tensor the payload stands for (shape, dtype, device of the original);
+        written into ``out`` when given."""
+        raise NotImplementedError
+
+    def layout(self, shape: Sequence[int], dtype: torch.dtype) -> List[BufferSpec]:
+        """The buffers of a payload for a tensor of this shape and dtype, in wire order.
+
+        Fixed-size codecs only: the exchange uses it to cut receive buffers into payloads.
+        """
+        raise NotImplementedError
+
+    # -- shared -------------------------------------------------------------------
+    def payload_nbytes(self, shape: Sequence[int], dtype: torch.dtype) -> int:
+        return sum(numel * torch.empty((), dtype=dt).element_size() for _, dt, numel in self.layout(shape, dtype))
+
+    def decode_mean(self, stacked: Payload, scale: float | None = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Decode K payloads stacked along dim 0 of each buffer and return
+        ``scale * sum_k decode(payload_k)`` (``scale`` defaults to 1/K: the mean),
+        written into ``out`` when given."""
+        k = next(iter(stacked.buffers.values())).shape[0]
+        scale = 1.0 / k if scale is None else scale
+        acc = None
+        for i in range(k):
+            one = Payload({n: b[i] for n, b in stacked.buffers.items()}, stacked.shape, stacked.dtype, stacked.device)
+            d = self.decode(one).to(torch.float64 if stacked.dtype == torch.float64 else torch.float32)
+            acc = d if acc is None else acc.add_(d)
+        if acc is None:
+            raise ValueError(f"{self.name}: decode_mean needs at least one payload")
+        result = acc.mul_(scale).to(stacked.dtype)
+        return result if out is None else out.copy_(result)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(impl={self.impl!r})"

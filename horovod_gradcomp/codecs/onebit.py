@@ -1,0 +1,143 @@
+"""1-bit quantization with per-column reconstruction values (Seide et al., 2014).
+
+For a tensor of shape ``[d0, d1, ...]`` viewed as ``G = v.view(d0, -1)`` (1-D and 0-d
+tensors are one column), with ``v = g + r`` when an error-feedback residual ``r`` is given:
+
+* bit ``b_i = 1`` where ``v_i >= 0`` (a NaN is encoded as negative);
+* column j gets two reconstruction values, ``a+_j = mean(G[:, j] | G >= 0)`` and
+  ``a-_j = mean(G[:, j] | G < 0)`` (0 for an empty side): the values that minimize the
+  column's squared quantization error given the bits;
+* decoding puts ``a+_j`` or ``a-_j`` back; the residual becomes ``v - decode(payload)``.
+
+Wire format (what ``Payload.buffers`` holds, in this order):
+
+* ``bits``: uint8[ceil(n/8)], flat row-major element i -> byte i//8, bit i%8, LSB first;
+* ``scales``: float32[2*cols], ``a+`` for all columns, then ``a-`` for all columns.
+
+So ``nbytes = ceil(n/8) + 8*cols``. Scales are float32 whatever the gradient dtype
+(fp16/bf16/fp32/fp64 are accepted); the residual is kept in the gradient's dtype and the
+arithmetic runs in float32 (float64 for fp64 gradients).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+import torch
+
+from ..native import require_native
+from .base import BufferSpec, Codec, Payload
+from .bitpack import pack_bits, unpack_bits
+from .registry import register_codec
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def onebit_columns(shape: Sequence[int]) -> int:
+    """Number of columns of the 2-D view ``[shape[0], prod(shape[1:])]`` (1 for 0-d/1-D)."""
+    return 1 if len(shape) <= 1 else math.prod(shape[1:])
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@register_codec("onebit")
+class OneBitCodec(Codec):
+    """1-bit sign quantizer with per-column means; fuses the error-feedback update."""
+
+    fuses_feedback = True
+
+    def __init__(self, impl: str = "native"):
+        super().__init__(impl)
+        if impl == "native":
+            self._C = require_native()
+
+    # -- helpers ------------------------------------------------------------------
+    def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"onebit: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
+        if residual is not None:
+            if residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device:
+                raise ValueError(
+                    f"onebit: residual {tuple(residual.shape)}/{residual.dtype}/{residual.device} does not match "
+                    f"gradient {tuple(tensor.shape)}/{tensor.dtype}/{tensor.device}")
+            if not residual.is_contiguous():
+                raise ValueError("onebit: the residual is updated in place and must be contiguous")
+
+    def layout(self, shape: Sequence[int], dtype: torch.dtype) -> List[BufferSpec]:
+        n = math.prod(shape)
+        return [("bits", torch.uint8, (n + 7) // 8), ("scales", torch.float32, 2 * onebit_columns(shape))]
+
+    # -- encode -------------------------------------------------------------------
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
+        """Encode ``tensor`` (+ ``residual``, updated in place to the new quantization error)."""
+        self._check(tensor, residual)
+        cols = onebit_columns(tensor.shape)
+        flat = tensor.reshape(-1)
+        if self.impl == "native":
+            res = residual.view(-1) if residual is not None else None
+            bits, scales = self._C.onebit_encode(flat.contiguous(), res, cols)
+        else:
+            bits, scales = self._reference_encode(flat, residual, cols)
+        return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
+
+    @staticmethod
+    def _reference_encode(flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
+        acc = _acc_dtype(flat.dtype)
+        v = flat.to(acc)
+        if residual is not None:
+            v = v + residual.reshape(-1).to(acc)
+        rows = v.numel() // cols if cols else 0
+        grid = v.view(rows, cols)
+        pos = grid >= 0
+        n_pos = pos.sum(0).to(acc)
+        n_neg = rows - n_pos
+        zero = torch.zeros((), dtype=acc, device=v.device)
+        a_pos = torch.where(n_pos > 0, torch.where(pos, grid, zero).sum(0) / n_pos.clamp(min=1), zero)
+        a_neg = torch.where(n_neg > 0, torch.where(pos, zero, grid).sum(0) / n_neg.clamp(min=1), zero)
+        scales = torch.cat([a_pos, a_neg]).to(torch.float32)
+        if residual is not None:
+            sent = scales.to(acc).view(2, cols)
+            decoded = torch.where(pos, sent[0], sent[1])
+            residual.copy_((grid - decoded).view(residual.shape))
+        return pack_bits(pos), scales
+
+    # -- decode -------------------------------------------------------------------
+    def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits
+        (written into ``out`` when given: contiguous, same shape and dtype)."""
+        n, cols = payload.numel, onebit_columns(payload.shape)
+        bits, scales = payload.buffers["bits"], payload.buffers["scales"]
+        if self.impl == "native":
+            flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, _flat_out(out, payload))
+        else:
+            sent = scales.view(2, cols).to(_acc_dtype(payload.dtype))
+            pos = unpack_bits(bits, n).view(-1, cols) if cols else torch.zeros(0, 0, dtype=torch.bool)
+            flat = torch.where(pos, sent[0], sent[1]).to(payload.dtype)
+            if out is not None:
+                return out.copy_(flat.view(payload.shape))
+        return flat.view(payload.shape)
+
+    def decode_mean(self, stacked: Payload, scale: float | None = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
+        intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
+        if self.impl != "native":
+            return super().decode_mean(stacked, scale, out)
+        bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
+        k = bits.shape[0]
+        scale = 1.0 / k if scale is None else scale
+        flat = self._C.onebit_decode_sum(bits, scales, stacked.numel, onebit_columns(stacked.shape),
+                                         stacked.dtype, float(scale), _flat_out(out, stacked))
+        return flat.view(stacked.shape)
+
+
+def _flat_out(out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
+    """``out`` as a flat view the kernels can write, after checking it fits the payload."""
+    if out is None:
+        return None
+    if out.shape != payload.shape or out.dtype != payload.dtype or not out.is_contiguous():
+        raise ValueError(f"onebit: out must be a contiguous {tuple(payload.shape)} {payload.dtype} tensor, got "
+                         f"{tuple(out.shape)} {out.dtype} contiguous={out.is_contiguous()}")
+    return out.view(-1)

@@ -1,0 +1,74 @@
+"""The communicator seam: packed byte buffers between ranks through mpi4py.
+
+It works on its own duplicate of ``MPI.COMM_WORLD``, never on the communicator Horovod
+uses, so its collectives cannot pair with Horovod's. mpi4py is imported on first use:
+importing horovod_gradcomp does not initialize MPI.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+
+class ExchangeMismatchError(RuntimeError):
+    """Ranks disagree on what is exchanged (different parameter sets, shapes or codecs)."""
+
+
+class MPICommunicator:
+    """Collectives on uint8 CPU tensors over a duplicate of COMM_WORLD (created lazily)."""
+
+    def __init__(self, comm=None):
+        self._comm = comm
+
+    @property
+    def comm(self):
+        if self._comm is None:
+            from mpi4py import MPI  # noqa: WPS433 - deliberate lazy import (initializes MPI)
+            self._comm = MPI.COMM_WORLD.Dup()
+        return self._comm
+
+    @property
+    def rank(self) -> int:
+        return self.comm.Get_rank()
+
+    @property
+    def size(self) -> int:
+        return self.comm.Get_size()
+
+    def allgather(self, send: torch.Tensor) -> torch.Tensor:
+        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
+        if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
+            raise TypeError("allgather expects a flat uint8 CPU tensor")
+        recv = torch.empty((self.size, send.numel()), dtype=torch.uint8)
+        from mpi4py import MPI
+        self.comm.Allgather([send.numpy(), MPI.BYTE], [recv.numpy(), MPI.BYTE])
+        return recv
+
+    def check_agreement(self, what: str, signature: Sequence[str]) -> None:
+        """Raise :class:`ExchangeMismatchError` on every rank unless all ranks pass the same
+        ``signature`` (a small list of strings). One 16-byte allgather."""
+        digest = hashlib.blake2b("\n".join(signature).encode(), digest_size=16).digest()
+        mine = np.frombuffer(digest, dtype=np.uint8).copy()
+        every = np.empty((self.size, 16), dtype=np.uint8)
+        from mpi4py import MPI
+        self.comm.Allgather([mine, MPI.BYTE], [every, MPI.BYTE])
+        differ = [r for r in range(self.size) if not np.array_equal(every[r], every[0])]
+        if differ:
+            raise ExchangeMismatchError(
+                f"{what}: ranks {differ} disagree with rank 0 on the tensors to exchange (names, shapes, dtypes or "
+                f"codec options). This rank has {len(signature)} entries: {list(signature)[:5]}... Every rank must "
+                "build the same model and pass the same named_parameters and compression options.")
+
+
+_DEFAULT: Optional[MPICommunicator] = None
+
+
+def default_communicator() -> MPICommunicator:
+    """The process-wide communicator (one duplicate of COMM_WORLD shared by all adapters)."""
+    global _DEFAULT
+    if _DEFAULT is None:
+        _DEFAULT = MPICommunicator()
+    return _DEFAULT

@@ -1,0 +1,58 @@
+"""Error-feedback memory: one residual per parameter name (Seide et al., 2014).
+
+``v = g + r;  payload = encode(v);  r <- v - decode(payload)``. Codecs that fuse the
+update (``codec.fuses_feedback``) receive the residual and update it in the same pass;
+for the others the memory does it with plain torch ops.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from .codecs.base import Codec, Payload
+
+
+class ErrorFeedback:
+    """Residuals keyed by parameter name.
+
+    Fields:
+        residuals: name -> tensor of the parameter's shape and gradient dtype, created as
+            zeros the first time the name is encoded.
+        enabled: when False, :meth:`encode` encodes the gradient alone and keeps nothing.
+    """
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self.residuals: Dict[str, torch.Tensor] = {}
+
+    def residual(self, name: str, like: torch.Tensor) -> torch.Tensor:
+        """The residual of ``name``; zeros shaped like ``like`` on first use."""
+        r = self.residuals.get(name)
+        if r is None:
+            r = self.residuals[name] = torch.zeros_like(like, memory_format=torch.contiguous_format)
+        elif r.shape != like.shape or r.dtype != like.dtype or r.device != like.device:
+            raise ValueError(
+                f"error feedback: gradient of {name!r} is {tuple(like.shape)}/{like.dtype}/{like.device} but its "
+                f"residual is {tuple(r.shape)}/{r.dtype}/{r.device}; was a checkpoint for another model loaded?")
+        return r
+
+    def encode(self, codec: Codec, name: str, grad: torch.Tensor) -> Payload:
+        """Encode ``grad`` plus the residual of ``name`` and update the residual."""
+        if not self.enabled:
+            return codec.encode(grad)
+        r = self.residual(name, grad)
+        if codec.fuses_feedback:
+            return codec.encode(grad, residual=r)
+        v = grad + r
+        payload = codec.encode(v)
+        r.copy_(v - codec.decode(payload))
+        return payload
+
+    def state_dict(self) -> Dict[str, object]:
+        return {"enabled": self.enabled, "residuals": {k: v.detach().clone() for k, v in self.residuals.items()}}
+
+    def load_state_dict(self, state: Dict[str, object], device: Optional[torch.device] = None) -> None:
+        self.enabled = bool(state["enabled"])
+        self.residuals = {k: (v.to(device) if device is not None else v.clone())
+                          for k, v in dict(state["residuals"]).items()}

@@ -1,0 +1,87 @@
+"""Fuse many payloads into one flat byte buffer and cut K received buffers back apart.
+
+The layout depends only on the (name, shape, dtype) list and the codec, never on the data,
+so every rank computes the same one. Buffers are grouped by element size, largest first,
+so each buffer starts at a multiple of its element size with no padding between them;
+the total is padded to a multiple of 8 so that the rows of a ``[K, nbytes]`` receive
+buffer keep that alignment.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from .codecs.base import Codec, Payload
+
+ALIGN = 8
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one buffer of one tensor's payload lives in the fused buffer."""
+    key: str            # tensor name
+    buffer: str         # buffer name within the payload
+    dtype: torch.dtype
+    numel: int
+    offset: int         # in bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * _itemsize(self.dtype)
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+class FusedLayout:
+    """The fused wire layout of a list of tensors under one codec.
+
+    ``entries`` is a list of ``(key, shape, dtype)`` in the exchange order (the same on
+    every rank). ``nbytes`` is the size of one rank's fused buffer, padding included.
+    """
+
+    def __init__(self, codec: Codec, entries: Sequence[Tuple[str, torch.Size, torch.dtype]]):
+        self.codec = codec
+        self.entries = [(k, torch.Size(s), d) for k, s, d in entries]
+        specs = [(k, name, dt, numel)
+                 for k, shape, dtype in self.entries
+                 for name, dt, numel in codec.layout(shape, dtype)]
+        specs.sort(key=lambda s: -_itemsize(s[2]))  # stable: keeps the exchange order within a size
+        self.slots: Dict[str, Dict[str, Slot]] = {k: {} for k, _, _ in self.entries}
+        offset = 0
+        for k, name, dt, numel in specs:
+            self.slots[k][name] = Slot(k, name, dt, numel, offset)
+            offset += numel * _itemsize(dt)
+        self.payload_bytes = offset
+        self.nbytes = (offset + ALIGN - 1) // ALIGN * ALIGN
+
+    def pack(self, payloads: Dict[str, Payload], out: torch.Tensor | None = None) -> torch.Tensor:
+        """Copy every payload's buffers into one uint8 tensor of ``nbytes`` (CPU)."""
+        buf = out if out is not None else torch.empty(self.nbytes, dtype=torch.uint8)
+        if self.nbytes > self.payload_bytes:
+            buf[self.payload_bytes:].zero_()
+        for k, slots in self.slots.items():
+            payload = payloads[k]
+            for name, slot in slots.items():
+                src = payload.buffers[name]
+                if src.numel() != slot.numel or src.dtype != slot.dtype:
+                    raise ValueError(f"{self.codec.name}: payload buffer {k}/{name} is {src.numel()}x{src.dtype}, "
+                                     f"layout expects {slot.numel}x{slot.dtype}")
+                buf[slot.offset:slot.offset + slot.nbytes].copy_(src.reshape(-1).view(torch.uint8).cpu())
+        return buf
+
+    def unpack(self, recv: torch.Tensor, devices: Dict[str, torch.device]) -> List[Tuple[str, Payload]]:
+        """Cut a ``[K, nbytes]`` receive buffer into one stacked payload per tensor
+        (buffers are ``[K, numel]`` views, moved to the tensor's device when it is not the CPU)."""
+        out = []
+        for k, shape, dtype in self.entries:
+            device = devices[k]
+            bufs = {}
+            for name, slot in self.slots[k].items():
+                view = recv[:, slot.offset:slot.offset + slot.nbytes].view(slot.dtype)
+                bufs[name] = view if device.type == "cpu" else view.to(device)
+            out.append((k, Payload(bufs, shape, dtype, device)))
+        return out

@@ -1,0 +1,217 @@
+"""Objects passed as ``compression=`` to stock ``hvd.DistributedOptimizer``.
+
+Horovod calls ``compress(p.grad)`` from each gradient hook, allreduces what it returns,
+and in ``synchronize()`` (run by ``step()``) calls ``decompress(output, ctx)`` and makes
+the result ``p.grad``. A packed payload cannot be summed, so :class:`CodecCompression`:
+
+1. ``compress``: finds the parameter's name, encodes (with error feedback) and keeps the
+   payload; returns to Horovod a one-element float32 placeholder holding 1.0.
+2. the first ``decompress`` of a step: every parameter of the step has been compressed by
+   then (Horovod submits the missing ones first), so it fuses all payloads, in sorted-name
+   order (never hook order, which differs between ranks), allgathers them over its own
+   MPI communicator and decodes the mean of the K payloads of each tensor.
+3. each ``decompress`` returns its tensor's result times the reduced placeholder: 1 for
+   ``op=hvd.Average`` (the mean), K for ``op=hvd.Sum``; ``gradient_predivide_factor``
+   cancels out as it does for dense gradients.
+
+Interactions with DistributedOptimizer's other options:
+* ``backward_passes_per_step=N``: Horovod accumulates N backward passes locally and calls
+  ``compress`` once on the sum; nothing special here.
+* ``op=hvd.Adasum`` is not linear and is not supported; ``sparse_as_dense`` / sparse
+  gradients are not supported (a clear error is raised); ``groups`` works (grouped
+  allreduce of placeholders); ``process_set`` other than the global one is not supported
+  (the exchange runs over all of COMM_WORLD).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Dict, Iterable, Optional, Tuple
+
+import torch
+
+from .codecs import get_codec
+from .codecs.base import Codec, Payload
+from .comm import MPICommunicator, default_communicator
+from .feedback import ErrorFeedback
+from .fusion import FusedLayout
+from .param_index import ParamIndex
+from .stats import ExchangeStats, allgather_wire_bytes, allreduce_wire_bytes
+
+NamedParameters = Iterable[Tuple[str, torch.nn.Parameter]]
+
+
+class _Timer:
+    def __init__(self, stats: ExchangeStats, field: str):
+        self.stats, self.field = stats, field
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        setattr(self.stats, self.field, getattr(self.stats, self.field) + time.perf_counter() - self.t0)
+
+
+def _placeholder_scale(output: torch.Tensor) -> float:
+    """What Horovod's reduction made of the placeholder 1.0 (1 for Average, K for Sum)."""
+    return float(output.reshape(-1)[0])
+
+
+class DenseCompression:
+    """Horovod's own allreduce of the gradient, optionally cast to a wire dtype (fp16),
+    with the same ``stats()`` as the codecs so that results compare on one API."""
+
+    def __init__(self, wire_dtype: Optional[torch.dtype] = None):
+        self.wire_dtype = wire_dtype
+        self._stats = ExchangeStats()
+        self._step_open = False
+        self._step_numel = self._step_bytes = self._step_tensors = 0
+
+    def compress(self, tensor: torch.Tensor):
+        sent = tensor
+        if self.wire_dtype is not None and tensor.dtype.is_floating_point:
+            sent = tensor.to(self.wire_dtype)
+        self._step_open = True
+        self._step_numel += tensor.numel()
+        self._step_bytes += sent.numel() * sent.element_size()
+        self._step_tensors += 1
+        return sent, tensor.dtype
+
+    def decompress(self, tensor: torch.Tensor, ctx):
+        if self._step_open:
+            import horovod.torch as hvd
+            k = hvd.size()
+            self._stats.record(tensors=self._step_tensors, payload=self._step_bytes, numel=self._step_numel,
+                               sent=allreduce_wire_bytes(self._step_bytes, k), k=k)
+            self._step_open = False
+            self._step_numel = self._step_bytes = self._step_tensors = 0
+        return tensor if tensor.dtype == ctx else tensor.to(ctx)
+
+    def stats(self) -> dict:
+        return self._stats.as_dict()
+
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+
+class CodecCompression:
+    """Compressed exchange of every named parameter's gradient with one codec.
+
+    Fields:
+        codec: the :class:`~horovod_gradcomp.codecs.base.Codec` encoding each gradient.
+        feedback: :class:`~horovod_gradcomp.feedback.ErrorFeedback` residuals by name.
+        communicator: where payloads travel (a duplicate of COMM_WORLD by default).
+        check_agreement: before each exchange, verify (one 16-byte allgather) that all
+            ranks exchange the same tensors; a mismatch raises on every rank instead of
+            hanging or mixing buffers.
+    """
+
+    def __init__(self, codec: Codec, named_parameters: NamedParameters, *, error_feedback: bool = True,
+                 communicator: Optional[MPICommunicator] = None, check_agreement: bool = True):
+        self.codec = codec
+        self.index = ParamIndex(named_parameters, owner=f"Compression.{codec.name}")
+        self.feedback = ErrorFeedback(enabled=error_feedback)
+        self.communicator = communicator
+        self.check_agreement = check_agreement
+        self._stats = ExchangeStats()
+        self._pending: Dict[str, Payload] = {}
+        self._results: Dict[str, torch.Tensor] = {}
+        self._layouts: Dict[tuple, FusedLayout] = {}
+        self._lock = threading.Lock()
+
+    # -- Horovod's Compressor interface -------------------------------------------
+    def compress(self, tensor: torch.Tensor):
+        """Encode ``tensor`` (a parameter's ``.grad``); return the placeholder and its name."""
+        with self._lock:
+            name = self.index.name_of(tensor)
+            if name in self._pending:
+                raise RuntimeError(f"Compression.{self.codec.name}: {name!r} compressed twice before its exchange")
+            with _Timer(self._stats, "encode_s"):
+                self._pending[name] = self.feedback.encode(self.codec, name, tensor.detach())
+        return torch.ones(1, dtype=torch.float32, device=tensor.device), name
+
+    def decompress(self, output: torch.Tensor, name: str) -> torch.Tensor:
+        """The mean over ranks of ``name``'s decoded payloads, scaled as Horovod's op asks."""
+        with self._lock:
+            if name not in self._results:
+                if name not in self._pending:
+                    raise RuntimeError(f"Compression.{self.codec.name}: decompress({name!r}) without compress")
+                self._exchange()
+            result = self._results.pop(name)
+        scale = _placeholder_scale(output)
+        return result if scale == 1.0 else result.mul_(scale)
+
+    # -- the exchange -------------------------------------------------------------
+    def _layout(self, names) -> FusedLayout:
+        entries = tuple((n, tuple(self._pending[n].shape), self._pending[n].dtype) for n in names)
+        layout = self._layouts.get(entries)
+        if layout is None:
+            layout = self._layouts[entries] = FusedLayout(self.codec, entries)
+        return layout
+
+    def _exchange(self) -> None:
+        comm = self.communicator or default_communicator()
+        names = sorted(self._pending, key=self.index.order.__getitem__)
+        layout = self._layout(names)
+        with _Timer(self._stats, "exchange_s"):
+            if self.check_agreement:
+                comm.check_agreement(f"Compression.{self.codec.name}",
+                                     [repr(self.codec)] + [f"{n}:{tuple(s)}:{d}" for n, s, d in layout.entries])
+            recv = comm.allgather(layout.pack(self._pending))
+        k = recv.shape[0]
+        devices = {n: p.device for n, p in self._pending.items()}
+        with _Timer(self._stats, "decode_s"):
+            for name, stacked in layout.unpack(recv, devices):
+                self._results[name] = self.codec.decode_mean(stacked)
+        numel = sum(p.numel for p in self._pending.values())
+        sent = allgather_wire_bytes(layout.nbytes + (16 if self.check_agreement else 0), k)
+        self._stats.record(tensors=len(names), payload=layout.nbytes, numel=numel, sent=sent, k=k)
+        self._pending.clear()
+        self.index.end_step()
+
+    # -- introspection and checkpoints --------------------------------------------
+    def stats(self) -> dict:
+        """Cumulative counters for this rank (see :mod:`horovod_gradcomp.stats`)."""
+        return self._stats.as_dict()
+
+    def state_dict(self) -> dict:
+        return {"codec": repr(self.codec), "feedback": self.feedback.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("codec") != repr(self.codec):
+            raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}")
+        self.feedback.load_state_dict(state["feedback"])
+
+    def __repr__(self) -> str:
+        return f"CodecCompression({self.codec!r}, error_feedback={self.feedback.enabled})"
+
+
+class Compression:
+    """Factories for ``hvd.DistributedOptimizer(..., compression=...)``."""
+
+    @staticmethod
+    def none(named_parameters: Optional[NamedParameters] = None) -> DenseCompression:
+        """Horovod's plain fp32 allreduce, with stats."""
+        return DenseCompression(None)
+
+    @staticmethod
+    def fp16(named_parameters: Optional[NamedParameters] = None) -> DenseCompression:
+        """Horovod's allreduce in fp16, with stats."""
+        return DenseCompression(torch.float16)
+
+    @staticmethod
+    def codec(name: str, named_parameters: NamedParameters, *, error_feedback: bool = True,
+              communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
+              **codec_options) -> CodecCompression:
+        """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter."""
+        return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
+                                communicator=communicator, check_agreement=check_agreement)
+
+    @staticmethod
+    def onebit(named_parameters: NamedParameters, *, error_feedback: bool = True, impl: str = "native",
+               **options) -> CodecCompression:
+        """1-bit SGD with per-column reconstruction values and error feedback (Seide et al.)."""
+        return Compression.codec("onebit", named_parameters, error_feedback=error_feedback, impl=impl, **options)

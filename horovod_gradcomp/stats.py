@@ -1,0 +1,53 @@
+"""Traffic and time counters of one adapter on one rank.
+
+Two views of traffic, both cumulative for this rank:
+
+* payload bytes: what this rank encoded per exchange (its own contribution);
+  ``bytes_payload_dense`` is the same tensors as fp32.
+* wire bytes: what this rank transmits in a bandwidth-optimal implementation of the
+  collective used: an allgather of S bytes sends (K-1)*S per rank, a ring allreduce of B
+  bytes sends 2(K-1)/K*B. ``bytes_dense`` is the fp32 ring allreduce of the same tensors,
+  what stock Horovod would have sent.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+def allreduce_wire_bytes(nbytes: float, k: int) -> float:
+    """Bytes one rank sends in a ring allreduce of ``nbytes`` among ``k`` ranks."""
+    return 2.0 * (k - 1) / k * nbytes if k > 1 else 0.0
+
+
+def allgather_wire_bytes(nbytes: float, k: int) -> float:
+    """Bytes one rank sends in an allgather of ``nbytes`` per rank among ``k`` ranks."""
+    return float((k - 1) * nbytes)
+
+
+@dataclass
+class ExchangeStats:
+    steps: int = 0                     # exchanges completed
+    tensors: int = 0                   # tensors exchanged, summed over steps
+    bytes_payload: int = 0
+    bytes_payload_dense: int = 0
+    bytes_sent: float = 0.0
+    bytes_dense: float = 0.0
+    encode_s: float = 0.0              # time in encode (and error feedback)
+    exchange_s: float = 0.0            # time in collectives, packing included
+    decode_s: float = 0.0              # time decoding / averaging
+
+    def record(self, *, tensors: int, payload: int, numel: int, sent: float, k: int) -> None:
+        self.steps += 1
+        self.tensors += tensors
+        self.bytes_payload += payload
+        self.bytes_payload_dense += 4 * numel
+        self.bytes_sent += sent
+        self.bytes_dense += allreduce_wire_bytes(4 * numel, k)
+
+    def as_dict(self) -> dict:
+        d = asdict(self)
+        d["payload_ratio"] = self.bytes_payload_dense / self.bytes_payload if self.bytes_payload else None
+        d["wire_ratio"] = self.bytes_dense / self.bytes_sent if self.bytes_sent else None
+        d["bytes_sent_per_step"] = self.bytes_sent / self.steps if self.steps else 0.0
+        d["bytes_dense_per_step"] = self.bytes_dense / self.steps if self.steps else 0.0
+        return d

@@ -1,0 +1,54 @@
+"""Build horovod_gradcomp and its native extension horovod_gradcomp._C.
+
+CppExtension from csrc/cpu (always); CUDAExtension adding csrc/cuda/*.cu when PyTorch
+was built with CUDA and nvcc is found (set HGC_WITH_CUDA=0 to skip, =1 to insist).
+"""
+import glob
+import os
+
+from setuptools import find_packages, setup
+from torch.utils import cpp_extension
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
+def _version():
+    scope = {}
+    with open(os.path.join(ROOT, "horovod_gradcomp", "_version.py")) as f:
+        exec(f.read(), scope)
+    return scope["__version__"]
+
+
+def _want_cuda():
+    flag = os.environ.get("HGC_WITH_CUDA")
+    available = cpp_extension.CUDA_HOME is not None and __import__("torch").version.cuda is not None
+    if flag == "1" and not available:
+        raise RuntimeError("HGC_WITH_CUDA=1 but PyTorch has no CUDA or nvcc was not found")
+    return available if flag is None else flag == "1"
+
+
+def extension():
+    sources = ["csrc/binding.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
+    # -fno-trapping-math lets gcc turn the kernels' float selects into vector blends.
+    cxx = ["-O3", "-fno-trapping-math", "-std=c++17", "-fopenmp"]
+    link = ["-fopenmp"]
+    if _want_cuda():
+        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        return cpp_extension.CUDAExtension(
+            "horovod_gradcomp._C", sources, define_macros=[("WITH_CUDA", None)],
+            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]}, extra_link_args=link)
+    return cpp_extension.CppExtension("horovod_gradcomp._C", sources,
+                                      extra_compile_args={"cxx": cxx}, extra_link_args=link)
+
+
+setup(
+    name="horovod_gradcomp",
+    version=_version(),
+    description="Gradient compression (1-bit SGD, TernGrad, QSGD, DGC) for Horovod + PyTorch under MPI",
+    packages=find_packages(include=["horovod_gradcomp", "horovod_gradcomp.*"]),
+    ext_modules=[extension()],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    python_requires=">=3.9",
+    install_requires=["torch", "mpi4py", "numpy"],
+    extras_require={"test": ["pytest", "pytest-timeout", "scikit-learn", "tqdm"]},
+)

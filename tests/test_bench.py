@@ -1,0 +1,126 @@
+"""Tests of the ``codecs`` benchmark (single process, CPU, a few seconds)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+import horovod_gradcomp as hgc
+from horovod_gradcomp.bench import codecs_bench
+from horovod_gradcomp.bench.__main__ import main
+from horovod_gradcomp.bench.shapes import RESNET50_NUMEL, RESNET50_TENSORS, resnet50_shapes, total_numel
+from horovod_gradcomp.codecs import Codec, Payload, registry
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _run_json(capsys, *argv):
+    """Run the bench main with --json; return (rows, stderr)."""
+    assert main(["codecs", "--json", *argv]) == 0
+    out, err = capsys.readouterr()
+    return json.loads(out), err
+
+
+# -- shapes --------------------------------------------------------------------------
+
+def test_resnet50_shapes_match_torchvision_totals():
+    shapes = resnet50_shapes()
+    assert len(shapes) == RESNET50_TENSORS == 161
+    assert total_numel(shapes) == RESNET50_NUMEL == 25_557_032
+    assert shapes[0] == (64, 3, 7, 7) and shapes[-2:] == [(1000, 2048), (1000,)]
+    # 53 convs + fc weight are the only tensors with more than one dimension.
+    assert sum(len(s) == 4 for s in shapes) == 53
+
+
+# -- ratios from the layout alone -------------------------------------------------------
+
+def test_onebit_ratio_on_resnet50_from_layout():
+    codec = hgc.get_codec("onebit", impl="reference")
+    shapes = resnet50_shapes()
+    ratio = codecs_bench.layout_ratio(codec, shapes)
+    bits = sum((math.prod(s) + 7) // 8 for s in shapes)
+    scales = sum(codec.payload_nbytes(s, torch.float32) for s in shapes) - bits
+    assert ratio >= 30, (f"onebit compresses ResNet-50 gradients only {ratio:.2f}x: {scales:,} bytes of "
+                         f"per-column scales on top of {bits:,} bytes of bits")
+
+
+def test_layout_matches_real_payload_bytes():
+    codec = hgc.get_codec("onebit", impl="reference")
+    shapes = resnet50_shapes()[:6]
+    grads = codecs_bench.make_gradients(shapes)
+    real = sum(codec.encode(g, residual=torch.zeros_like(g)).nbytes for g in grads)
+    assert real == sum(codec.payload_nbytes(s, torch.float32) for s in shapes)
+    assert math.isclose(codecs_bench.layout_ratio(codec, shapes), 4 * total_numel(shapes) / real)
+
+
+# -- the command ---------------------------------------------------------------------
+
+def test_json_rows_cover_every_codec_and_impl(capsys):
+    rows, err = _run_json(capsys, "--repeat", "1", "--limit-tensors", "4")
+    impls = ["native", "reference"] if hgc.native_available() else ["reference"]
+    expected = {("fp16", "torch")} | {(c, i) for c in hgc.available_codecs() for i in impls}
+    assert {(r["codec"], r["impl"]) for r in rows} == expected
+    numel = total_numel(resnet50_shapes()[:4])
+    for r in rows:
+        assert set(codecs_bench.REQUIRED_KEYS) <= set(r) and "options" not in r
+        assert r["numel"] == numel
+        assert r["encode_ms"] > 0 and r["decode_ms"] > 0 and r["bytes"] > 0
+        assert math.isclose(r["ratio"], 4 * numel / r["bytes"], rel_tol=1e-3)
+    fp16 = next(r for r in rows if r["codec"] == "fp16")
+    assert fp16["bytes"] == 2 * numel and fp16["ratio"] == 2.0
+    if not hgc.native_available():
+        assert "MISSING" in err
+
+
+def test_table_output_and_speedup_line(capsys):
+    assert main(["codecs", "--repeat", "1", "--limit-tensors", "3", "--codecs", "fp16,onebit"]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0].split()
+    assert header == ["codec", "impl", "options", "numel", "encode_ms", "decode_ms", "bytes", "ratio"]
+    if hgc.native_available():
+        assert "onebit: native vs reference speed-up: " in out and "x (encode+decode)" in out
+
+
+def test_missing_native_is_reported_loudly(capsys, monkeypatch):
+    monkeypatch.setattr(codecs_bench, "native_available", lambda: False)
+    rows, err = _run_json(capsys, "--repeat", "1", "--limit-tensors", "2", "--codecs", "onebit")
+    assert [(r["codec"], r["impl"]) for r in rows] == [("onebit", "reference")]
+    assert "native" in err and "MISSING" in err
+
+
+class _HalfWithScale(Codec):
+    """Test codec: fp16 times a ``scale`` option (fuses no feedback)."""
+
+    def __init__(self, impl="native", scale=1.0):
+        super().__init__(impl)
+        self.scale = scale
+
+    def encode(self, tensor, residual=None):
+        return Payload({"h": (tensor * self.scale).half()}, tensor.shape, tensor.dtype)
+
+    def decode(self, payload):
+        return payload.buffers["h"].to(payload.dtype) / self.scale
+
+
+def test_new_codecs_are_picked_up_from_the_registry_with_options(capsys, monkeypatch):
+    monkeypatch.setitem(registry._REGISTRY, "bench_dummy", _HalfWithScale)
+    assert "bench_dummy" in [name for name, _ in codecs_bench.default_specs()]
+    rows, _ = _run_json(capsys, "--repeat", "1", "--limit-tensors", "2", "--impls", "reference",
+                        "--codecs", "bench_dummy:scale=2.5")
+    assert len(rows) == 1 and rows[0]["options"] == {"scale": 2.5} and rows[0]["ratio"] == 2.0
+
+
+def test_bad_codec_name_is_an_error(capsys):
+    assert main(["codecs", "--json", "--codecs", "nope"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "unknown codec 'nope'" in err
+
+
+def test_parse_codec_spec():
+    assert codecs_bench.parse_codec_spec("qsgd:bits=4:stochastic=True:mode=x") == (
+        "qsgd", {"bits": 4, "stochastic": True, "mode": "x"})
+    assert codecs_bench.parse_codec_spec("onebit") == ("onebit", {})
+    with pytest.raises(ValueError):
+        codecs_bench.parse_codec_spec("qsgd:bits")
