@@ -39,10 +39,16 @@ if ! horovod_ok; then
     horovod_ok || { log "Horovod installed but not usable with MPI"; exit 1; }
 fi
 
-# horovod_gradcomp itself; setup.py builds horovod_gradcomp._C.
-if ! "$PY" -c "import horovod_gradcomp as h, sys; sys.exit(0 if h.native_available() else 1)" 2>/dev/null \
-   || [ -n "${HGC_REBUILD:-}" ]; then
+# horovod_gradcomp itself; setup.py builds horovod_gradcomp._C. Rebuilt when it does not
+# load, when a native source is newer than the built module, or when HGC_REBUILD is set.
+so=$(ls "$HGC_ROOT"/horovod_gradcomp/_C*.so 2>/dev/null | head -1 || true)
+stale=""
+if [ -z "$so" ] || [ -n "$(find "$HGC_ROOT/csrc" "$HGC_ROOT/setup.py" -newer "$so" -type f 2>/dev/null | head -1)" ]; then
+    stale=1
+fi
+if [ -n "$stale" ] || [ -n "${HGC_REBUILD:-}" ] \
+   || ! "$PY" -c "import horovod_gradcomp as h, sys; sys.exit(0 if h.native_available() else 1)" 2>/dev/null; then
     log "building horovod_gradcomp and its native extension"
-    (cd "$HGC_ROOT" && "$PY" -m pip install -q --no-build-isolation -e .)
+    (cd "$HGC_ROOT" && "$PY" -m pip install -q --no-build-isolation -e . && "$PY" setup.py -q build_ext --inplace)
 fi
 "$PY" -c "import horovod_gradcomp as h; assert h.native_available(), h.native_error(); print('[ci/install_python] horovod_gradcomp', h.__version__, 'native extension loaded')"

@@ -119,6 +119,7 @@ class CodecCompression:
         self._stats = ExchangeStats()
         self._pending: Dict[str, Payload] = {}
         self._results: Dict[str, torch.Tensor] = {}
+        self._grads: Dict[str, torch.Tensor] = {}
         self._layouts: Dict[tuple, FusedLayout] = {}
         self._lock = threading.Lock()
 
@@ -131,6 +132,9 @@ class CodecCompression:
                 raise RuntimeError(f"Compression.{self.codec.name}: {name!r} compressed twice before its exchange")
             with _Timer(self._stats, "encode_s"):
                 self._pending[name] = self.feedback.encode(self.codec, name, tensor.detach())
+            # Once encoded, the gradient's values are no longer needed (the residual keeps the
+            # error): the decoded mean is written back into it, sparing a new allocation.
+            self._grads[name] = tensor.detach()
         return torch.ones(1, dtype=torch.float32, device=tensor.device), name
 
     def decompress(self, output: torch.Tensor, name: str) -> torch.Tensor:
@@ -165,11 +169,14 @@ class CodecCompression:
         devices = {n: p.device for n, p in self._pending.items()}
         with _Timer(self._stats, "decode_s"):
             for name, stacked in layout.unpack(recv, devices):
-                self._results[name] = self.codec.decode_mean(stacked)
+                grad = self._grads[name]
+                out = grad if grad.is_contiguous() else None
+                self._results[name] = self.codec.decode_mean(stacked, out=out)
         numel = sum(p.numel for p in self._pending.values())
         sent = allgather_wire_bytes(layout.nbytes + (16 if self.check_agreement else 0), k)
         self._stats.record(tensors=len(names), payload=layout.nbytes, numel=numel, sent=sent, k=k)
         self._pending.clear()
+        self._grads.clear()
         self.index.end_step()
 
     # -- introspection and checkpoints --------------------------------------------

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Train on digits under mpirun once per codec and print a side-by-side table.
+#
+#   bash examples/demo.sh                      # NP=2, CODECS="none onebit"
+#   NP=4 CODECS="none fp16 onebit onebit-noef" bash examples/demo.sh --epochs 40
+#
+# Environment: NP (ranks, default 2), CODECS (default "none onebit"), PY (default
+# .venv/bin/python), MPIRUN (default mpirun), TIMEOUT (seconds per run, default 300).
+# Extra arguments go to every train.py run. Exits non-zero if any run fails.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+NP=${NP:-2}
+CODECS=${CODECS:-"none onebit"}
+PY=${PY:-.venv/bin/python}
+MPIRUN=${MPIRUN:-mpirun}
+TIMEOUT=${TIMEOUT:-300}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+command -v "$MPIRUN" >/dev/null || { echo "demo: $MPIRUN not found on PATH" >&2; exit 1; }
+[ -x "$PY" ] || { echo "demo: python $PY not found (set PY=...)" >&2; exit 1; }
+
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+failed=()
+for codec in $CODECS; do
+    echo "== $codec: $MPIRUN -np $NP $PY examples/train.py --codec $codec --json --no-progress $*" >&2
+    timeout -k 10 "$TIMEOUT" "$MPIRUN" --allow-run-as-root --oversubscribe -np "$NP" \
+        "$PY" examples/train.py --codec "$codec" --json --no-progress "$@" >"$tmp/$codec.out"
+    rc=$?
+    grep -v '^{' "$tmp/$codec.out" >&2
+    tail -n 1 "$tmp/$codec.out" | grep '^{' >>"$tmp/results.jsonl"
+    if [ $rc -ne 0 ]; then
+        [ $rc -eq 124 ] && why="timed out after ${TIMEOUT}s" || why="rc=$rc"
+        echo "demo: --codec $codec failed ($why)" >&2
+        failed+=("$codec")
+    fi
+done
+
+if [ -s "$tmp/results.jsonl" ]; then
+    "$PY" - "$tmp/results.jsonl" <<'EOF'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+head = ("codec", "ranks", "epochs", "test acc", "bytes/step sent", "dense bytes/step", "ratio", "seconds", "identical")
+cells = [(r["codec"], str(r["ranks"]), str(r["epochs"]), f"{r['test_accuracy']:.4f}",
+          f"{r['bytes_sent_per_step']:,.0f}", f"{r['bytes_dense_per_step']:,.0f}",
+          f"{r['wire_ratio'] or 0:.1f}x", f"{r['seconds']:.1f}", "yes" if r["params_identical"] else "NO")
+         for r in rows]
+w = [max(len(x) for x in col) for col in zip(head, *cells)]
+for i, row in enumerate([head] + cells):
+    print("  ".join(c.ljust(n) if j == 0 else c.rjust(n) for j, (c, n) in enumerate(zip(row, w))))
+    if i == 0:
+        print("  ".join("-" * n for n in w))
+EOF
+fi
+
+if [ ${#failed[@]} -ne 0 ]; then
+    echo "demo: failed: ${failed[*]}" >&2
+    exit 1
+fi

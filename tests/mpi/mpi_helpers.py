@@ -1,0 +1,46 @@
+"""Shared pieces of the suites that run under mpirun (files named mpi_*.py: the plain
+``pytest tests`` run does not collect them; tests/test_mpi_suites.py launches them)."""
+from __future__ import annotations
+
+import horovod.torch as hvd
+import pytest
+import torch
+
+import horovod_gradcomp as hgc
+
+
+def init():
+    """Initialize Horovod once per process; return (rank, size)."""
+    if not hvd.is_initialized():
+        hvd.init()
+    return hvd.rank(), hvd.size()
+
+
+needs_peers = pytest.mark.skipif(  # evaluated identically on every rank
+    init()[1] < 2, reason="Horovod registers its gradient hooks only when hvd.size() > 1")
+
+
+def flat_params(model: torch.nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def assert_identical_across_ranks(model: torch.nn.Module) -> None:
+    """Every rank's parameters are bitwise equal to rank 0's."""
+    mine = flat_params(model)
+    every = hvd.allgather(mine.unsqueeze(0))
+    for r in range(every.shape[0]):
+        assert torch.equal(every[r], every[0]), f"rank {r}'s parameters differ from rank 0's"
+
+
+def gather_tensors(t: torch.Tensor) -> torch.Tensor:
+    """[K, *t.shape]: every rank's t (through Horovod, independently of the codec exchange)."""
+    return hvd.allgather(t.detach().unsqueeze(0).contiguous())
+
+
+def reference_mean_of_decoded(codec_ref, compensated: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """From every rank's compensated gradient (g + r_old), compute with the pure-torch
+    reference codec: (mean over ranks of decode(encode(v_k)), this rank's new residual)."""
+    every = gather_tensors(compensated)
+    decoded = [codec_ref.decode(codec_ref.encode(every[k].clone())) for k in range(every.shape[0])]
+    mine = compensated - codec_ref.decode(codec_ref.encode(compensated.clone()))
+    return torch.stack(decoded).to(torch.float64).mean(0).to(compensated.dtype), mine
