@@ -104,8 +104,9 @@ class _HalfWithScale(Codec):
     def encode(self, tensor, residual=None):
         return Payload({"h": (tensor * self.scale).half()}, tensor.shape, tensor.dtype)
 
-    def decode(self, payload):
-        return payload.buffers["h"].to(payload.dtype) / self.scale
+    def decode(self, payload, out=None):
+        result = payload.buffers["h"].to(payload.dtype) / self.scale
+        return result if out is None else out.copy_(result)
 
 
 def test_new_codecs_are_picked_up_from_the_registry_with_options(capsys, monkeypatch):

@@ -7,7 +7,9 @@ What is measured, per (codec, impl):
 * ``encode_ms``: one pass encoding all tensors in parameter order. Codecs that fuse error
   feedback (``codec.fuses_feedback``) get a residual per tensor, as in training; residuals
   are zeroed before every pass, outside the timed region;
-* ``decode_ms``: one pass decoding all the payloads of that encode pass;
+* ``decode_ms``: one pass decoding all the payloads of that encode pass, each into an
+  output tensor allocated once outside the timed region (as the Horovod adapter decodes
+  into the gradient's own buffer);
 * ``bytes``: summed ``payload.nbytes`` (exact wire bytes); ``ratio = 4 * numel / bytes``.
 
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
@@ -59,9 +61,10 @@ class Fp16Baseline:
         """Payload with one fp16 buffer (2 bytes a value); ``residual`` is ignored."""
         return Payload({"half": tensor.half()}, tensor.shape, tensor.dtype, tensor.device)
 
-    def decode(self, payload: Payload) -> torch.Tensor:
-        """The fp16 values back in the payload's dtype."""
-        return payload.buffers["half"].to(payload.dtype)
+    def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The fp16 values back in the payload's dtype (into ``out`` when given)."""
+        half = payload.buffers["half"]
+        return half.to(payload.dtype) if out is None else out.copy_(half)
 
 
 # -- inputs ------------------------------------------------------------------------
@@ -132,10 +135,10 @@ def _warm_up(codec, grad: torch.Tensor) -> None:
     codec.decode(codec.encode(grad, residual=residual))
 
 
-def _decode_all(codec, payloads: Sequence[Payload]) -> None:
-    """Decode every payload (outputs are dropped as we go, like a real consumer would)."""
-    for p in payloads:
-        codec.decode(p)
+def _decode_all(codec, payloads: Sequence[Payload], outs: Sequence[torch.Tensor]) -> None:
+    """Decode every payload into its preallocated output."""
+    for p, o in zip(payloads, outs):
+        codec.decode(p, out=o)
 
 
 def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int) -> Dict[str, float]:
@@ -144,6 +147,7 @@ def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int) -> Dict[str, f
     Residuals (for ``fuses_feedback`` codecs) are allocated once and zeroed before every
     pass, so every pass encodes the same inputs."""
     residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
+    outs = [torch.zeros_like(g) for g in grads]
     _warm_up(codec, grads[0])
     enc, dec, nbytes = [], [], 0
     for _ in range(max(1, repeat)):
@@ -152,7 +156,7 @@ def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int) -> Dict[str, f
                 r.zero_()
         ms, payloads = _timed_ms(lambda: _encode_all(codec, grads, residuals))
         enc.append(ms)
-        dec.append(_timed_ms(lambda: _decode_all(codec, payloads))[0])
+        dec.append(_timed_ms(lambda: _decode_all(codec, payloads, outs))[0])
         nbytes = sum(p.nbytes for p in payloads)
     return {"encode_ms": statistics.median(enc), "decode_ms": statistics.median(dec), "bytes": nbytes}
 
