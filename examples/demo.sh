@@ -41,10 +41,14 @@ if [ -s "$tmp/results.jsonl" ]; then
     "$PY" - "$tmp/results.jsonl" <<'EOF'
 import json, sys
 rows = [json.loads(line) for line in open(sys.argv[1])]
-head = ("codec", "ranks", "epochs", "test acc", "bytes/step sent", "dense bytes/step", "ratio", "seconds", "identical")
+base = next((r["test_accuracy"] for r in rows if r["codec"] == "none"), None)
+head = ("codec", "ranks", "epochs", "test acc", "vs none", "bytes/step sent", "dense bytes/step", "ratio",
+        "seconds", "identical")
 cells = [(r["codec"], str(r["ranks"]), str(r["epochs"]), f"{r['test_accuracy']:.4f}",
+          "-" if base is None else f"{100 * (r['test_accuracy'] - base):+.2f} pt",
           f"{r['bytes_sent_per_step']:,.0f}", f"{r['bytes_dense_per_step']:,.0f}",
-          f"{r['wire_ratio'] or 0:.1f}x", f"{r['seconds']:.1f}", "yes" if r["params_identical"] else "NO")
+          f"{r['wire_ratio']:.1f}x" if r["wire_ratio"] else "-", f"{r['seconds']:.1f}",
+          "yes" if r["params_identical"] else "NO")
          for r in rows]
 w = [max(len(x) for x in col) for col in zip(head, *cells)]
 for i, row in enumerate([head] + cells):
