@@ -97,15 +97,25 @@ void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t co
       acc_t* __restrict__ p = sp.data() + c * cols;
       acc_t* __restrict__ m = sn.data() + c * cols;
       acc_t* __restrict__ cnt = sc.data() + c * cols;
-      for (int64_t row = rows * c / chunks; row < rows * (c + 1) / chunks; ++row) {
+      const int64_t row0 = rows * c / chunks, row1 = rows * (c + 1) / chunks;
+#if defined(__SSE2__)
+      if constexpr (std::is_same<scalar_t, float>::value) {
+        // Column blocks small enough for the three accumulator rows to stay in L1.
+        constexpr int64_t kColBlock = 1024;
+        for (int64_t j0 = 0; j0 < cols; j0 += kColBlock) {
+          const int64_t len = std::min(kColBlock, cols - j0);
+          for (int64_t row = row0; row < row1; row += 4) {
+            hgc::sse_sums_rows<kResidual>(g + row * cols + j0, kResidual ? r + row * cols + j0 : nullptr, cols,
+                                          static_cast<int>(std::min<int64_t>(4, row1 - row)), len, p + j0, m + j0,
+                                          cnt + j0);
+          }
+        }
+        continue;
+      }
+#endif
+      for (int64_t row = row0; row < row1; ++row) {
         const scalar_t* __restrict__ gr = g + row * cols;
         const scalar_t* __restrict__ rr = kResidual ? r + row * cols : nullptr;
-#if defined(__SSE2__)
-        if constexpr (std::is_same<scalar_t, float>::value) {
-          hgc::sse_sums_row<kResidual>(gr, rr, cols, p, m, cnt);
-          continue;
-        }
-#endif
         for (int64_t j = 0; j < cols; ++j) {
           acc_t v = static_cast<acc_t>(gr[j]);
           if (kResidual) v += static_cast<acc_t>(rr[j]);

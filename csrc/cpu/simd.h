@@ -113,6 +113,37 @@ inline void sse_sums_row(const float* g, const float* r, int64_t cols, float* p,
   }
 }
 
+// Like sse_sums_row for `nrows` (<= 4) rows `stride` apart: the rows are summed in registers
+// so the accumulators are loaded and stored once per 4 rows.
+template <bool kRes>
+inline void sse_sums_rows(const float* g, const float* r, int64_t stride, int nrows, int64_t cols, float* p,
+                          float* m, float* cnt) {
+  if (nrows < 4) {
+    for (int q = 0; q < nrows; ++q) sse_sums_row<kRes>(g + q * stride, kRes ? r + q * stride : nullptr, cols, p, m, cnt);
+    return;
+  }
+  const __m128 z = _mm_setzero_ps(), one = _mm_set1_ps(1.f);
+  int64_t j = 0;
+  for (; j + 4 <= cols; j += 4) {
+    __m128 sp = _mm_loadu_ps(p + j), sm = _mm_loadu_ps(m + j), sc = _mm_loadu_ps(cnt + j);
+    for (int q = 0; q < 4; ++q) {
+      __m128 v = _mm_loadu_ps(g + q * stride + j);
+      if (kRes) v = _mm_add_ps(v, _mm_loadu_ps(r + q * stride + j));
+      const __m128 k = _mm_cmpge_ps(v, z);
+      sp = _mm_add_ps(sp, _mm_and_ps(k, v));
+      sm = _mm_add_ps(sm, _mm_andnot_ps(k, v));
+      sc = _mm_add_ps(sc, _mm_and_ps(k, one));
+    }
+    _mm_storeu_ps(p + j, sp);
+    _mm_storeu_ps(m + j, sm);
+    _mm_storeu_ps(cnt + j, sc);
+  }
+  if (j < cols) {
+    for (int q = 0; q < 4; ++q)
+      sse_sums_row<kRes>(g + q * stride + j, kRes ? r + q * stride + j : nullptr, cols - j, p + j, m + j, cnt + j);
+  }
+}
+
 // One byte of bits for the 8 values at g (+ r); with kRes, r <- v - (v >= 0 ? pos : neg).
 template <bool kRes>
 inline uint8_t sse_pack8(const float* g, float* r, const float* pos, const float* neg) {
