@@ -3,6 +3,8 @@
 
 #include "checks.h"
 #include "cpu/onebit_cpu.h"
+// @terngrad-includes
+// @qsgd-includes
 
 #ifdef WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -138,4 +140,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("onebit_decode_sum", &onebit_decode_sum, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
+  // @terngrad-defs
+  // @qsgd-defs
 }

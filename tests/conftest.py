@@ -14,6 +14,9 @@ from __future__ import annotations
 import pytest
 import torch
 
+# -- collection ------------------------------------------------------------------------
+# (collection rules go in this section)
+
 # -- axes ------------------------------------------------------------------------------
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
@@ -31,12 +34,10 @@ SHAPES = [
     (13, 1),                              # cols = 1
     (5, 8), (6, 24),                      # cols multiple of 8
     (5, 7), (9, 13),                      # cols not a multiple of 8 (n not a multiple of 8)
+    (2, 1029),                            # more columns than the kernels' column blocks
     (0, 5), (3, 0),                       # empty 2-D (with and without columns)
     (16, 3, 3, 3), (8, 16, 1, 1), (4, 0, 3, 3), (2, 3, 5, 7),  # conv-like
 ]
-
-# Big enough (> 2 * 32768 values) for the native kernels to split the work across threads.
-LARGE_SHAPES = [(70001,), (520, 136), (300, 233), (129, 64, 3, 3)]
 
 
 def dtype_id(dtype: torch.dtype) -> str:
