@@ -47,6 +47,27 @@ class MPICommunicator:
         self.comm.Allgather([send.numpy(), MPI.BYTE], [recv.numpy(), MPI.BYTE])
         return recv
 
+    def allgatherv(self, send: torch.Tensor) -> list:
+        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
+        One allgather of the sizes, then one allgatherv of the data."""
+        if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
+            raise TypeError("allgatherv expects a flat uint8 CPU tensor")
+        from mpi4py import MPI
+        sizes = np.empty(self.size, dtype=np.int64)
+        self.comm.Allgather([np.array([send.numel()], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])
+        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        recv = torch.empty(int(sizes.sum()), dtype=torch.uint8)
+        self.comm.Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (sizes, offsets), MPI.BYTE])
+        return [recv[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]
+
+    def allreduce_max(self, values: np.ndarray) -> np.ndarray:
+        """Elementwise maximum over ranks of a float64 vector (one collective)."""
+        from mpi4py import MPI
+        mine = np.ascontiguousarray(values, dtype=np.float64)
+        out = np.empty_like(mine)
+        self.comm.Allreduce([mine, MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX)
+        return out
+
     def check_agreement(self, what: str, signature: Sequence[str]) -> None:
         """Raise :class:`ExchangeMismatchError` on every rank unless all ranks pass the same
         ``signature`` (a small list of strings). One 16-byte allgather."""

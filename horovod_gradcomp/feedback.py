@@ -37,15 +37,20 @@ class ErrorFeedback:
                 f"residual is {tuple(r.shape)}/{r.dtype}/{r.device}; was a checkpoint for another model loaded?")
         return r
 
-    def encode(self, codec: Codec, name: str, grad: torch.Tensor) -> Payload:
-        """Encode ``grad`` plus the residual of ``name`` and update the residual."""
+    def compensated(self, name: str, grad: torch.Tensor) -> torch.Tensor:
+        """``grad + r`` (just ``grad`` when disabled); the residual is not changed."""
+        return grad + self.residual(name, grad) if self.enabled else grad
+
+    def encode(self, codec: Codec, name: str, grad: torch.Tensor, **encode_options) -> Payload:
+        """Encode ``grad`` plus the residual of ``name`` and update the residual.
+        ``encode_options`` go to ``codec.encode`` (e.g. a shared ``scale``)."""
         if not self.enabled:
-            return codec.encode(grad)
+            return codec.encode(grad, **encode_options)
         r = self.residual(name, grad)
         if codec.fuses_feedback:
-            return codec.encode(grad, residual=r)
+            return codec.encode(grad, residual=r, **encode_options)
         v = grad + r
-        payload = codec.encode(v)
+        payload = codec.encode(v, **encode_options)
         r.copy_(v - codec.decode(payload))
         return payload
 

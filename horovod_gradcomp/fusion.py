@@ -85,3 +85,40 @@ class FusedLayout:
                 bufs[name] = view if device.type == "cpu" else view.to(device)
             out.append((k, Payload(bufs, shape, dtype, device)))
         return out
+
+
+def pack_variable(names: Sequence[str], payloads: Dict[str, Payload]) -> torch.Tensor:
+    """Serialize payloads whose sizes vary from step to step (one rank's part of an allgatherv).
+
+    Format: int64 byte length of every buffer of every tensor (tensors in ``names`` order,
+    buffers in payload order), then the buffers, each padded to a multiple of 8 bytes so that
+    every buffer, and the whole part, stays 8-byte aligned."""
+    blobs = [payloads[n].buffers[b].reshape(-1).view(torch.uint8).cpu() for n in names for b in payloads[n].buffers]
+    header = torch.tensor([x.numel() for x in blobs], dtype=torch.int64).view(torch.uint8)
+    padded = [(x.numel() + ALIGN - 1) // ALIGN * ALIGN for x in blobs]
+    out = torch.zeros(header.numel() + sum(padded), dtype=torch.uint8)
+    out[:header.numel()] = header
+    offset = header.numel()
+    for x, size in zip(blobs, padded):
+        out[offset:offset + x.numel()] = x
+        offset += size
+    return out
+
+
+def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[str, Payload]) -> Dict[str, Payload]:
+    """Inverse of :func:`pack_variable` for one rank's part; ``templates`` (this rank's own
+    payloads) give each buffer's name and dtype and each tensor's shape, dtype and device."""
+    count = sum(len(templates[n].buffers) for n in names)
+    lengths = part[:8 * count].view(torch.int64).tolist()
+    offset, i, out = 8 * count, 0, {}
+    for n in names:
+        t = templates[n]
+        bufs = {}
+        for b, ref in t.buffers.items():
+            nbytes = lengths[i]
+            i += 1
+            view = part[offset:offset + nbytes].view(ref.dtype)
+            bufs[b] = view if t.device.type == "cpu" else view.to(t.device)
+            offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
+        out[n] = Payload(bufs, t.shape, t.dtype, t.device)
+    return out

@@ -28,13 +28,14 @@ import threading
 import time
 from typing import Dict, Iterable, Optional, Tuple
 
+import numpy as np
 import torch
 
 from .codecs import get_codec
 from .codecs.base import Codec, Payload
 from .comm import MPICommunicator, default_communicator
 from .feedback import ErrorFeedback
-from .fusion import FusedLayout
+from .fusion import FusedLayout, pack_variable, unpack_variable
 from .param_index import ParamIndex
 from .stats import ExchangeStats, allgather_wire_bytes, allreduce_wire_bytes
 
@@ -120,6 +121,8 @@ class CodecCompression:
         self._pending: Dict[str, Payload] = {}
         self._results: Dict[str, torch.Tensor] = {}
         self._grads: Dict[str, torch.Tensor] = {}
+        # Codecs whose scale is agreed across ranks (TernGrad) encode at exchange time.
+        self._deferred = bool(getattr(codec, "shared_scale", False))
         self._layouts: Dict[tuple, FusedLayout] = {}
         self._lock = threading.Lock()
 
@@ -128,10 +131,11 @@ class CodecCompression:
         """Encode ``tensor`` (a parameter's ``.grad``); return the placeholder and its name."""
         with self._lock:
             name = self.index.name_of(tensor)
-            if name in self._pending:
+            if name in self._grads:
                 raise RuntimeError(f"Compression.{self.codec.name}: {name!r} compressed twice before its exchange")
-            with _Timer(self._stats, "encode_s"):
-                self._pending[name] = self.feedback.encode(self.codec, name, tensor.detach())
+            if not self._deferred:
+                with _Timer(self._stats, "encode_s"):
+                    self._pending[name] = self.feedback.encode(self.codec, name, tensor.detach())
             # Once encoded, the gradient's values are no longer needed (the residual keeps the
             # error): the decoded mean is written back into it, sparing a new allocation.
             self._grads[name] = tensor.detach()
@@ -141,7 +145,7 @@ class CodecCompression:
         """The mean over ranks of ``name``'s decoded payloads, scaled as Horovod's op asks."""
         with self._lock:
             if name not in self._results:
-                if name not in self._pending:
+                if name not in self._grads:
                     raise RuntimeError(f"Compression.{self.codec.name}: decompress({name!r}) without compress")
                 self._exchange()
             result = self._results.pop(name)
@@ -156,28 +160,64 @@ class CodecCompression:
             layout = self._layouts[entries] = FusedLayout(self.codec, entries)
         return layout
 
+    def _encode_with_shared_scales(self, comm: MPICommunicator, names) -> None:
+        """Encode every gradient with the scale agreed by all ranks: the maximum over ranks of
+        each tensor's local scale, all tensors' scales in one MAX-allreduce."""
+        with _Timer(self._stats, "encode_s"):
+            local = np.array([self.codec.local_scale(self.feedback.compensated(n, self._grads[n])) for n in names])
+        with _Timer(self._stats, "exchange_s"):
+            shared = comm.allreduce_max(local)
+        with _Timer(self._stats, "encode_s"):
+            for n, s in zip(names, shared):
+                self._pending[n] = self.feedback.encode(self.codec, n, self._grads[n], scale=float(s))
+
     def _exchange(self) -> None:
         comm = self.communicator or default_communicator()
-        names = sorted(self._pending, key=self.index.order.__getitem__)
+        names = sorted(self._grads, key=self.index.order.__getitem__)
+        if self.check_agreement:
+            with _Timer(self._stats, "exchange_s"):
+                comm.check_agreement(f"Compression.{self.codec.name}", [repr(self.codec)] + [
+                    f"{n}:{tuple(self._grads[n].shape)}:{self._grads[n].dtype}" for n in names])
+        if self._deferred:
+            self._encode_with_shared_scales(comm, names)
+        if getattr(self.codec, "variable_size", False):
+            self._exchange_variable(comm, names)
+        else:
+            self._exchange_fixed(comm, names)
+        self._pending.clear()
+        self._grads.clear()
+        self.index.end_step()
+
+    def _out_for(self, name: str):
+        grad = self._grads[name]
+        return grad if grad.is_contiguous() else None
+
+    def _exchange_variable(self, comm: MPICommunicator, names) -> None:
+        """Payload sizes differ between ranks and steps: allgather of sizes, then allgatherv."""
+        with _Timer(self._stats, "exchange_s"):
+            send = pack_variable(names, self._pending)
+            parts = comm.allgatherv(send)
+        k = len(parts)
+        with _Timer(self._stats, "decode_s"):
+            decoded = [unpack_variable(part, names, self._pending) for part in parts]
+            for n in names:
+                self._results[n] = self.codec.decode_many([d[n] for d in decoded], out=self._out_for(n))
+        numel = sum(self._pending[n].numel for n in names)
+        sent = allgather_wire_bytes(send.numel() + 8 + (16 if self.check_agreement else 0), k)
+        self._stats.record(tensors=len(names), payload=send.numel(), numel=numel, sent=sent, k=k)
+
+    def _exchange_fixed(self, comm: MPICommunicator, names) -> None:
         layout = self._layout(names)
         with _Timer(self._stats, "exchange_s"):
-            if self.check_agreement:
-                comm.check_agreement(f"Compression.{self.codec.name}",
-                                     [repr(self.codec)] + [f"{n}:{tuple(s)}:{d}" for n, s, d in layout.entries])
             recv = comm.allgather(layout.pack(self._pending))
         k = recv.shape[0]
         devices = {n: p.device for n, p in self._pending.items()}
         with _Timer(self._stats, "decode_s"):
             for name, stacked in layout.unpack(recv, devices):
-                grad = self._grads[name]
-                out = grad if grad.is_contiguous() else None
-                self._results[name] = self.codec.decode_mean(stacked, out=out)
+                self._results[name] = self.codec.decode_mean(stacked, out=self._out_for(name))
         numel = sum(p.numel for p in self._pending.values())
         sent = allgather_wire_bytes(layout.nbytes + (16 if self.check_agreement else 0), k)
         self._stats.record(tensors=len(names), payload=layout.nbytes, numel=numel, sent=sent, k=k)
-        self._pending.clear()
-        self._grads.clear()
-        self.index.end_step()
 
     # -- introspection and checkpoints --------------------------------------------
     def stats(self) -> dict:

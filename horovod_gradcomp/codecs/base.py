@@ -97,5 +97,20 @@ class Codec:
         result = acc.mul_(scale).to(stacked.dtype)
         return result if out is None else out.copy_(result)
 
+    def decode_many(self, payloads: Sequence[Payload], scale: float | None = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``scale * sum_k decode(payloads[k])`` for payloads that may differ in size
+        (variable-size codecs); ``scale`` defaults to 1/K."""
+        if not payloads:
+            raise ValueError(f"{self.name}: decode_many needs at least one payload")
+        scale = 1.0 / len(payloads) if scale is None else scale
+        first = payloads[0]
+        acc = torch.zeros(first.shape, dtype=torch.float64 if first.dtype == torch.float64 else torch.float32,
+                          device=first.device)
+        for p in payloads:
+            acc.add_(self.decode(p))
+        result = acc.mul_(scale).to(first.dtype)
+        return result if out is None else out.copy_(result)
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(impl={self.impl!r})"
