@@ -59,5 +59,6 @@ class ErrorFeedback:
 
     def load_state_dict(self, state: Dict[str, object], device: Optional[torch.device] = None) -> None:
         self.enabled = bool(state["enabled"])
-        self.residuals = {k: (v.to(device) if device is not None else v.clone())
+        # Always copies: the residuals are updated in place and must not alias the checkpoint.
+        self.residuals = {k: v.to(device if device is not None else v.device, copy=True)
                           for k, v in dict(state["residuals"]).items()}

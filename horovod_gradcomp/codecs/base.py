@@ -77,6 +77,16 @@ class Codec:
         raise NotImplementedError
 
     # -- shared -------------------------------------------------------------------
+    def check_out(self, out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
+        """Validate an ``out=`` tensor for ``payload``: contiguous, its shape, dtype and device."""
+        if out is not None and (out.shape != payload.shape or out.dtype != payload.dtype
+                                or out.device != payload.device or not out.is_contiguous()):
+            raise ValueError(
+                f"{self.name}: out must be a contiguous {tuple(payload.shape)} {payload.dtype} tensor on "
+                f"{payload.device}, got {tuple(out.shape)} {out.dtype} on {out.device} "
+                f"(contiguous={out.is_contiguous()})")
+        return out
+
     def payload_nbytes(self, shape: Sequence[int], dtype: torch.dtype) -> int:
         return sum(numel * torch.empty((), dtype=dt).element_size() for _, dt, numel in self.layout(shape, dtype))
 
@@ -85,6 +95,7 @@ class Codec:
         """Decode K payloads stacked along dim 0 of each buffer and return
         ``scale * sum_k decode(payload_k)`` (``scale`` defaults to 1/K: the mean),
         written into ``out`` when given."""
+        self.check_out(out, stacked)
         k = next(iter(stacked.buffers.values())).shape[0]
         scale = 1.0 / k if scale is None else scale
         acc = None
@@ -105,6 +116,7 @@ class Codec:
             raise ValueError(f"{self.name}: decode_many needs at least one payload")
         scale = 1.0 / len(payloads) if scale is None else scale
         first = payloads[0]
+        self.check_out(out, first)
         acc = torch.zeros(first.shape, dtype=torch.float64 if first.dtype == torch.float64 else torch.float32,
                           device=first.device)
         for p in payloads:

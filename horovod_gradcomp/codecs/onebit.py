@@ -109,8 +109,10 @@ class OneBitCodec(Codec):
         (written into ``out`` when given: contiguous, same shape and dtype)."""
         n, cols = payload.numel, onebit_columns(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
+        self.check_out(out, payload)
         if self.impl == "native":
-            flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, _flat_out(out, payload))
+            flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, None if out is None else out.view(-1))
+            return flat.view(payload.shape) if out is None else out
         else:
             sent = scales.view(2, cols).to(_acc_dtype(payload.dtype))
             pos = unpack_bits(bits, n).view(-1, cols) if cols else torch.zeros(0, 0, dtype=torch.bool)
@@ -128,16 +130,7 @@ class OneBitCodec(Codec):
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         k = bits.shape[0]
         scale = 1.0 / k if scale is None else scale
+        self.check_out(out, stacked)
         flat = self._C.onebit_decode_sum(bits, scales, stacked.numel, onebit_columns(stacked.shape),
-                                         stacked.dtype, float(scale), _flat_out(out, stacked))
-        return flat.view(stacked.shape)
-
-
-def _flat_out(out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
-    """``out`` as a flat view the kernels can write, after checking it fits the payload."""
-    if out is None:
-        return None
-    if out.shape != payload.shape or out.dtype != payload.dtype or not out.is_contiguous():
-        raise ValueError(f"onebit: out must be a contiguous {tuple(payload.shape)} {payload.dtype} tensor, got "
-                         f"{tuple(out.shape)} {out.dtype} contiguous={out.is_contiguous()}")
-    return out.view(-1)
+                                         stacked.dtype, float(scale), None if out is None else out.view(-1))
+        return flat.view(stacked.shape) if out is None else out

@@ -1,0 +1,304 @@
+"""TernGrad: stochastic ternarization with a scale shared by all ranks (Wen et al., 2017).
+
+For a gradient ``g`` (any shape, flattened row-major, n values) and a scale ``s``:
+
+* optional clipping (``clip=c``): ``a_i = min(|g_i|, t)`` with ``t = c * sigma``, sigma the
+  (population) standard deviation of ``g``; no clipping when sigma is 0 (a constant tensor,
+  e.g. any one-element tensor, has no outliers to clip);
+* ``local_scale(g) = max_i a_i``: what each rank contributes to the MAX-reduction; the caller
+  agrees on ``s = max over ranks`` and passes it to :meth:`encode` (``scale=None`` uses the
+  local one);
+* ``g~_i = s * sign(g_i) * b_i``, ``b_i ~ Bernoulli(a_i / s)``: unbiased for the clipped
+  gradient, ``E[g~] = sign(g) * a`` (element variance ``s*a_i - a_i^2``). A value with
+  ``a_i >= s`` is always sent as ``s * sign(g_i)``.
+
+Wire format (``Payload.buffers``, in this order):
+
+* ``codes``: uint8[ceil(n/4)], element i in byte i//4 at bits 2*(i%4)..2*(i%4)+1 (LSB
+  first); code 0 = 0, 1 = +1, 2 = -1 (3 is unused, read as 0); padding codes are 0;
+* ``scale``: float32[1], ``s``.
+
+So ``nbytes = ceil(n/4) + 4``. ``s`` is a float32 value (a scale passed in is rounded *up* to
+float32, so that ``a_i / s <= 1`` still holds for every ``a_i <= scale``); ``s == 0`` (an
+all-zero gradient) gives all-zero codes. Gradients may be fp16/bf16/fp32/fp64; the arithmetic
+runs in float32 (float64 for fp64 gradients). No error feedback: ``encode`` refuses a residual.
+
+Randomness: counter-based, not a ``torch.Generator``. Each codec object has a call counter
+(advanced by every :meth:`encode`); call number c of a codec with options ``seed`` and
+``rank_stream`` uses the 64-bit key ``splitmix64(splitmix64(splitmix64(seed) ^ rank_stream)
+^ c)`` = (key1 << 32) | key0, and element i draws
+
+    h = mix32(mix32((i + key0) mod 2^32) ^ key1),   u = (h >> 8) * 2^-24  in [0, 1)
+
+(``mix32`` is the "lowbias32" integer hash with multipliers 0x21f0aaad, 0x735a2d97), and
+``b_i = (u * s < a_i)``, computed in the arithmetic dtype. The native kernel (C++, any thread
+split) and the pure-torch reference (int64 tensor ops) compute exactly this, so they produce
+bit-identical codes for the same seed, rank_stream and call number; two codec objects with
+the same seed and rank_stream produce identical streams; ranks passing their rank as
+``rank_stream`` get independent streams. Tensors hold at most 2^32 values.
+
+Decoding: ``decode_mean`` of K stacked payloads sums the K codes per element as integers and
+multiplies once by ``s * scale`` (one pass, no K dense intermediates). If the K scales are not
+all equal (the caller did not share ``s``), it falls back to the weighted sum
+``scale * sum_k s_k * v_k`` (still exact in meaning, just no longer one integer sum).
+"""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+
+from ..native import require_native
+from .base import BufferSpec, Codec, Payload
+from .registry import register_codec
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+_M32 = 0xFFFFFFFF
+_M64 = (1 << 64) - 1
+_MUL1, _MUL2 = 0x21F0AAAD, 0x735A2D97   # both < 2^31: int64 products of 32-bit values do not overflow
+_MAX_VALUES = 1 << 32
+_MAX_INT_K = 32767                       # the native integer sum path's limit (biased 16-bit lanes)
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def stream_key(seed: int, rank_stream: int, call: int) -> Tuple[int, int]:
+    """(key0, key1): the two 32-bit keys of call number ``call`` of a codec's stream."""
+    k = _splitmix64(_splitmix64(_splitmix64(seed & _M64) ^ (rank_stream & _M64)) ^ (call & _M64))
+    return k & _M32, k >> 32
+
+
+def _mix32_(x: torch.Tensor) -> torch.Tensor:
+    """lowbias32 on int64 tensors holding 32-bit values, in place."""
+    x.bitwise_xor_(x >> 16)
+    x.mul_(_MUL1).bitwise_and_(_M32)
+    x.bitwise_xor_(x >> 15)
+    x.mul_(_MUL2).bitwise_and_(_M32)
+    x.bitwise_xor_(x >> 15)
+    return x
+
+
+def uniform_bits(n: int, key0: int, key1: int, device=None) -> torch.Tensor:
+    """The 24-bit integers ``h >> 8`` of elements 0..n-1 (int64), pure torch."""
+    x = torch.arange(n, dtype=torch.int64, device=device).add_(key0).bitwise_and_(_M32)
+    _mix32_(x).bitwise_xor_(key1)
+    return _mix32_(x) >> 8
+
+
+def _f32(x: float) -> float:
+    """x rounded to the nearest float32."""
+    return torch.tensor(x, dtype=torch.float64).to(torch.float32).item()
+
+
+def _f32_up(x: float) -> float:
+    """The smallest float32 >= x (NaN stays NaN)."""
+    f = torch.tensor(x, dtype=torch.float64).to(torch.float32)
+    if f.item() < x:
+        f = torch.nextafter(f, torch.tensor(math.inf, dtype=torch.float32))
+    return f.item()
+
+
+def _pack2(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes[n] in 0..3 -> uint8[ceil(n/4)], 4 per byte, LSB first."""
+    n = codes.numel()
+    padded = torch.zeros((n + 3) // 4 * 4, dtype=torch.uint8, device=codes.device)
+    padded[:n] = codes
+    weights = torch.tensor([1, 4, 16, 64], dtype=torch.uint8, device=codes.device)
+    return (padded.view(-1, 4) * weights).sum(1, dtype=torch.uint8)
+
+
+def _unpack2(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """uint8[..., >= ceil(n/4)] -> values int8[..., n] in {-1, 0, +1} (code 3 reads as 0)."""
+    lead = packed.shape[:-1]
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
+    nb = (n + 3) // 4
+    c = ((packed[..., :nb].unsqueeze(-1) >> shifts) & 3).reshape(*lead, 4 * nb)[..., :n]
+    return ((c & 1).to(torch.int8) - (c >> 1).to(torch.int8))
+
+
+@register_codec("terngrad")
+class TernGradCodec(Codec):
+    """TernGrad: 2-bit stochastic ternary codes and one float32 scale shared by all ranks."""
+
+    #: the adapter agrees on one scale per tensor (MAX of ``local_scale``) before ``encode``
+    shared_scale = True
+    fuses_feedback = False
+
+    def __init__(self, impl: str = "native", seed: int = 0, rank_stream: int = 0,
+                 clip: Optional[float] = None):
+        super().__init__(impl)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise TypeError(f"terngrad: seed must be an int, got {seed!r}")
+        if isinstance(rank_stream, bool) or not isinstance(rank_stream, int):
+            raise TypeError(f"terngrad: rank_stream must be an int, got {rank_stream!r}")
+        if clip is not None:
+            clip = float(clip)
+            if not (clip > 0 and math.isfinite(clip)):
+                raise ValueError(f"terngrad: clip must be a positive finite number or None, got {clip!r}")
+        self.seed, self.rank_stream, self.clip = seed, rank_stream, clip
+        self.calls = 0  # encode calls so far: the position in this codec's random stream
+        if impl == "native":
+            self._C = require_native()
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(impl={self.impl!r}, seed={self.seed}, rank_stream={self.rank_stream}, "
+                f"clip={self.clip})")
+
+    # -- helpers ------------------------------------------------------------------
+    def _check(self, tensor: torch.Tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):
+            raise TypeError(f"terngrad: expected a tensor, got {type(tensor).__name__}")
+        if tensor.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"terngrad: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
+        if tensor.numel() > _MAX_VALUES:
+            raise ValueError(f"terngrad: at most 2^32 values per tensor, got {tensor.numel()}")
+        if self.impl == "native" and tensor.device.type != "cpu":
+            raise RuntimeError("terngrad: horovod_gradcomp._C was built without CUDA kernels for terngrad; "
+                               f"got a {tensor.device.type} tensor (use impl='reference')")
+
+    def _clip_threshold(self, flat: torch.Tensor) -> Optional[float]:
+        """t = clip * sigma (float32-rounded unless fp64), None without clipping or when sigma is 0."""
+        if self.clip is None or flat.numel() == 0:
+            return None
+        acc = _acc_dtype(flat.dtype)
+        sigma = flat.to(acc).std(correction=0).item()
+        if not sigma > 0:  # constant tensor (or NaN): nothing to clip
+            return None
+        t = self.clip * sigma
+        return t if acc == torch.float64 else _f32(t)
+
+    def _max_abs(self, flat: torch.Tensor) -> float:
+        if flat.numel() == 0:
+            return 0.0
+        if self.impl == "native":
+            return float(self._C.terngrad_max_abs(flat.contiguous()))
+        return flat.to(_acc_dtype(flat.dtype)).abs().max().item()
+
+    def _local_scale(self, flat: torch.Tensor, t: Optional[float]) -> float:
+        m = self._max_abs(flat)
+        if t is not None and not math.isnan(m):
+            m = min(m, t)
+        return _f32_up(m)
+
+    def layout(self, shape: Sequence[int], dtype: torch.dtype) -> List[BufferSpec]:
+        n = math.prod(shape)
+        return [("codes", torch.uint8, (n + 3) // 4), ("scale", torch.float32, 1)]
+
+    # -- scale ----------------------------------------------------------------------
+    def local_scale(self, tensor: torch.Tensor) -> float:
+        """max |g| after the optional clipping, as a float32 value: this rank's contribution
+        to the MAX-reduction that gives the shared scale."""
+        self._check(tensor)
+        flat = tensor.reshape(-1)
+        return self._local_scale(flat, self._clip_threshold(flat))
+
+    # -- encode -------------------------------------------------------------------
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None,
+               scale: Optional[float] = None) -> Payload:
+        """Encode ``tensor`` with the shared scale ``scale`` (``local_scale(tensor)`` when None).
+        Advances this codec's random stream by one call."""
+        self._check(tensor)
+        if residual is not None:
+            raise ValueError("terngrad: runs without error feedback; encode takes no residual")
+        flat = tensor.reshape(-1)
+        t = self._clip_threshold(flat)
+        if scale is None:
+            s = self._local_scale(flat, t)
+        else:
+            s = float(scale)
+            if s < 0:
+                raise ValueError(f"terngrad: the scale must be >= 0, got {s}")
+            s = _f32_up(s)
+        key0, key1 = stream_key(self.seed, self.rank_stream, self.calls)
+        self.calls += 1
+        if self.impl == "native":
+            codes, scale_buf = self._C.terngrad_encode(flat.contiguous(), s, math.inf if t is None else t,
+                                                       key0, key1)
+        else:
+            codes, scale_buf = self._reference_encode(flat, s, t, key0, key1)
+        return Payload({"codes": codes, "scale": scale_buf}, tensor.shape, tensor.dtype, tensor.device)
+
+    @staticmethod
+    def _reference_encode(flat: torch.Tensor, s: float, t: Optional[float], key0: int, key1: int):
+        n, dev = flat.numel(), flat.device
+        scale_buf = torch.full((1,), s, dtype=torch.float32, device=dev)
+        if n == 0 or s == 0:
+            return torch.zeros((n + 3) // 4, dtype=torch.uint8, device=dev), scale_buf
+        acc = _acc_dtype(flat.dtype)
+        g = flat.to(acc)
+        a = g.abs()
+        if t is not None:
+            a = a.clamp(max=t)
+        u = uniform_bits(n, key0, key1, dev).to(acc).mul_(2.0 ** -24)
+        sel = u.mul_(s) < a
+        codes = torch.where(sel, torch.where(g < 0, 2, 1), 0).to(torch.uint8)
+        return _pack2(codes), scale_buf
+
+    # -- decode -------------------------------------------------------------------
+    def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The tensor ``s * v`` (v in {-1, 0, +1}) of the payload's shape and dtype, written
+        into ``out`` when given (contiguous, same shape and dtype)."""
+        stacked = Payload({k: b.unsqueeze(0) for k, b in payload.buffers.items()}, payload.shape, payload.dtype,
+                          payload.device)
+        return self.decode_mean(stacked, 1.0, out)
+
+    def decode_mean(self, stacked: Payload, scale: float | None = None,
+                    out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``scale * sum_k decode(payload_k)`` (``scale`` defaults to 1/K) in one pass over the
+        K payloads: ``(sum_k v_k) * s * scale`` when all K scales are equal (the shared-scale
+        case), else ``scale * sum_k s_k * v_k``. Written into ``out`` when given."""
+        codes, scales = stacked.buffers["codes"], stacked.buffers["scale"]
+        if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0]:
+            raise ValueError("terngrad: decode_mean expects buffers stacked as [K, ...]")
+        k, n = codes.shape[0], stacked.numel
+        if k == 0:
+            raise ValueError("terngrad: decode_mean needs at least one payload")
+        scale = 1.0 / k if scale is None else float(scale)
+        flat_out = _flat_out(out, stacked)
+        if self.impl == "native":
+            if codes.device.type != "cpu" or scales.device.type != "cpu":
+                raise RuntimeError("terngrad: horovod_gradcomp._C was built without CUDA kernels for terngrad; "
+                                   "got CUDA payloads (use impl='reference')")
+            flat = self._C.terngrad_decode_sum(codes, scales, n, stacked.dtype, scale, flat_out)
+            return flat.view(stacked.shape)
+        flat = self._reference_decode_sum(codes, scales, n, stacked.dtype, scale)
+        if flat_out is not None:
+            flat_out.copy_(flat)
+            return out
+        return flat.view(stacked.shape)
+
+    @staticmethod
+    def _reference_decode_sum(codes: torch.Tensor, scales: torch.Tensor, n: int, dtype: torch.dtype,
+                              scale: float) -> torch.Tensor:
+        acc = _acc_dtype(dtype)
+        k = codes.shape[0]
+        s = scales[:, 0]
+        values = _unpack2(codes, n)  # int8 [K, n]
+        if k <= _MAX_INT_K and bool((s == s[0]).all()):
+            total = values.sum(0, dtype=torch.int32).to(acc)
+            return total.mul_(s[0].item() * scale).to(dtype)
+        total = torch.zeros(n, dtype=acc, device=codes.device)
+        for i in range(k):
+            total.add_(values[i].to(acc) * s[i].item())
+        return total.mul_(scale).to(dtype)
+
+
+def _flat_out(out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
+    """``out`` as a flat view the kernels can write, after checking it fits the payload."""
+    if out is None:
+        return None
+    if out.shape != payload.shape or out.dtype != payload.dtype or not out.is_contiguous():
+        raise ValueError(f"terngrad: out must be a contiguous {tuple(payload.shape)} {payload.dtype} tensor, got "
+                         f"{tuple(out.shape)} {out.dtype} contiguous={out.is_contiguous()}")
+    return out.view(-1)
