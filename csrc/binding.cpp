@@ -4,7 +4,9 @@
 #include "checks.h"
 #include "cpu/onebit_cpu.h"
 // @terngrad-includes
+#include "cpu/terngrad_cpu.h"
 // @qsgd-includes
+#include "cpu/qsgd_cpu.h"
 
 #ifdef WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -141,5 +143,22 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
   // @terngrad-defs
+  m.def("terngrad_max_abs", &terngrad_max_abs_cpu, "max |grad| (NaN if any)", py::arg("grad"));
+  m.def("terngrad_encode", &terngrad_encode_cpu, "TernGrad stochastic ternarize + pack -> (codes, scale)",
+        py::arg("grad"), py::arg("scale"), py::arg("clip"), py::arg("key0"), py::arg("key1"));
+  m.def("terngrad_decode_sum", &terngrad_decode_sum_cpu, "scale * sum of K decoded TernGrad payloads",
+        py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("dtype"), py::arg("scale"),
+        py::arg("out") = py::none());
   // @qsgd-defs
+  m.def("qsgd_encode_fixed", &qsgd_encode_fixed_cpu, "QSGD encode, fixed-width coding -> (norms, packed)",
+        py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"));
+  m.def("qsgd_decode_fixed", &qsgd_decode_fixed_cpu, "scale * sum of K fixed-width QSGD payloads",
+        py::arg("norms"), py::arg("packed"), py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtype"),
+        py::arg("scale") = 1.0, py::arg("out") = py::none());
+  m.def("qsgd_encode_elias", &qsgd_encode_elias_cpu, "QSGD encode, Elias coding -> (norms, nbits, stream)",
+        py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"),
+        py::arg("group_buckets"));
+  m.def("qsgd_decode_elias", &qsgd_decode_elias_cpu, "QSGD decode of one Elias-coded payload", py::arg("norms"),
+        py::arg("nbits"), py::arg("stream"), py::arg("n"), py::arg("s"), py::arg("bucket"),
+        py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
 }
