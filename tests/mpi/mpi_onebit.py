@@ -37,20 +37,17 @@ def distributed(model, compression, lr=0.05, **kw):
     return hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=compression, **kw)
 
 
-@needs_peers
-def test_grads_equal_mean_of_every_ranks_decoded_payload():
-    """After synchronize(), p.grad == mean_k decode(encode(g_k + r_k)), with the residuals and
-    the decoding done independently by the pure-torch reference codec."""
-    model = make_model()
-    comp = hgc.Compression.onebit(model.named_parameters())
-    opt = distributed(model, comp)
+def check_steps_against_reference(model, comp, opt, forward_backward, steps):
+    """Run ``steps`` optimizer steps; after each synchronize(), every p.grad must equal
+    mean_k decode(encode(g_k + r_k)), with residuals and decoding done independently by the
+    pure-torch reference codec (a parameter without gradient counts as a zero gradient)."""
     ref = hgc.get_codec("onebit", impl="reference")
     residual = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-    for step in range(5):
+    for step in range(steps):
         opt.zero_grad()
-        x, y = batch(step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = {n: p.grad.clone() for n, p in model.named_parameters()}
+        forward_backward(step)
+        local = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                 for n, p in model.named_parameters()}
         opt.synchronize()
         for n, p in model.named_parameters():
             expected, residual[n] = reference_mean_of_decoded(ref, local[n] + residual[n])
@@ -58,6 +55,19 @@ def test_grads_equal_mean_of_every_ranks_decoded_payload():
             torch.testing.assert_close(comp.feedback.residuals[n], residual[n], rtol=1e-5, atol=1e-6)
         with opt.skip_synchronize():
             opt.step()
+
+
+@needs_peers
+def test_grads_equal_mean_of_every_ranks_decoded_payload():
+    model = make_model()
+    comp = hgc.Compression.onebit(model.named_parameters())
+    opt = distributed(model, comp)
+
+    def forward_backward(step):
+        x, y = batch(step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+
+    check_steps_against_reference(model, comp, opt, forward_backward, steps=5)
 
 
 @needs_peers
@@ -102,21 +112,13 @@ def test_hook_order_differs_across_ranks_and_a_parameter_without_gradient():
     model = TwoBranches()
     comp = hgc.Compression.onebit(model.named_parameters())
     opt = distributed(model, comp)
-    ref = hgc.get_codec("onebit", impl="reference")
-    residual = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
-    for step in range(6):
-        opt.zero_grad()
-        g = torch.Generator().manual_seed(step * 10 + RANK)
-        x = torch.randn(4, 5, generator=g)
+
+    def forward_backward(step):
+        x = torch.randn(4, 5, generator=torch.Generator().manual_seed(step * 10 + RANK))
         use_rare = step % 3 == 0 and RANK == 0  # only rank 0, only some steps
         model(x, use_rare).pow(2).mean().backward()
-        local = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in model.named_parameters()}
-        opt.synchronize()
-        for n, p in model.named_parameters():
-            expected, residual[n] = reference_mean_of_decoded(ref, local[n] + residual[n])
-            torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-6, msg=f"step {step} {n}")
-        with opt.skip_synchronize():
-            opt.step()
+
+    check_steps_against_reference(model, comp, opt, forward_backward, steps=6)
     assert_identical_across_ranks(model)
 
 
