@@ -24,6 +24,7 @@ Interactions with DistributedOptimizer's other options:
 """
 from __future__ import annotations
 
+import inspect
 import threading
 import time
 from typing import Dict, Iterable, Optional, Tuple
@@ -32,6 +33,7 @@ import numpy as np
 import torch
 
 from .codecs import get_codec
+from .codecs.registry import codec_class
 from .codecs.base import Codec, Payload
 from .comm import MPICommunicator, default_communicator
 from .feedback import ErrorFeedback
@@ -253,7 +255,12 @@ class Compression:
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               **codec_options) -> CodecCompression:
-        """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter."""
+        """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
+
+        Stochastic codecs (those taking ``rank_stream``) get this rank's number unless told
+        otherwise, so each rank draws its own random stream."""
+        if "rank_stream" in inspect.signature(codec_class(name)).parameters and "rank_stream" not in codec_options:
+            codec_options["rank_stream"] = (communicator or default_communicator()).rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 communicator=communicator, check_agreement=check_agreement)
 
@@ -262,3 +269,17 @@ class Compression:
                **options) -> CodecCompression:
         """1-bit SGD with per-column reconstruction values and error feedback (Seide et al.)."""
         return Compression.codec("onebit", named_parameters, error_feedback=error_feedback, impl=impl, **options)
+
+    @staticmethod
+    def terngrad(named_parameters: NamedParameters, *, error_feedback: bool = False, impl: str = "native",
+                 **options) -> CodecCompression:
+        """TernGrad (Wen et al.): a scale shared by all ranks (one MAX-allreduce for all tensors per
+        step), stochastic ternary values, 2 bits each. Options: seed, clip (c in c*sigma)."""
+        return Compression.codec("terngrad", named_parameters, error_feedback=error_feedback, impl=impl, **options)
+
+    @staticmethod
+    def qsgd(named_parameters: NamedParameters, *, error_feedback: bool = False, impl: str = "native",
+             **options) -> CodecCompression:
+        """QSGD (Alistarh et al.): s-level stochastic quantization per bucket. Options: bits or
+        levels, bucket, norm ("l2" | "max"), coding ("fixed" | "elias"), seed."""
+        return Compression.codec("qsgd", named_parameters, error_feedback=error_feedback, impl=impl, **options)

@@ -24,11 +24,15 @@ def available_codecs() -> List[str]:
     return sorted(_REGISTRY)
 
 
+def codec_class(name: str) -> Type[Codec]:
+    """The class registered as ``name``."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}") from None
+
+
 def get_codec(name: str, **options) -> Codec:
     """Build the codec registered as ``name`` with its options (``impl="native"`` by default,
     ``impl="reference"`` for the pure-torch oracle)."""
-    try:
-        cls = _REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"unknown codec {name!r}; available: {', '.join(available_codecs())}") from None
-    return cls(**options)
+    return codec_class(name)(**options)
