@@ -178,7 +178,7 @@ class CodecCompression:
         names = sorted(self._grads, key=self.index.order.__getitem__)
         if self.check_agreement:
             with _Timer(self._stats, "exchange_s"):
-                comm.check_agreement(f"Compression.{self.codec.name}", [repr(self.codec)] + [
+                comm.check_agreement(f"Compression.{self.codec.name}", [self.codec.agreement_key()] + [
                     f"{n}:{tuple(self._grads[n].shape)}:{self._grads[n].dtype}" for n in names])
         if self._deferred:
             self._encode_with_shared_scales(comm, names)

@@ -64,6 +64,8 @@ def test_registered():
     assert type(c).__name__ == "TernGradCodec" and c.name == "terngrad" and c.impl == "native"
     assert c.shared_scale is True and c.fuses_feedback is False
     assert "terngrad" in hgc.available_codecs()
+    # the same on every rank (the adapter compares it across ranks): no rank_stream in it
+    assert repr(hgc.get_codec("terngrad", rank_stream=0)) == repr(hgc.get_codec("terngrad", rank_stream=3))
 
 
 @shapes

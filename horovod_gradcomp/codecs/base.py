@@ -6,6 +6,7 @@ supports it the residual to update in the same pass as the encoding.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -107,6 +108,10 @@ class Codec:
             raise ValueError(f"{self.name}: decode_mean needs at least one payload")
         result = acc.mul_(scale).to(stacked.dtype)
         return result if out is None else out.copy_(result)
+
+    def agreement_key(self) -> str:
+        """The options every rank must share (the repr without per-rank ``rank_stream``)."""
+        return re.sub(r"(, )?rank_stream=-?\d+", "", repr(self))
 
     def decode_many(self, payloads: Sequence[Payload], scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
