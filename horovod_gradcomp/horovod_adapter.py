@@ -137,7 +137,7 @@ class CodecCompression:
                 raise RuntimeError(f"Compression.{self.codec.name}: {name!r} compressed twice before its exchange")
             if not self._deferred:
                 with _Timer(self._stats, "encode_s"):
-                    self._pending[name] = self.feedback.encode(self.codec, name, tensor.detach())
+                    self._encode(name, tensor.detach())
             # Once encoded, the gradient's values are no longer needed (the residual keeps the
             # error): the decoded mean is written back into it, sparing a new allocation.
             self._grads[name] = tensor.detach()
@@ -162,6 +162,11 @@ class CodecCompression:
             layout = self._layouts[entries] = FusedLayout(self.codec, entries)
         return layout
 
+    def _encode(self, name: str, grad: torch.Tensor, **options) -> None:
+        """Encode one gradient (with error feedback) from its own place in the random stream."""
+        self.codec.reset_stream(self._stats.steps * len(self.index.names) + self.index.order[name])
+        self._pending[name] = self.feedback.encode(self.codec, name, grad, **options)
+
     def _encode_with_shared_scales(self, comm: MPICommunicator, names) -> None:
         """Encode every gradient with the scale agreed by all ranks: the maximum over ranks of
         each tensor's local scale, all tensors' scales in one MAX-allreduce."""
@@ -171,7 +176,7 @@ class CodecCompression:
             shared = comm.allreduce_max(local)
         with _Timer(self._stats, "encode_s"):
             for n, s in zip(names, shared):
-                self._pending[n] = self.feedback.encode(self.codec, n, self._grads[n], scale=float(s))
+                self._encode(n, self._grads[n], scale=float(s))
 
     def _exchange(self) -> None:
         comm = self.communicator or default_communicator()

@@ -109,6 +109,11 @@ class Codec:
         result = acc.mul_(scale).to(stacked.dtype)
         return result if out is None else out.copy_(result)
 
+    def reset_stream(self, position: int) -> None:
+        """Move a stochastic codec's random stream to ``position`` (deterministic codecs have
+        none: nothing to do). The adapter sets position ``step * P + i`` before encoding tensor
+        i of P, so the random numbers do not depend on the order in which hooks fire."""
+
     def agreement_key(self) -> str:
         """The options every rank must share (the repr without per-rank ``rank_stream``)."""
         return re.sub(r"(, )?rank_stream=-?\d+", "", repr(self))

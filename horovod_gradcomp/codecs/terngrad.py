@@ -197,6 +197,10 @@ class TernGradCodec(Codec):
         return [("codes", torch.uint8, (n + 3) // 4), ("scale", torch.float32, 1)]
 
     # -- scale ----------------------------------------------------------------------
+    def reset_stream(self, position: int) -> None:
+        """Move the call counter (the position in this codec's random stream)."""
+        self.calls = int(position)
+
     def local_scale(self, tensor: torch.Tensor) -> float:
         """max |g| after the optional clipping, as a float32 value: this rank's contribution
         to the MAX-reduction that gives the shared scale."""
