@@ -109,6 +109,10 @@ class Codec:
         result = acc.mul_(scale).to(stacked.dtype)
         return result if out is None else out.copy_(result)
 
+    def flat_out(self, out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
+        """``out`` validated by :meth:`check_out`, as the flat view native kernels write (or None)."""
+        return None if self.check_out(out, payload) is None else out.view(-1)
+
     def reset_stream(self, position: int) -> None:
         """Move a stochastic codec's random stream to ``position`` (deterministic codecs have
         none: nothing to do). The adapter sets position ``step * P + i`` before encoding tensor

@@ -109,11 +109,11 @@ class OneBitCodec(Codec):
         (written into ``out`` when given: contiguous, same shape and dtype)."""
         n, cols = payload.numel, onebit_columns(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
-        self.check_out(out, payload)
         if self.impl == "native":
-            flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, None if out is None else out.view(-1))
+            flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, self.flat_out(out, payload))
             return flat.view(payload.shape) if out is None else out
         else:
+            self.check_out(out, payload)
             sent = scales.view(2, cols).to(_acc_dtype(payload.dtype))
             pos = unpack_bits(bits, n).view(-1, cols) if cols else torch.zeros(0, 0, dtype=torch.bool)
             flat = torch.where(pos, sent[0], sent[1]).to(payload.dtype)
@@ -130,7 +130,6 @@ class OneBitCodec(Codec):
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         k = bits.shape[0]
         scale = 1.0 / k if scale is None else scale
-        self.check_out(out, stacked)
         flat = self._C.onebit_decode_sum(bits, scales, stacked.numel, onebit_columns(stacked.shape),
-                                         stacked.dtype, float(scale), None if out is None else out.view(-1))
+                                         stacked.dtype, float(scale), self.flat_out(out, stacked))
         return flat.view(stacked.shape) if out is None else out

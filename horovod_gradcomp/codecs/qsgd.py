@@ -445,7 +445,7 @@ class QSGDCodec(Codec):
         n = payload.numel
         norms = payload.buffers["norms"]
         if self.impl == "native":
-            fo = _flat_out(out, payload)
+            fo = self.flat_out(out, payload)
             if self.coding == "fixed":
                 flat = self._C.qsgd_decode_fixed(norms, payload.buffers["packed"], n, self.s, self.bucket,
                                                  payload.dtype, 1.0, fo)
@@ -472,14 +472,5 @@ class QSGDCodec(Codec):
         k = packed.shape[0]
         scale = 1.0 / k if scale is None else scale
         flat = self._C.qsgd_decode_fixed(norms, packed, stacked.numel, self.s, self.bucket, stacked.dtype,
-                                         float(scale), _flat_out(out, stacked))
+                                         float(scale), self.flat_out(out, stacked))
         return flat.view(stacked.shape)
-
-
-def _flat_out(out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
-    if out is None:
-        return None
-    if out.shape != payload.shape or out.dtype != payload.dtype or not out.is_contiguous():
-        raise ValueError(f"qsgd: out must be a contiguous {tuple(payload.shape)} {payload.dtype} tensor, got "
-                         f"{tuple(out.shape)} {out.dtype} contiguous={out.is_contiguous()}")
-    return out.view(-1)

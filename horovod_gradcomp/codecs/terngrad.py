@@ -270,7 +270,7 @@ class TernGradCodec(Codec):
         if k == 0:
             raise ValueError("terngrad: decode_mean needs at least one payload")
         scale = 1.0 / k if scale is None else float(scale)
-        flat_out = _flat_out(out, stacked)
+        flat_out = self.flat_out(out, stacked)
         if self.impl == "native":
             if codes.device.type != "cpu" or scales.device.type != "cpu":
                 raise RuntimeError("terngrad: horovod_gradcomp._C was built without CUDA kernels for terngrad; "
@@ -297,13 +297,3 @@ class TernGradCodec(Codec):
         for i in range(k):
             total.add_(values[i].to(acc) * s[i].item())
         return total.mul_(scale).to(dtype)
-
-
-def _flat_out(out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
-    """``out`` as a flat view the kernels can write, after checking it fits the payload."""
-    if out is None:
-        return None
-    if out.shape != payload.shape or out.dtype != payload.dtype or not out.is_contiguous():
-        raise ValueError(f"terngrad: out must be a contiguous {tuple(payload.shape)} {payload.dtype} tensor, got "
-                         f"{tuple(out.shape)} {out.dtype} contiguous={out.is_contiguous()}")
-    return out.view(-1)
