@@ -57,13 +57,17 @@ def parse_args(argv=None):
 
 def make_compression(name, model, options):
     """none/fp16: Horovod's dense allreduce; onebit-noef: onebit without error feedback;
-    anything else: the registered codec of that name."""
+    anything else: the codec's own factory (hgc.Compression.<name>, with that codec's
+    defaults) where there is one, else the registered codec of that name."""
     if name in DENSE:
         if options:
             raise SystemExit(f"--codec {name} takes no --codec-opt")
         return DENSE[name]()
     if name == "onebit-noef":
-        return hgc.Compression.codec("onebit", model.named_parameters(), error_feedback=False, **options)
+        return hgc.Compression.onebit(model.named_parameters(), error_feedback=False, **options)
+    factory = getattr(hgc.Compression, name, None)
+    if factory is not None:
+        return factory(model.named_parameters(), **options)
     return hgc.Compression.codec(name, model.named_parameters(), **options)
 
 

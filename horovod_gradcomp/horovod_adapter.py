@@ -284,7 +284,12 @@ class Compression:
 
     @staticmethod
     def qsgd(named_parameters: NamedParameters, *, error_feedback: bool = False, impl: str = "native",
-             **options) -> CodecCompression:
+             norm: str = "max", **options) -> CodecCompression:
         """QSGD (Alistarh et al.): s-level stochastic quantization per bucket. Options: bits or
-        levels, bucket, norm ("l2" | "max"), coding ("fixed" | "elias"), seed."""
-        return Compression.codec("qsgd", named_parameters, error_feedback=error_feedback, impl=impl, **options)
+        levels, bucket, norm, coding ("fixed" | "elias"), seed.
+
+        ``norm`` defaults to "max" here (the paper's practical variant): with few levels the
+        2-norm's variance (up to sqrt(d)/s times ||v||^2 per bucket of d values) is several
+        times the gradient itself, and the demo's model diverges with 4 bits and "l2"."""
+        return Compression.codec("qsgd", named_parameters, error_feedback=error_feedback, impl=impl, norm=norm,
+                                 **options)
