@@ -60,9 +60,9 @@ def test_terngrad_scale_is_shared_and_grads_are_the_mean():
 
 
 @needs_peers
-@pytest.mark.parametrize("coding", ["fixed", "elias"])
-def test_qsgd_grads_are_the_mean_of_every_ranks_quantization(coding):
-    ref = hgc.get_codec("qsgd", impl="reference", rank_stream=RANK, coding=coding, bucket=64)
+@pytest.mark.parametrize("coding,norm", [("fixed", "max"), ("elias", "l2")])
+def test_qsgd_grads_are_the_mean_of_every_ranks_quantization(coding, norm):
+    ref = hgc.get_codec("qsgd", impl="reference", rank_stream=RANK, coding=coding, bucket=64, norm=norm)
 
     def check(model, local, step):
         params = dict(model.named_parameters())
@@ -71,4 +71,4 @@ def test_qsgd_grads_are_the_mean_of_every_ranks_quantization(coding):
             expected = gather_tensors(ref.decode(ref.encode(local[n]))).mean(0)
             torch.testing.assert_close(params[n].grad, expected, rtol=1e-5, atol=1e-6)
 
-    run_steps(lambda named: hgc.Compression.qsgd(named, coding=coding, bucket=64), check)
+    run_steps(lambda named: hgc.Compression.qsgd(named, coding=coding, bucket=64, norm=norm), check)
