@@ -7,6 +7,8 @@
 #include "cpu/terngrad_cpu.h"
 // @qsgd-includes
 #include "cpu/qsgd_cpu.h"
+// @dgc-includes
+#include "cpu/dgc_cpu.h"
 
 #ifdef WITH_CUDA
 #include <ATen/cuda/CUDAContext.h>
@@ -161,4 +163,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qsgd_decode_elias", &qsgd_decode_elias_cpu, "QSGD decode of one Elias-coded payload", py::arg("norms"),
         py::arg("nbits"), py::arg("stream"), py::arg("n"), py::arg("s"), py::arg("bucket"),
         py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
+  // @dgc-defs
+  m.def("dgc_select", &dgc_select_cpu, "DGC selection of about k values by magnitude -> (indices, values, "
+        "threshold, path)", py::arg("x"), py::arg("k"), py::arg("sample_count"), py::arg("key"));
+  m.def("dgc_scatter_sum", &dgc_scatter_sum_cpu, "scale * sum of K scattered DGC payloads", py::arg("indices"),
+        py::arg("values"), py::arg("n"), py::arg("dtype"), py::arg("scale") = 1.0, py::arg("out") = py::none());
 }

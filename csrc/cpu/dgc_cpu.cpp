@@ -1,0 +1,391 @@
+// DGC sparsification, CPU.
+//
+// Magnitudes are compared as integer keys: the value's bits with the sign bit cleared
+// (uint16 for fp16/bf16, uint32 for fp32, uint64 for fp64). For IEEE formats the key
+// order is the magnitude order, +inf below every NaN, so one integer compare per value
+// selects {|x| >= t} and nth_element on keys is exact.
+//
+// Select: (1) m sampled keys, nth_element -> t0 = the ceil(k*m/n)-th largest (>= the
+// smallest positive key); (2) parallel count of keys >= t0 per chunk of kChunk values;
+// the same pass keeps each chunk's candidate indices (the chunk re-read from cache);
+// (3) accept t0 when k/2 <= count <= 2k; when count > 2k, take the exact k-th largest
+// among the candidates and filter them; when count < k/2, exact selection over all
+// nonzero keys; (4) parallel compaction: chunk counts, prefix sum, each chunk writes its
+// (index, value) pairs at its offset, so the output is in ascending index order.
+// Scatter-sum: parallel over output chunks; every payload's (sorted) indices are cut by
+// binary search, so each output value is accumulated by one thread, ranks in order.
+#include "dgc_cpu.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#include "../checks.h"
+
+namespace {
+
+constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+constexpr int64_t kChunk = 1 << 16;
+
+inline uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+template <typename U> constexpr U abs_mask() { return static_cast<U>(std::numeric_limits<U>::max() >> 1); }
+
+int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
+
+// counts[c] = #{i in chunk c : key_i >= t}; returns the total.
+template <typename U>
+int64_t count_at(const U* p, int64_t n, U t, std::vector<int64_t>& counts) {
+  const U mask = abs_mask<U>();
+  const int64_t nc = num_chunks(n);
+  counts.assign(nc, 0);
+  at::parallel_for(0, nc, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+      uint32_t cnt = 0;
+      for (int64_t i = lo; i < hi; ++i) cnt += static_cast<U>(p[i] & mask) >= t ? 1u : 0u;
+      counts[c] = cnt;
+    }
+  });
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+// count_at, and each chunk's indices with key >= t into lists[c] (the chunk is re-read
+// while it is still in cache, so the data is read from memory once).
+template <typename U>
+int64_t count_collect(const U* p, int64_t n, U t, std::vector<int64_t>& counts,
+                      std::vector<std::vector<int64_t>>& lists) {
+  const U mask = abs_mask<U>();
+  const int64_t nc = num_chunks(n);
+  counts.assign(nc, 0);
+  lists.assign(nc, {});
+  at::parallel_for(0, nc, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+      uint32_t cnt = 0;
+      for (int64_t i = lo; i < hi; ++i) cnt += static_cast<U>(p[i] & mask) >= t ? 1u : 0u;
+      counts[c] = cnt;
+      auto& l = lists[c];
+      l.reserve(cnt);
+      for (int64_t i = lo; i < hi && static_cast<int64_t>(l.size()) < cnt; ++i)
+        if (static_cast<U>(p[i] & mask) >= t) l.push_back(i);
+    }
+  });
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  return total;
+}
+
+// Exclusive prefix sum of counts (size nc + 1).
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
+  std::vector<int64_t> off(counts.size() + 1, 0);
+  for (size_t c = 0; c < counts.size(); ++c) off[c + 1] = off[c] + counts[c];
+  return off;
+}
+
+// Keys >= t, in index order, given the counts at t.
+template <typename U>
+std::vector<U> gather_keys(const U* p, int64_t n, U t, const std::vector<int64_t>& counts) {
+  const U mask = abs_mask<U>();
+  const auto off = offsets_of(counts);
+  std::vector<U> out(off.back());
+  at::parallel_for(0, static_cast<int64_t>(counts.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      int64_t o = off[c];
+      for (int64_t i = c * kChunk, hi = std::min(n, (c + 1) * kChunk); i < hi; ++i) {
+        const U a = static_cast<U>(p[i] & mask);
+        if (a >= t) out[o++] = a;
+      }
+    }
+  });
+  return out;
+}
+
+// The exact threshold: the k-th largest of the candidate keys (which hold every key >= the
+// threshold), at least 1 (zeros are never selected).
+template <typename U>
+U kth_largest(std::vector<U>& cand, int64_t k) {
+  if (static_cast<int64_t>(cand.size()) <= k) return U(1);
+  std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), std::greater<U>());
+  return std::max<U>(cand[k - 1], U(1));
+}
+
+template <typename U, typename I>
+void compact_lists(const U* p, const std::vector<std::vector<int64_t>>& lists, I* idx, U* vals) {
+  std::vector<int64_t> counts(lists.size());
+  for (size_t c = 0; c < lists.size(); ++c) counts[c] = static_cast<int64_t>(lists[c].size());
+  const auto off = offsets_of(counts);
+  at::parallel_for(0, static_cast<int64_t>(lists.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      int64_t o = off[c];
+      for (int64_t i : lists[c]) {
+        idx[o] = static_cast<I>(i);
+        vals[o] = p[i];
+        ++o;
+      }
+    }
+  });
+}
+
+template <typename U, typename I>
+void compact(const U* p, int64_t n, U t, const std::vector<int64_t>& counts, I* idx, U* vals) {
+  const U mask = abs_mask<U>();
+  const auto off = offsets_of(counts);
+  at::parallel_for(0, static_cast<int64_t>(counts.size()), 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) {
+      if (counts[c] == 0) continue;
+      int64_t o = off[c];
+      for (int64_t i = c * kChunk, hi = std::min(n, (c + 1) * kChunk); i < hi; ++i) {
+        const U v = p[i];
+        if (static_cast<U>(v & mask) >= t) {
+          idx[o] = static_cast<I>(i);
+          vals[o] = v;
+          ++o;
+        }
+      }
+    }
+  });
+}
+
+template <typename U>
+int64_t choose_threshold(const U* p, int64_t n, int64_t k, int64_t m, uint64_t key, U& t,
+                         std::vector<int64_t>& counts, std::vector<std::vector<int64_t>>& lists) {
+  const U one = U(1);
+  auto exact_all = [&]() {
+    int64_t c1 = count_at<U>(p, n, one, counts);
+    if (c1 <= k) {
+      t = one;
+      return;
+    }
+    auto cand = gather_keys<U>(p, n, one, counts);
+    t = kth_largest<U>(cand, k);
+    if (t != one) count_at<U>(p, n, t, counts);
+  };
+  if (k >= n) {  // every nonzero value
+    t = one;
+    count_at<U>(p, n, t, counts);
+    return 2;
+  }
+  if (m <= 0) {
+    exact_all();
+    return 2;
+  }
+  // (1) sample
+  const U mask = abs_mask<U>();
+  std::vector<U> s(m);
+  at::parallel_for(0, m, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t j = b; j < e; ++j) {
+      const uint64_t h = mix64(key + static_cast<uint64_t>(j + 1) * kGolden);
+      const int64_t i = static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n)) >> 64);
+      s[j] = static_cast<U>(p[i] & mask);
+    }
+  });
+  int64_t r = static_cast<int64_t>(std::ceil(static_cast<double>(k) * static_cast<double>(m) / n));
+  r = std::min(std::max<int64_t>(r, 1), m);
+  std::nth_element(s.begin(), s.begin() + (r - 1), s.end(), std::greater<U>());
+  const U t0 = std::max<U>(s[r - 1], one);
+  // (2) count, collecting the candidates' indices
+  const int64_t c0 = count_collect<U>(p, n, t0, counts, lists);
+  if (2 * c0 >= k && c0 <= 2 * k) {
+    t = t0;
+    return 0;
+  }
+  if (c0 > 2 * k) {  // (3) the exact k-th largest among the candidates, then filter them
+    std::vector<U> cand;
+    cand.reserve(c0);
+    for (const auto& l : lists)
+      for (int64_t i : l) cand.push_back(static_cast<U>(p[i] & mask));
+    t = kth_largest<U>(cand, k);
+    if (t != t0) {
+      at::parallel_for(0, static_cast<int64_t>(lists.size()), 1, [&](int64_t b, int64_t e) {
+        for (int64_t c = b; c < e; ++c) {
+          auto& l = lists[c];
+          l.erase(std::remove_if(l.begin(), l.end(), [&](int64_t i) { return static_cast<U>(p[i] & mask) < t; }),
+                  l.end());
+          counts[c] = static_cast<int64_t>(l.size());
+        }
+      });
+    }
+    return 1;
+  }
+  lists.clear();
+  exact_all();
+  return 2;
+}
+
+template <typename U> double key_value(U t, at::ScalarType st) {
+  if (st == at::kHalf) {
+    const c10::Half h(static_cast<uint16_t>(t), c10::Half::from_bits());
+    return static_cast<double>(static_cast<float>(h));
+  }
+  if (st == at::kBFloat16) {
+    const c10::BFloat16 h(static_cast<uint16_t>(t), c10::BFloat16::from_bits());
+    return static_cast<double>(static_cast<float>(h));
+  }
+  if (st == at::kFloat) {
+    float f;
+    uint32_t b = static_cast<uint32_t>(t);
+    std::memcpy(&f, &b, 4);
+    return f;
+  }
+  double d;
+  uint64_t b = static_cast<uint64_t>(t);
+  std::memcpy(&d, &b, 8);
+  return d;
+}
+
+template <typename U>
+std::tuple<at::Tensor, at::Tensor, double, int64_t> select_impl(const at::Tensor& x, int64_t k, int64_t m,
+                                                                uint64_t key) {
+  const int64_t n = x.numel();
+  const U* p = static_cast<const U*>(x.data_ptr());
+  U t = U(1);
+  std::vector<int64_t> counts;
+  std::vector<std::vector<int64_t>> lists;  // filled by the sampled paths (0, 1)
+  const int64_t path = choose_threshold<U>(p, n, k, m, key, t, counts, lists);
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  const bool wide = n >= (int64_t(1) << 31);
+  auto idx = at::empty({total}, x.options().dtype(wide ? at::kLong : at::kInt));
+  auto vals = at::empty({total}, x.options());
+  U* vp = static_cast<U*>(vals.data_ptr());
+  if (path != 2) {
+    if (wide)
+      compact_lists<U, int64_t>(p, lists, idx.data_ptr<int64_t>(), vp);
+    else
+      compact_lists<U, int32_t>(p, lists, idx.data_ptr<int32_t>(), vp);
+  } else if (wide) {
+    compact<U, int64_t>(p, n, t, counts, idx.data_ptr<int64_t>(), vp);
+  } else {
+    compact<U, int32_t>(p, n, t, counts, idx.data_ptr<int32_t>(), vp);
+  }
+  return {idx, vals, key_value<U>(t, x.scalar_type()), path};
+}
+
+template <typename T, typename I>
+void scatter_impl(const std::vector<const I*>& idx, const std::vector<const T*>& val,
+                  const std::vector<int64_t>& cnt, int64_t n, double scale, T* out) {
+  using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
+  const acc_t sc = static_cast<acc_t>(scale);
+  const int64_t K = static_cast<int64_t>(idx.size());
+  at::parallel_for(0, num_chunks(n), 1, [&](int64_t b, int64_t e) {
+    std::vector<acc_t> acc(kChunk);
+    for (int64_t c = b; c < e; ++c) {
+      const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
+      std::fill(acc.begin(), acc.begin() + (hi - lo), acc_t(0));
+      for (int64_t r = 0; r < K; ++r) {
+        const I* ib = idx[r];
+        const I* ie = ib + cnt[r];
+        const I* a = std::lower_bound(ib, ie, static_cast<I>(lo));
+        const I* z = std::lower_bound(a, ie, static_cast<I>(hi));  // hi <= n fits I (see the index dtype rule)
+        const T* v = val[r] + (a - ib);
+        for (const I* q = a; q < z; ++q, ++v) acc[*q - lo] += static_cast<acc_t>(*v);
+      }
+      for (int64_t i = lo; i < hi; ++i) out[i] = static_cast<T>(acc[i - lo] * sc);
+    }
+  });
+}
+
+template <typename I>
+void check_sorted(const at::Tensor& ix, int64_t n, int64_t r) {
+  const I* q = ix.data_ptr<I>();
+  const int64_t c = ix.numel();
+  bool ok = true;
+  for (int64_t j = 0; j < c; ++j) {
+    const int64_t v = q[j];
+    ok &= v >= 0 && v < n && (j == 0 || q[j - 1] < q[j]);
+  }
+  TORCH_CHECK(ok, "dgc_decode: payload ", r, ": indices must be strictly increasing and in [0, ", n, ")");
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cpu(const at::Tensor& x, int64_t k,
+                                                                   int64_t sample_count, int64_t key) {
+  HGC_CHECK_CPU(x);
+  HGC_CHECK_CONTIGUOUS(x);
+  HGC_CHECK_FLOATING(x);
+  TORCH_CHECK(k >= 0 && sample_count >= 0, "dgc_select: k and sample_count must be >= 0");
+  const int64_t n = x.numel();
+  if (n == 0 || k == 0) {
+    auto idx = at::empty({0}, x.options().dtype(n >= (int64_t(1) << 31) ? at::kLong : at::kInt));
+    return {idx, at::empty({0}, x.options()), std::numeric_limits<double>::infinity(), 2};
+  }
+  const uint64_t ukey = static_cast<uint64_t>(key);
+  switch (x.scalar_type()) {
+    case at::kHalf:
+    case at::kBFloat16: return select_impl<uint16_t>(x, k, sample_count, ukey);
+    case at::kFloat: return select_impl<uint32_t>(x, k, sample_count, ukey);
+    default: return select_impl<uint64_t>(x, k, sample_count, ukey);
+  }
+}
+
+at::Tensor dgc_scatter_sum_cpu(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values,
+                               int64_t n, at::ScalarType dtype, double scale,
+                               const c10::optional<at::Tensor>& out_opt) {
+  TORCH_CHECK(n >= 0, "dgc_decode: negative size");
+  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
+              "dgc_decode: dtype must be fp16, bf16, fp32 or fp64, got ", dtype);
+  TORCH_CHECK(indices.size() == values.size(), "dgc_decode: ", indices.size(), " index buffers but ",
+              values.size(), " value buffers");
+  TORCH_CHECK(!indices.empty(), "dgc_decode: no payloads");
+  const bool wide = n >= (int64_t(1) << 31);
+  const at::ScalarType ity = wide ? at::kLong : at::kInt;
+  const int64_t K = static_cast<int64_t>(indices.size());
+  std::vector<at::Tensor> ix(K), vx(K);
+  std::vector<int64_t> cnt(K);
+  for (int64_t r = 0; r < K; ++r) {
+    HGC_CHECK_CPU(indices[r]);
+    HGC_CHECK_CPU(values[r]);
+    TORCH_CHECK(indices[r].dim() == 1 && values[r].dim() == 1 && indices[r].numel() == values[r].numel(),
+                "dgc_decode: payload ", r, ": indices and values must be 1-D of the same length");
+    TORCH_CHECK(indices[r].scalar_type() == ity, "dgc_decode: payload ", r, ": indices must be ",
+                ity, " for ", n, " values, got ", indices[r].scalar_type());
+    TORCH_CHECK(values[r].scalar_type() == dtype, "dgc_decode: payload ", r, ": values must be ", dtype,
+                ", got ", values[r].scalar_type());
+    ix[r] = indices[r].contiguous();
+    vx[r] = values[r].contiguous();
+    cnt[r] = ix[r].numel();
+    if (wide)
+      check_sorted<int64_t>(ix[r], n, r);
+    else
+      check_sorted<int32_t>(ix[r], n, r);
+  }
+  at::Tensor out;
+  if (out_opt.has_value() && out_opt->defined()) {
+    out = *out_opt;
+    HGC_CHECK_CPU(out);
+    HGC_CHECK_CONTIGUOUS(out);
+    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, "dgc_decode: out must hold ", n, " values of ",
+                dtype);
+  } else {
+    out = at::empty({n}, at::TensorOptions().dtype(dtype));
+  }
+  if (n == 0) return out;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dgc_scatter_sum_cpu", [&] {
+    std::vector<const scalar_t*> vp(K);
+    for (int64_t r = 0; r < K; ++r) vp[r] = vx[r].data_ptr<scalar_t>();
+    if (wide) {
+      std::vector<const int64_t*> ip(K);
+      for (int64_t r = 0; r < K; ++r) ip[r] = ix[r].data_ptr<int64_t>();
+      scatter_impl<scalar_t, int64_t>(ip, vp, cnt, n, scale, out.data_ptr<scalar_t>());
+    } else {
+      std::vector<const int32_t*> ip(K);
+      for (int64_t r = 0; r < K; ++r) ip[r] = ix[r].data_ptr<int32_t>();
+      scatter_impl<scalar_t, int32_t>(ip, vp, cnt, n, scale, out.data_ptr<scalar_t>());
+    }
+  });
+  return out;
+}
