@@ -123,10 +123,15 @@ def _timed_ms(fn: Callable[[], object]) -> Tuple[float, object]:
 
 
 def _encode_all(codec, grads: Sequence[torch.Tensor], residuals: Optional[List[torch.Tensor]]) -> List[Payload]:
-    """Encode every gradient, with its residual when ``residuals`` is given."""
-    if residuals is None:
-        return [codec.encode(g) for g in grads]
-    return [codec.encode(g, residual=r) for g, r in zip(grads, residuals)]
+    """Encode every gradient, with its residual when ``residuals`` is given. Tensor i draws
+    from stream position i (as in the adapter's first step), so every pass and every impl
+    quantizes the same way and reports the same bytes."""
+    reset = getattr(codec, "reset_stream", lambda position: None)
+    payloads = []
+    for i, g in enumerate(grads):
+        reset(i)
+        payloads.append(codec.encode(g) if residuals is None else codec.encode(g, residual=residuals[i]))
+    return payloads
 
 
 def _warm_up(codec, grad: torch.Tensor) -> None:
