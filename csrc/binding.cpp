@@ -71,16 +71,7 @@ at::Tensor onebit_decode_sum_cuda(const at::Tensor& bits, const at::Tensor& scal
               "onebit_decode_sum: expected bits [K, nbytes] and scales [K, 2*cols] with contiguous rows");
   TORCH_CHECK(bits.size(1) >= (n + 7) / 8 && scales.size(1) == 2 * cols, "onebit_decode: payload too small");
   const at::cuda::CUDAGuard guard(bits.device());
-  at::Tensor out;
-  if (out_opt.has_value() && out_opt->defined()) {
-    out = *out_opt;
-    HGC_CHECK_CUDA(out);
-    HGC_CHECK_CONTIGUOUS(out);
-    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, "onebit_decode: out must hold ", n, " values of ",
-                dtype);
-  } else {
-    out = at::empty({n}, bits.options().dtype(dtype));
-  }
+  at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
   HGC_CUDA_OK(hgc_cuda::onebit_decode_sum(cuda_dtype(dtype), bits.data_ptr<uint8_t>(), bits.stride(0),
                                           scales.data_ptr<float>(), scales.stride(0), bits.size(0), n, cols,
                                           static_cast<float>(scale), out.data_ptr(),

@@ -363,16 +363,7 @@ at::Tensor dgc_scatter_sum_cpu(const std::vector<at::Tensor>& indices, const std
     else
       check_sorted<int32_t>(ix[r], n, r);
   }
-  at::Tensor out;
-  if (out_opt.has_value() && out_opt->defined()) {
-    out = *out_opt;
-    HGC_CHECK_CPU(out);
-    HGC_CHECK_CONTIGUOUS(out);
-    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, "dgc_decode: out must hold ", n, " values of ",
-                dtype);
-  } else {
-    out = at::empty({n}, at::TensorOptions().dtype(dtype));
-  }
+  at::Tensor out = hgc_decode_output(out_opt, n, dtype, at::kCPU, "dgc_decode");
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "dgc_scatter_sum_cpu", [&] {
     std::vector<const scalar_t*> vp(K);

@@ -319,16 +319,7 @@ at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scale
   TORCH_CHECK(scales.size(1) == 2 * cols, "onebit_decode: expected ", 2 * cols, " scales, got ", scales.size(1));
   TORCH_CHECK(cols >= 0 && (n == 0 || (cols > 0 && n % cols == 0)), "onebit_decode: ", n,
               " values do not split into columns of ", cols);
-  at::Tensor out;
-  if (out_opt.has_value() && out_opt->defined()) {
-    out = *out_opt;
-    HGC_CHECK_CPU(out);
-    HGC_CHECK_CONTIGUOUS(out);
-    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, "onebit_decode: out must hold ", n, " values of ",
-                dtype, ", got ", out.numel(), " of ", out.scalar_type());
-  } else {
-    out = at::empty({n}, bits.options().dtype(dtype));
-  }
+  at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
   const int64_t K = bits.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "onebit_decode_sum_cpu", [&] {
     auto* o = out.data_ptr<scalar_t>();

@@ -395,14 +395,7 @@ void decode_elias_impl(const float* norms, const int64_t* nbits, const uint8_t* 
 }
 
 at::Tensor make_out(const c10::optional<at::Tensor>& out_opt, int64_t n, at::ScalarType dtype, const char* who) {
-  if (out_opt.has_value() && out_opt->defined()) {
-    const at::Tensor& out = *out_opt;
-    HGC_CHECK_CPU(out);
-    HGC_CHECK_CONTIGUOUS(out);
-    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, who, ": out must hold ", n, " values of ", dtype);
-    return out;
-  }
-  return at::empty({n}, at::TensorOptions().dtype(dtype));
+  return hgc_decode_output(out_opt, n, dtype, at::kCPU, who);
 }
 
 void check_input(const at::Tensor& x, const char* who) {

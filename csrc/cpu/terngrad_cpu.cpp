@@ -365,16 +365,7 @@ at::Tensor terngrad_decode_sum_cpu(const at::Tensor& codes, const at::Tensor& sc
               "terngrad_decode: dtype must be fp16, bf16, fp32 or fp64, got ", dtype);
   const int64_t K = codes.size(0);
   TORCH_CHECK(K >= 1, "terngrad_decode_sum: needs at least one payload");
-  at::Tensor out;
-  if (out_opt.has_value() && out_opt->defined()) {
-    out = *out_opt;
-    HGC_TG_CHECK_NOT_CUDA(out);
-    HGC_CHECK_CONTIGUOUS(out);
-    TORCH_CHECK(out.scalar_type() == dtype && out.numel() == n, "terngrad_decode: out must hold ", n,
-                " values of ", dtype);
-  } else {
-    out = at::empty({n}, codes.options().dtype(dtype));
-  }
+  at::Tensor out = hgc_decode_output(out_opt, n, dtype, codes.device(), "terngrad_decode");
   if (n == 0) return out;
   const float* sp = scales.data_ptr<float>();
   const int64_t sstride = scales.stride(0);
