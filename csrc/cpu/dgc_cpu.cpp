@@ -43,23 +43,30 @@ template <typename U> constexpr U abs_mask() { return static_cast<U>(std::numeri
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
 
-// counts[c] = #{i in chunk c : key_i >= t}; returns the total.
+// #{i in [lo, hi) : key_i >= t}.
 template <typename U>
-int64_t count_at(const U* p, int64_t n, U t, std::vector<int64_t>& counts) {
+uint32_t count_range(const U* p, int64_t lo, int64_t hi, U t) {
   const U mask = abs_mask<U>();
-  const int64_t nc = num_chunks(n);
-  counts.assign(nc, 0);
-  at::parallel_for(0, nc, 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
-      uint32_t cnt = 0;
-      for (int64_t i = lo; i < hi; ++i) cnt += static_cast<U>(p[i] & mask) >= t ? 1u : 0u;
-      counts[c] = cnt;
-    }
-  });
+  uint32_t cnt = 0;
+  for (int64_t i = lo; i < hi; ++i) cnt += static_cast<U>(p[i] & mask) >= t ? 1u : 0u;
+  return cnt;
+}
+
+int64_t sum_counts(const std::vector<int64_t>& counts) {
   int64_t total = 0;
   for (int64_t c : counts) total += c;
   return total;
+}
+
+// counts[c] = #{i in chunk c : key_i >= t}; returns the total.
+template <typename U>
+int64_t count_at(const U* p, int64_t n, U t, std::vector<int64_t>& counts) {
+  const int64_t nc = num_chunks(n);
+  counts.assign(nc, 0);
+  at::parallel_for(0, nc, 1, [&](int64_t b, int64_t e) {
+    for (int64_t c = b; c < e; ++c) counts[c] = count_range(p, c * kChunk, std::min(n, c * kChunk + kChunk), t);
+  });
+  return sum_counts(counts);
 }
 
 // count_at, and each chunk's indices with key >= t into lists[c] (the chunk is re-read
@@ -74,8 +81,7 @@ int64_t count_collect(const U* p, int64_t n, U t, std::vector<int64_t>& counts,
   at::parallel_for(0, nc, 1, [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
       const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
-      uint32_t cnt = 0;
-      for (int64_t i = lo; i < hi; ++i) cnt += static_cast<U>(p[i] & mask) >= t ? 1u : 0u;
+      const uint32_t cnt = count_range(p, lo, hi, t);
       counts[c] = cnt;
       auto& l = lists[c];
       l.reserve(cnt);
@@ -83,9 +89,7 @@ int64_t count_collect(const U* p, int64_t n, U t, std::vector<int64_t>& counts,
         if (static_cast<U>(p[i] & mask) >= t) l.push_back(i);
     }
   });
-  int64_t total = 0;
-  for (int64_t c : counts) total += c;
-  return total;
+  return sum_counts(counts);
 }
 
 // Exclusive prefix sum of counts (size nc + 1).

@@ -140,3 +140,23 @@ class Codec:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(impl={self.impl!r})"
+
+
+class CounterStream:
+    """Mixin of the stochastic codecs: the position in a counter-based random stream.
+
+    Each encode draws its random numbers from a key derived from (seed, rank_stream,
+    ``counter``) and then advances ``counter`` by one; :meth:`reset_stream` moves it, so a
+    codec (native or reference) replays the same numbers from the same position."""
+
+    counter: int = 0
+
+    def reset_stream(self, position: int = 0) -> None:
+        """Move the stream to ``position`` (the adapter uses ``step * P + i``)."""
+        self.counter = int(position)
+
+    def next_position(self) -> int:
+        """The current position; advances the stream by one."""
+        position = self.counter
+        self.counter += 1
+        return position

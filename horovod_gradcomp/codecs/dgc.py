@@ -57,7 +57,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..native import require_native
-from .base import BufferSpec, Codec, Payload
+from .base import BufferSpec, Codec, CounterStream, Payload
 from .qsgd import stream_key
 from .registry import register_codec
 
@@ -96,7 +96,7 @@ def _check_fraction(name: str, val) -> float:
 
 
 @register_codec("dgc")
-class DGCCodec(Codec):
+class DGCCodec(CounterStream, Codec):
     """DGC top-magnitude sparsifier: (indices, values) of about ``density * n`` values."""
 
     fuses_feedback = False
@@ -119,10 +119,6 @@ class DGCCodec(Codec):
         if impl == "native":
             self._C = require_native()
 
-    def reset_stream(self, position: int = 0) -> None:
-        """Move the call counter of the sampling stream (one step per select/encode)."""
-        self.counter = position
-
     def __repr__(self) -> str:
         return (f"DGCCodec(impl={self.impl!r}, density={self.density!r}, sample={self.sample!r}, "
                 f"seed={self.seed}, rank_stream={self.rank_stream})")
@@ -142,8 +138,7 @@ class DGCCodec(Codec):
         dtype); with ``return_threshold=True`` also ``t`` (float): the set is ``{|v| >= t}``."""
         if tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"dgc: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
-        key = stream_key(self.seed, self.rank_stream, self.counter)
-        self.counter += 1
+        key = stream_key(self.seed, self.rank_stream, self.next_position())
         flat = tensor.reshape(-1)
         n = flat.numel()
         k = target_count(n, self.density)

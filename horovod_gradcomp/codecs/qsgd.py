@@ -55,7 +55,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..native import require_native
-from .base import BufferSpec, Codec, Payload
+from .base import BufferSpec, Codec, CounterStream, Payload
 from .bitpack import pack_bits, unpack_bits
 from .registry import register_codec
 
@@ -333,7 +333,7 @@ def reference_elias_decode(nbits: torch.Tensor, stream: torch.Tensor, n: int, s:
 # -- the codec ----------------------------------------------------------------------------
 
 @register_codec("qsgd")
-class QSGDCodec(Codec):
+class QSGDCodec(CounterStream, Codec):
     """QSGD stochastic quantizer (s levels per bucket), fixed-width or Elias coding."""
 
     fuses_feedback = False
@@ -378,10 +378,6 @@ class QSGDCodec(Codec):
         """Bits per value of the fixed coding."""
         return code_width(self.s)
 
-    def reset_stream(self, counter: int = 0) -> None:
-        """Rewind (or move) the call counter of the random stream."""
-        self.counter = counter
-
     def __repr__(self) -> str:
         return (f"QSGDCodec(impl={self.impl!r}, levels={self.s}, bucket={self.bucket}, norm={self.norm!r}, "
                 f"coding={self.coding!r}, seed={self.seed}, rank_stream={self.rank_stream})")
@@ -402,8 +398,7 @@ class QSGDCodec(Codec):
                              "pass residual=None")
         if tensor.dtype not in FLOAT_DTYPES:
             raise TypeError(f"qsgd: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
-        key = stream_key(self.seed, self.rank_stream, self.counter)
-        self.counter += 1
+        key = stream_key(self.seed, self.rank_stream, self.next_position())
         flat = tensor.reshape(-1)
         max_norm = self.norm == "max"
         if self.impl == "native":

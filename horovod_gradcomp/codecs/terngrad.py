@@ -50,7 +50,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..native import require_native
-from .base import BufferSpec, Codec, Payload
+from .base import BufferSpec, Codec, CounterStream, Payload
 from .registry import register_codec
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -128,7 +128,7 @@ def _unpack2(packed: torch.Tensor, n: int) -> torch.Tensor:
 
 
 @register_codec("terngrad")
-class TernGradCodec(Codec):
+class TernGradCodec(CounterStream, Codec):
     """TernGrad: 2-bit stochastic ternary codes and one float32 scale shared by all ranks."""
 
     #: the adapter agrees on one scale per tensor (MAX of ``local_scale``) before ``encode``
@@ -147,7 +147,7 @@ class TernGradCodec(Codec):
             if not (clip > 0 and math.isfinite(clip)):
                 raise ValueError(f"terngrad: clip must be a positive finite number or None, got {clip!r}")
         self.seed, self.rank_stream, self.clip = seed, rank_stream, clip
-        self.calls = 0  # encode calls so far: the position in this codec's random stream
+        self.counter = 0  # encode calls so far: the position in this codec's random stream
         if impl == "native":
             self._C = require_native()
 
@@ -197,10 +197,6 @@ class TernGradCodec(Codec):
         return [("codes", torch.uint8, (n + 3) // 4), ("scale", torch.float32, 1)]
 
     # -- scale ----------------------------------------------------------------------
-    def reset_stream(self, position: int) -> None:
-        """Move the call counter (the position in this codec's random stream)."""
-        self.calls = int(position)
-
     def local_scale(self, tensor: torch.Tensor) -> float:
         """max |g| after the optional clipping, as a float32 value: this rank's contribution
         to the MAX-reduction that gives the shared scale."""
@@ -225,8 +221,7 @@ class TernGradCodec(Codec):
             if s < 0:
                 raise ValueError(f"terngrad: the scale must be >= 0, got {s}")
             s = _f32_up(s)
-        key0, key1 = stream_key(self.seed, self.rank_stream, self.calls)
-        self.calls += 1
+        key0, key1 = stream_key(self.seed, self.rank_stream, self.next_position())
         if self.impl == "native":
             codes, scale_buf = self._C.terngrad_encode(flat.contiguous(), s, math.inf if t is None else t,
                                                        key0, key1)
