@@ -2,7 +2,7 @@
 # Train on digits under mpirun once per codec and print a side-by-side table.
 #
 #   bash examples/demo.sh                      # NP=2, CODECS="none onebit"
-#   NP=4 CODECS="none fp16 onebit onebit-noef" bash examples/demo.sh --epochs 40
+#   NP=4 CODECS="none fp16 onebit onebit-noef qsgd:coding=elias" bash examples/demo.sh --epochs 40
 #
 # Environment: NP (ranks, default 2), CODECS (default "none onebit"), PY (default
 # .venv/bin/python), MPIRUN (default mpirun), TIMEOUT (seconds per run, default 300).
@@ -24,9 +24,17 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 failed=()
 for codec in $CODECS; do
-    echo "== $codec: $MPIRUN -np $NP $PY examples/train.py --codec $codec --json --no-progress $*" >&2
+    # NAME or NAME:KEY=VALUE,KEY=VALUE (each pair becomes a --codec-opt)
+    name=${codec%%:*}
+    opts=()
+    if [[ $codec == *:* ]]; then
+        IFS=',' read -ra pairs <<<"${codec#*:}"
+        for pair in "${pairs[@]}"; do opts+=(--codec-opt "$pair"); done
+    fi
+    echo "== $codec: $MPIRUN -np $NP $PY examples/train.py --codec $name ${opts[*]} --json --no-progress $*" >&2
     timeout -k 10 "$TIMEOUT" "$MPIRUN" --allow-run-as-root --oversubscribe -np "$NP" \
-        "$PY" examples/train.py --codec "$codec" --json --no-progress "$@" >"$tmp/$codec.out"
+        "$PY" examples/train.py --codec "$name" "${opts[@]}" --label "$codec" --json --no-progress "$@" \
+        >"$tmp/$codec.out"
     rc=$?
     grep -v '^{' "$tmp/$codec.out" >&2
     tail -n 1 "$tmp/$codec.out" | grep '^{' >>"$tmp/results.jsonl"

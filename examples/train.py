@@ -43,6 +43,7 @@ def parse_args(argv=None):
                         + ", ".join(hgc.available_codecs()))
     p.add_argument("--codec-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the codec (repeatable); VALUE is a Python literal or a string")
+    p.add_argument("--label", default=None, help="name of this run in the output (default: --codec)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=0.05)
@@ -55,16 +56,19 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def make_compression(name, model, options):
+def make_compression(name, model, options, momentum):
     """none/fp16: Horovod's dense allreduce; onebit-noef: onebit without error feedback;
     anything else: the codec's own factory (hgc.Compression.<name>, with that codec's
-    defaults) where there is one, else the registered codec of that name."""
+    defaults) where there is one, else the registered codec of that name. dgc gets the
+    momentum and the paper's 4-epoch density warm-up unless --codec-opt says otherwise."""
     if name in DENSE:
         if options:
             raise SystemExit(f"--codec {name} takes no --codec-opt")
         return DENSE[name]()
     if name == "onebit-noef":
         return hgc.Compression.onebit(model.named_parameters(), error_feedback=False, **options)
+    if name == "dgc":  # DGC keeps the momentum itself (the optimizer below then has none)
+        options = {"momentum": momentum, "warmup_length": 4, **options}
     factory = getattr(hgc.Compression, name, None)
     if factory is not None:
         return factory(model.named_parameters(), **options)
@@ -108,6 +112,7 @@ def main(argv=None):
     known = [*DENSE, "onebit-noef", *hgc.available_codecs()]
     if args.codec not in known:
         raise SystemExit(f"unknown --codec {args.codec!r}; choose one of {', '.join(known)}")
+    label = args.label or args.codec
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     if args.threads > 0:
@@ -122,19 +127,23 @@ def main(argv=None):
         raise SystemExit(f"--batch-size {args.batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
 
     model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
-    compression = make_compression(args.codec, model, codec_options(args.codec_opt))
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    compression = make_compression(args.codec, model, codec_options(args.codec_opt), args.momentum)
+    # A compressor that owns the momentum (DGC) needs plain SGD underneath.
+    own_momentum = isinstance(getattr(compression, "memory", None), hgc.DGCMemory)
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0 if own_momentum else args.momentum)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
-    bar = tqdm(total=args.epochs * steps, desc=args.codec, file=sys.stderr, leave=False,
+    bar = tqdm(total=args.epochs * steps, desc=label, file=sys.stderr, leave=False,
                disable=rank != 0 or args.no_progress or not sys.stderr.isatty())
     t0 = time.perf_counter()
     model.train()
     for epoch in range(args.epochs):
+        if hasattr(compression, "set_epoch"):
+            compression.set_epoch(epoch)  # DGC's density warm-up counts epochs
         order = torch.randperm(len(x_shard), generator=gen)
         loss_sum = 0.0
         for i in range(steps):
@@ -158,13 +167,13 @@ def main(argv=None):
         with torch.no_grad():
             acc = (model(x_te).argmax(1) == y_te).float().mean().item()
         sent, dense = stats["bytes_sent_per_step"], stats["bytes_dense_per_step"]
-        print(f"[{args.codec}] {size} ranks, {args.epochs} epochs x {steps} steps: test accuracy {acc:.4f}, "
+        print(f"[{label}] {size} ranks, {args.epochs} epochs x {steps} steps: test accuracy {acc:.4f}, "
               f"train loss {train_loss:.4f}, {sent:,.0f} B/step sent vs {dense:,.0f} B/step dense "
               f"({stats['wire_ratio'] or float('nan'):.1f}x), {seconds:.1f} s, params identical across ranks: {identical}",
               flush=True)
         if args.json:
             print(json.dumps({
-                "codec": args.codec, "ranks": size, "epochs": args.epochs, "test_accuracy": acc,
+                "codec": label, "ranks": size, "epochs": args.epochs, "test_accuracy": acc,
                 "train_loss": train_loss, "bytes_sent_per_step": sent, "bytes_dense_per_step": dense,
                 "wire_ratio": stats["wire_ratio"], "payload_ratio": stats["payload_ratio"],
                 "seconds": seconds, "params_identical": identical,

@@ -5,9 +5,12 @@ A thin facade: everything is defined in the submodules and re-exported here.
 from ._version import __version__
 from .native import NativeUnavailableError, native_available, native_error, native_has_cuda
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
+from .dgc_memory import DensitySchedule, DGCMemory
 from .horovod_adapter import Compression
+from .optimizer_check import OptimizerMismatchError
 
 __all__ = [
-    "__version__", "Codec", "Compression", "NativeUnavailableError", "Payload", "available_codecs",
+    "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "NativeUnavailableError",
+    "OptimizerMismatchError", "Payload", "available_codecs",
     "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
 ]

@@ -22,9 +22,22 @@ class ErrorFeedback:
         enabled: when False, :meth:`encode` encodes the gradient alone and keeps nothing.
     """
 
+    #: The adapter may encode each gradient as soon as its hook fires.
+    needs_all_grads = False
+
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.residuals: Dict[str, torch.Tensor] = {}
+
+    def agreement_key(self) -> str:
+        """What every rank's memory must agree on."""
+        return f"error_feedback={self.enabled}"
+
+    def begin_step(self, grads, world_size: int) -> None:
+        """Nothing to prepare (the adapter's memory interface; see DGCMemory)."""
+
+    def end_step(self) -> None:
+        """Nothing to advance."""
 
     def residual(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """The residual of ``name``; zeros shaped like ``like`` on first use."""
@@ -53,6 +66,9 @@ class ErrorFeedback:
         payload = codec.encode(v, **encode_options)
         r.copy_(v - codec.decode(payload))
         return payload
+
+    def __repr__(self) -> str:
+        return f"ErrorFeedback(enabled={self.enabled})"
 
     def state_dict(self) -> Dict[str, object]:
         return {"enabled": self.enabled, "residuals": {k: v.detach().clone() for k, v in self.residuals.items()}}

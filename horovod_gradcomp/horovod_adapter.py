@@ -36,7 +36,9 @@ from .codecs import get_codec
 from .codecs.registry import codec_class
 from .codecs.base import Codec, Payload
 from .comm import MPICommunicator, default_communicator
+from .dgc_memory import DensitySchedule, DGCMemory
 from .feedback import ErrorFeedback
+from .optimizer_check import PlainSGDGuard
 from .fusion import FusedLayout, pack_variable, unpack_variable
 from .param_index import ParamIndex
 from .stats import ExchangeStats, allgather_wire_bytes, allreduce_wire_bytes
@@ -105,7 +107,9 @@ class CodecCompression:
 
     Fields:
         codec: the :class:`~horovod_gradcomp.codecs.base.Codec` encoding each gradient.
-        feedback: :class:`~horovod_gradcomp.feedback.ErrorFeedback` residuals by name.
+        memory: the per-rank state between steps: :class:`~horovod_gradcomp.feedback.ErrorFeedback`
+            residuals by name (``feedback`` is the same object), or DGC's momentum and
+            accumulation (:class:`~horovod_gradcomp.dgc_memory.DGCMemory`).
         communicator: where payloads travel (a duplicate of COMM_WORLD by default).
         check_agreement: before each exchange, verify (one 16-byte allgather) that all
             ranks exchange the same tensors; a mismatch raises on every rank instead of
@@ -113,18 +117,21 @@ class CodecCompression:
     """
 
     def __init__(self, codec: Codec, named_parameters: NamedParameters, *, error_feedback: bool = True,
-                 communicator: Optional[MPICommunicator] = None, check_agreement: bool = True):
+                 memory=None, communicator: Optional[MPICommunicator] = None, check_agreement: bool = True):
         self.codec = codec
         self.index = ParamIndex(named_parameters, owner=f"Compression.{codec.name}")
-        self.feedback = ErrorFeedback(enabled=error_feedback)
+        self.memory = memory if memory is not None else ErrorFeedback(enabled=error_feedback)
+        self.feedback = self.memory
         self.communicator = communicator
         self.check_agreement = check_agreement
         self._stats = ExchangeStats()
         self._pending: Dict[str, Payload] = {}
         self._results: Dict[str, torch.Tensor] = {}
         self._grads: Dict[str, torch.Tensor] = {}
-        # Codecs whose scale is agreed across ranks (TernGrad) encode at exchange time.
-        self._deferred = bool(getattr(codec, "shared_scale", False))
+        # Codecs whose scale is agreed across ranks (TernGrad), and memories that need the whole
+        # step's gradient (DGC's clipping), encode at exchange time instead of in the hooks.
+        self._shared_scale = bool(getattr(codec, "shared_scale", False))
+        self._deferred = self._shared_scale or self.memory.needs_all_grads
         self._layouts: Dict[tuple, FusedLayout] = {}
         self._lock = threading.Lock()
 
@@ -165,13 +172,13 @@ class CodecCompression:
     def _encode(self, name: str, grad: torch.Tensor, **options) -> None:
         """Encode one gradient (with error feedback) from its own place in the random stream."""
         self.codec.reset_stream(self._stats.steps * len(self.index.names) + self.index.order[name])
-        self._pending[name] = self.feedback.encode(self.codec, name, grad, **options)
+        self._pending[name] = self.memory.encode(self.codec, name, grad, **options)
 
     def _encode_with_shared_scales(self, comm: MPICommunicator, names) -> None:
         """Encode every gradient with the scale agreed by all ranks: the maximum over ranks of
         each tensor's local scale, all tensors' scales in one MAX-allreduce."""
         with _Timer(self._stats, "encode_s"):
-            local = np.array([self.codec.local_scale(self.feedback.compensated(n, self._grads[n])) for n in names])
+            local = np.array([self.codec.local_scale(self.memory.compensated(n, self._grads[n])) for n in names])
         with _Timer(self._stats, "exchange_s"):
             shared = comm.allreduce_max(local)
         with _Timer(self._stats, "encode_s"):
@@ -183,10 +190,17 @@ class CodecCompression:
         names = sorted(self._grads, key=self.index.order.__getitem__)
         if self.check_agreement:
             with _Timer(self._stats, "exchange_s"):
-                comm.check_agreement(f"Compression.{self.codec.name}", [self.codec.agreement_key()] + [
+                comm.check_agreement(f"Compression.{self.codec.name}", [
+                    self.codec.agreement_key(), self.memory.agreement_key()] + [
                     f"{n}:{tuple(self._grads[n].shape)}:{self._grads[n].dtype}" for n in names])
         if self._deferred:
-            self._encode_with_shared_scales(comm, names)
+            self.memory.begin_step(self._grads, comm.size)
+            if self._shared_scale:
+                self._encode_with_shared_scales(comm, names)
+            else:
+                with _Timer(self._stats, "encode_s"):
+                    for n in names:
+                        self._encode(n, self._grads[n])
         if getattr(self.codec, "variable_size", False):
             self._exchange_variable(comm, names)
         else:
@@ -194,6 +208,7 @@ class CodecCompression:
         self._pending.clear()
         self._grads.clear()
         self.index.end_step()
+        self.memory.end_step()
 
     def _out_for(self, name: str):
         grad = self._grads[name]
@@ -226,21 +241,29 @@ class CodecCompression:
         sent = allgather_wire_bytes(layout.nbytes + (16 if self.check_agreement else 0), k)
         self._stats.record(tensors=len(names), payload=layout.nbytes, numel=numel, sent=sent, k=k)
 
-    # -- introspection and checkpoints --------------------------------------------
+    # -- schedule, introspection and checkpoints ------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the compression the training epoch (DGC's density warm-up by epoch); every
+        rank must call it with the same value, before the epoch's first step."""
+        if hasattr(self.memory, "set_epoch"):
+            self.memory.set_epoch(epoch)
+
     def stats(self) -> dict:
         """Cumulative counters for this rank (see :mod:`horovod_gradcomp.stats`)."""
         return self._stats.as_dict()
 
     def state_dict(self) -> dict:
-        return {"codec": repr(self.codec), "feedback": self.feedback.state_dict()}
+        return {"codec": repr(self.codec), "memory": repr(self.memory), "feedback": self.memory.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("codec") != repr(self.codec):
             raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}")
-        self.feedback.load_state_dict(state["feedback"])
+        if "memory" in state and state["memory"] != repr(self.memory):
+            raise ValueError(f"checkpoint was written with {state['memory']}, this compression has {self.memory!r}")
+        self.memory.load_state_dict(state["feedback"])
 
     def __repr__(self) -> str:
-        return f"CodecCompression({self.codec!r}, error_feedback={self.feedback.enabled})"
+        return f"CodecCompression({self.codec!r}, memory={self.memory!r})"
 
 
 class Compression:
@@ -257,7 +280,7 @@ class Compression:
         return DenseCompression(torch.float16)
 
     @staticmethod
-    def codec(name: str, named_parameters: NamedParameters, *, error_feedback: bool = True,
+    def codec(name: str, named_parameters: NamedParameters, *, error_feedback: bool = True, memory=None,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
@@ -267,7 +290,7 @@ class Compression:
         if "rank_stream" in inspect.signature(codec_class(name)).parameters and "rank_stream" not in codec_options:
             codec_options["rank_stream"] = (communicator or default_communicator()).rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
-                                communicator=communicator, check_agreement=check_agreement)
+                                memory=memory, communicator=communicator, check_agreement=check_agreement)
 
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: bool = True, impl: str = "native",
@@ -293,3 +316,29 @@ class Compression:
         times the gradient itself, and the demo's model diverges with 4 bits and "l2"."""
         return Compression.codec("qsgd", named_parameters, error_feedback=error_feedback, impl=impl, norm=norm,
                                  **options)
+
+    @staticmethod
+    def dgc(named_parameters: NamedParameters, *, density: float = 0.001, momentum: float = 0.9,
+            nesterov: bool = False, momentum_masking: bool = True, clip_norm: Optional[float] = None,
+            warmup_start: float = 0.25, warmup_length: int = 0, warmup_unit: str = "epoch",
+            check_optimizer: bool = True, impl: str = "native", communicator: Optional[MPICommunicator] = None,
+            check_agreement: bool = True, **options) -> CodecCompression:
+        """Deep Gradient Compression (Lin et al.): top-``density`` sparsification of the
+        momentum-corrected accumulated velocity (see :mod:`horovod_gradcomp.dgc_memory`).
+
+        The momentum lives here: wrap a ``torch.optim.SGD`` with **momentum=0** (checked before
+        its first step unless ``check_optimizer=False``). ``clip_norm``: the single-worker
+        gradient-norm threshold; each rank clips its gradient to ``clip_norm / sqrt(K)``.
+        Warm-up: ``warmup_length`` epochs (or steps, ``warmup_unit="step"``) during which the
+        density falls exponentially from ``warmup_start`` to ``density``; by epoch, call
+        ``compression.set_epoch(epoch)`` at the start of each epoch. Codec options:
+        ``sample`` (fraction of values sampled for the threshold estimate), ``seed``."""
+        named = list(named_parameters)
+        schedule = DensitySchedule(density, start=warmup_start, length=warmup_length, unit=warmup_unit)
+        memory = DGCMemory(schedule, momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
+                           clip_norm=clip_norm)
+        comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
+                                 check_agreement=check_agreement, memory=memory, **options)
+        if check_optimizer:
+            comp.optimizer_guard = PlainSGDGuard([p for _, p in named], owner="Compression.dgc")
+        return comp

@@ -62,7 +62,7 @@ def test_layout_matches_real_payload_bytes():
 # -- the command ---------------------------------------------------------------------
 
 def test_json_rows_cover_every_codec_and_impl(capsys):
-    rows, err = _run_json(capsys, "--repeat", "1", "--limit-tensors", "4")
+    rows, err = _run_json(capsys, "--repeat", "1", "--limit-tensors", "4", "--no-selection")
     impls = ["native", "reference"] if hgc.native_available() else ["reference"]
     expected = {("fp16", "torch")} | {(c, i) for c in hgc.available_codecs() for i in impls}
     assert {(r["codec"], r["impl"]) for r in rows} == expected
@@ -76,6 +76,19 @@ def test_json_rows_cover_every_codec_and_impl(capsys):
     assert fp16["bytes"] == 2 * numel and fp16["ratio"] == 2.0
     if not hgc.native_available():
         assert "MISSING" in err
+
+
+def test_dgc_selection_rows_time_one_flat_tensor(capsys):
+    rows, _ = _run_json(capsys, "--repeat", "1", "--limit-tensors", "1", "--codecs", "dgc",
+                        "--selection-numel", "200000")
+    sel = [r for r in rows if r["codec"] == codecs_bench.SELECTION]
+    impls = ["native", "reference"] if hgc.native_available() else ["reference"]
+    assert [r["impl"] for r in sel] == impls
+    for r in sel:
+        assert r["numel"] == 200000 and r["options"] == {"density": 0.001} and r["encode_ms"] > 0
+        # exact top-k keeps 200 values; the sampled threshold keeps within [k/2, 2k]
+        pairs = r["bytes"] // 8
+        assert (pairs == 200) if r["impl"] == "reference" else (100 <= pairs <= 400)
 
 
 def test_table_output_and_speedup_line(capsys):

@@ -231,6 +231,34 @@ def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] 
     return rows
 
 
+SELECTION = "dgc.select"
+
+
+def selection_rows(density: float = 0.001, repeat: int = 3, impls: Sequence[str] = IMPLS, seed: int = 0,
+                   numel: Optional[int] = None) -> List[dict]:
+    """DGC's threshold selection alone on ONE flat fp32 tensor of ResNet-50's size
+    (25,557,032 values unless ``numel``): native (sampled threshold) against the reference
+    (exact ``torch.topk``). Rows are named ``dgc.select``; ``encode_ms`` is the selection
+    time, median of ``repeat`` after one warm-up call."""
+    n = numel or total_numel(resnet50_shapes())
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    rows = []
+    for impl in _usable_impls(impls):
+        codec = _build("dgc", impl, {"density": density})
+        if codec is None:
+            continue
+        _log(f"timing {SELECTION}/{impl} density={density} on one tensor of {n:,} values, {repeat} pass(es)")
+        codec.select(flat)
+        times, picked = [], None
+        for _ in range(repeat):
+            ms, picked = _timed_ms(lambda: codec.select(flat))
+            times.append(ms)
+        nbytes = int(picked[0].numel() * picked[0].element_size() + picked[1].numel() * picked[1].element_size())
+        rows.append(make_row(SELECTION, impl, {"density": density}, n,
+                             {"encode_ms": statistics.median(times), "decode_ms": 0.0, "bytes": nbytes}))
+    return rows
+
+
 def layout_ratio(codec, shapes: Sequence[Shape], dtype: torch.dtype = torch.float32) -> float:
     """Compression ratio of a fixed-size codec from its layout alone (nothing is encoded):
     ``element_size * numel / sum(codec.payload_nbytes(shape))``."""
@@ -283,6 +311,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated impls (native,reference)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (torch.set_num_threads)")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--no-selection", dest="selection", action="store_false",
+                        help=f"skip the {SELECTION} rows (dgc's selection on one 25.6M-value tensor)")
+    parser.add_argument("--selection-numel", type=int, default=None, help=argparse.SUPPRESS)
     # Testing aid: time only the first N ResNet-50 tensors.
     parser.add_argument("--limit-tensors", type=int, default=None, help=argparse.SUPPRESS)
 
@@ -306,6 +337,9 @@ def run(args: argparse.Namespace) -> int:
         _log(f"error: {exc}")
         return 2
     rows = run_bench(specs, impls, args.repeat, args.reference_repeat, args.limit_tensors, args.seed)
+    if args.selection and any(name == "dgc" for name, _ in (specs or default_specs())):
+        rows += selection_rows(repeat=args.repeat, impls=impls, seed=args.seed,
+                               numel=args.selection_numel)
     if args.json:
         print(json.dumps(rows))
     else:

@@ -1,0 +1,190 @@
+"""Deep Gradient Compression's per-worker state (Lin et al., ICLR 2018; ALGORITHMS.md section 4).
+
+The codec (:mod:`horovod_gradcomp.codecs.dgc`) only selects and packs. This memory holds,
+per parameter name and on this rank,
+
+* ``u``: the momentum (velocity) buffer, and
+* ``v``: the accumulated, not yet sent, velocity,
+
+and turns a gradient ``g`` into a payload, as the paper writes it, with momentum ``m``:
+
+    g <- g * clip_coef                          local clipping (threshold C * K^(-1/2), optional)
+    u <- m * u + g                              momentum correction
+    v <- v + u          (nesterov: v <- v + g + m * u)
+    payload = sparse(v) = v's values above the top-``density`` threshold
+    v <- v o not(mask)                          what was sent leaves the accumulator
+    u <- u o not(mask)                          momentum factor masking (optional, on by default)
+
+and the adapter's exchange makes ``p.grad = (1/K) sum_k sparse(v_k)``; the wrapped optimizer
+applies ``w <- w - lr * p.grad``. The momentum therefore lives here: the wrapped optimizer
+must be plain SGD with ``momentum=0`` (:mod:`horovod_gradcomp.optimizer_check` raises
+otherwise).
+
+Consequences worth knowing:
+
+* ``density=1`` with ``momentum_masking=False`` is dense momentum SGD exactly: every ``v_k``
+  is sent and emptied each step, so the update is ``mean_k(u_k)``, and since the momentum
+  recursion is linear, ``mean_k(u_k) = m * mean_k(u_k') + mean_k(g_k)``: the velocity of
+  momentum SGD on the averaged gradient (``torch.optim.SGD(momentum=m)``, dampening 0).
+* ``density=1`` with masking zeroes every ``u_k`` after each step: that is plain SGD
+  without momentum. Masking is meant for sparse updates, where it stops a coordinate's
+  stale momentum from pushing it again right after it was applied.
+* Local clipping rescales this rank's whole gradient (all tensors of the step together, as
+  ``torch.nn.utils.clip_grad_norm_`` does) so its 2-norm is at most ``clip_norm / sqrt(K)``:
+  the sum of K such gradients then has about the norm a single-worker clip would allow.
+  It needs every gradient of the step, so with clipping the adapter encodes at exchange
+  time instead of in the gradient hooks.
+
+Warm-up (:class:`DensitySchedule`): the density falls exponentially from ``start`` to the
+final density over ``length`` epochs (or steps), ``density(t) = start * (final/start) **
+(t / length)`` for ``t < length`` and ``final`` after; start 0.25 over 4 epochs gives 25%,
+6.3%, 1.6%, 0.4%, then 0.1%, the paper's schedule. With ``unit="epoch"`` the training loop
+calls ``compression.set_epoch(epoch)``; with ``unit="step"`` the exchanges are counted.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Mapping, Optional
+
+import torch
+
+from .codecs.base import Codec, Payload
+
+WARMUP_UNITS = ("epoch", "step")
+
+
+class DensitySchedule:
+    """Exponential density warm-up: ``start`` at t=0 down to ``final`` at t=``length``.
+
+    ``length == 0`` means no warm-up (always ``final``; ``start`` is ignored)."""
+
+    def __init__(self, final: float, start: float = 0.25, length: int = 0, unit: str = "epoch"):
+        if not 0.0 < final <= 1.0:
+            raise ValueError(f"dgc: density must be in (0, 1], got {final!r}")
+        if length == 0:
+            start = final  # no warm-up: the start is unused
+        if not final <= start <= 1.0:
+            raise ValueError(f"dgc: warmup_start must be in [density, 1] = [{final}, 1], got {start!r}")
+        if isinstance(length, bool) or not isinstance(length, int) or length < 0:
+            raise ValueError(f"dgc: warmup_length must be an int >= 0, got {length!r}")
+        if unit not in WARMUP_UNITS:
+            raise ValueError(f"dgc: warmup_unit must be one of {WARMUP_UNITS}, got {unit!r}")
+        self.final, self.start, self.length, self.unit = float(final), float(start), length, unit
+
+    def density(self, t: int) -> float:
+        """The density at epoch or step ``t`` (the unit's count, from 0)."""
+        if t >= self.length:
+            return self.final
+        return self.start * (self.final / self.start) ** (t / self.length)
+
+    def __repr__(self) -> str:
+        return f"DensitySchedule(final={self.final}, start={self.start}, length={self.length}, unit={self.unit!r})"
+
+
+class DGCMemory:
+    """Momentum, accumulation, clipping, masking and warm-up of DGC on one rank.
+
+    Fields:
+        momentum: m in ``u <- m u + g`` (0 <= m < 1).
+        nesterov: accumulate ``g + m u`` instead of ``u``.
+        momentum_masking: zero ``u`` where a value was sent.
+        clip_norm: the single-worker clipping threshold C (None: no clipping); this rank
+            clips its gradient to ``C / sqrt(K)``.
+        schedule: the :class:`DensitySchedule` that sets ``codec.density`` before each encode.
+        velocities: name -> ``u``; accumulations: name -> ``v`` (both the gradient's shape
+            and dtype, created as zeros on first use).
+        epoch, step: the warm-up clock (``set_epoch``; ``end_step`` counts exchanges).
+    """
+
+    enabled = True
+
+    def __init__(self, schedule: DensitySchedule, momentum: float = 0.9, nesterov: bool = False,
+                 momentum_masking: bool = True, clip_norm: Optional[float] = None):
+        if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
+            raise ValueError(f"dgc: momentum must be a number in [0, 1), got {momentum!r}")
+        if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
+                                      or not clip_norm > 0 or math.isinf(clip_norm)):
+            raise ValueError(f"dgc: clip_norm must be a positive number or None, got {clip_norm!r}")
+        self.schedule = schedule
+        self.momentum = float(momentum)
+        self.nesterov = bool(nesterov)
+        self.momentum_masking = bool(momentum_masking)
+        self.clip_norm = None if clip_norm is None else float(clip_norm)
+        self.velocities: Dict[str, torch.Tensor] = {}
+        self.accumulations: Dict[str, torch.Tensor] = {}
+        self.epoch = 0
+        self.step = 0
+        self._clip_coef = 1.0
+
+    # -- the adapter's memory interface ---------------------------------------------
+    @property
+    def needs_all_grads(self) -> bool:
+        """True when encoding needs every gradient of the step first (global clipping)."""
+        return self.clip_norm is not None
+
+    def agreement_key(self) -> str:
+        """What every rank must agree on: the options and this step's density."""
+        return f"{self!r} density={self.current_density()!r}"
+
+    def begin_step(self, grads: Mapping[str, torch.Tensor], world_size: int) -> None:
+        """Compute this step's clipping coefficient from all of this rank's gradients."""
+        if self.clip_norm is None:
+            return
+        sq = sum(float(g.detach().double().pow(2).sum()) for g in grads.values())
+        limit = self.clip_norm / math.sqrt(world_size)
+        self._clip_coef = min(1.0, limit / (math.sqrt(sq) + 1e-6))
+
+    def end_step(self) -> None:
+        self.step += 1
+        self._clip_coef = 1.0
+
+    def set_epoch(self, epoch: int) -> None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}")
+        self.epoch = epoch
+
+    def current_density(self) -> float:
+        return self.schedule.density(self.epoch if self.schedule.unit == "epoch" else self.step)
+
+    def _buffer(self, store: Dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
+        buf = store.get(name)
+        if buf is None:
+            buf = store[name] = torch.zeros_like(like, memory_format=torch.contiguous_format)
+        elif buf.shape != like.shape or buf.dtype != like.dtype or buf.device != like.device:
+            raise ValueError(f"dgc: gradient of {name!r} is {tuple(like.shape)}/{like.dtype}/{like.device} but its "
+                             f"state is {tuple(buf.shape)}/{buf.dtype}/{buf.device}; was a checkpoint for another "
+                             "model loaded?")
+        return buf
+
+    def encode(self, codec: Codec, name: str, grad: torch.Tensor) -> Payload:
+        """Fold ``grad`` into ``name``'s momentum and accumulation, select, mask; return the payload."""
+        u = self._buffer(self.velocities, name, grad)
+        v = self._buffer(self.accumulations, name, grad)
+        g = grad if self._clip_coef == 1.0 else grad * self._clip_coef
+        u.mul_(self.momentum).add_(g)
+        if self.nesterov:
+            v.add_(g).add_(u, alpha=self.momentum)
+        else:
+            v.add_(u)
+        codec.density = self.current_density()
+        payload = codec.encode(v)
+        sent = codec.selected_indices(payload)
+        v.view(-1).index_fill_(0, sent, 0)
+        if self.momentum_masking:
+            u.view(-1).index_fill_(0, sent, 0)
+        return payload
+
+    # -- checkpoints ------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {"velocities": {k: t.detach().clone() for k, t in self.velocities.items()},
+                "accumulations": {k: t.detach().clone() for k, t in self.accumulations.items()},
+                "epoch": self.epoch, "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.velocities = {k: t.clone() for k, t in dict(state["velocities"]).items()}
+        self.accumulations = {k: t.clone() for k, t in dict(state["accumulations"]).items()}
+        self.epoch, self.step = int(state["epoch"]), int(state["step"])
+
+    def __repr__(self) -> str:
+        return (f"DGCMemory(momentum={self.momentum}, nesterov={self.nesterov}, "
+                f"momentum_masking={self.momentum_masking}, clip_norm={self.clip_norm}, schedule={self.schedule!r})")

@@ -1,0 +1,171 @@
+"""DGC's per-worker state: momentum correction, masking, clipping, warm-up, optimizer check."""
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+
+import horovod_gradcomp as hgc
+from horovod_gradcomp.dgc_memory import DensitySchedule, DGCMemory
+from horovod_gradcomp.optimizer_check import OptimizerMismatchError, PlainSGDGuard
+
+
+def test_warmup_follows_the_papers_exponential_schedule():
+    s = DensitySchedule(0.001, start=0.25, length=4, unit="epoch")
+    got = [s.density(e) for e in range(7)]
+    expected = [0.25 * (0.001 / 0.25) ** (e / 4) for e in range(4)] + [0.001] * 3
+    assert got == pytest.approx(expected, rel=1e-15)
+    # The paper's 25%, 6.25%, 1.5625%, 0.4%, then 0.1%, within rounding of the exponential form.
+    assert got[:5] == pytest.approx([0.25, 0.0625, 0.015625, 0.0039, 0.001], rel=0.03)
+    assert DensitySchedule(0.01).density(0) == 0.01  # length 0: no warm-up
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(final=0.0), "density"), (dict(final=0.1, start=0.05, length=2), "warmup_start"),
+    (dict(final=0.1, length=-1), "warmup_length"), (dict(final=0.1, unit="batch"), "warmup_unit")])
+def test_schedule_rejects_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DensitySchedule(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(momentum=1.0), "momentum"), (dict(momentum=-0.1), "momentum"),
+                                           (dict(clip_norm=0.0), "clip_norm"), (dict(clip_norm=True), "clip_norm")])
+def test_memory_rejects_bad_options(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        DGCMemory(DensitySchedule(0.1), **kwargs)
+
+
+def encode_steps(memory, grads, codec):
+    payloads = []
+    for g in grads:
+        payloads.append(memory.encode(codec, "w", g))
+        memory.end_step()
+    return payloads
+
+
+@pytest.mark.parametrize("masking", [True, False])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_correction_and_masking_by_hand(masking, nesterov):
+    torch.manual_seed(0)
+    codec = hgc.get_codec("dgc", impl="reference", density=0.2)
+    memory = DGCMemory(DensitySchedule(0.2), momentum=0.9, nesterov=nesterov, momentum_masking=masking)
+    u = torch.zeros(50, dtype=torch.float64)
+    v = torch.zeros(50, dtype=torch.float64)
+    for step in range(5):
+        g = torch.randn(50, dtype=torch.float64)
+        payload = memory.encode(codec, "w", g)
+        u = 0.9 * u + g
+        v = v + (g + 0.9 * u if nesterov else u)
+        top = torch.topk(v.abs(), 10).indices.sort().values
+        assert torch.equal(payload.buffers["indices"].long(), top)
+        torch.testing.assert_close(payload.buffers["values"], v[top], rtol=0, atol=1e-12)
+        # What was sent leaves the accumulation; masking also clears the momentum there.
+        v[top] = 0
+        if masking:
+            u[top] = 0
+        torch.testing.assert_close(memory.accumulations["w"], v, rtol=0, atol=1e-12)
+        torch.testing.assert_close(memory.velocities["w"], u, rtol=0, atol=1e-12)
+
+
+def test_sent_plus_kept_equals_accumulated_velocity():
+    """DGC's error-feedback identity, native selection: v_old + u_new == decoded + v_new."""
+    torch.manual_seed(1)
+    codec = hgc.get_codec("dgc", density=0.05)
+    memory = DGCMemory(DensitySchedule(0.05), momentum=0.8, momentum_masking=False)
+    for _ in range(4):
+        v_old = memory.accumulations.get("w", torch.zeros(1000)).clone()
+        payload = memory.encode(codec, "w", torch.randn(1000))
+        decoded = codec.decode(payload)
+        torch.testing.assert_close(v_old + memory.velocities["w"], decoded + memory.accumulations["w"])
+        assert torch.all(memory.accumulations["w"][payload.buffers["indices"].long()] == 0)
+
+
+def test_local_clipping_scales_to_threshold_over_sqrt_k():
+    memory = DGCMemory(DensitySchedule(1.0), momentum=0.0, momentum_masking=False, clip_norm=3.0)
+    grads = {"a": torch.full((4,), 2.0, dtype=torch.float64), "b": torch.full((5,), 2.0, dtype=torch.float64)}
+    memory.begin_step(grads, world_size=4)  # norm 6, limit 3/sqrt(4) = 1.5
+    codec = hgc.get_codec("dgc", impl="reference", density=1.0)
+    out = codec.decode(memory.encode(codec, "a", grads["a"]))
+    norm_after = 6.0 * 1.5 / (6.0 + 1e-6)
+    torch.testing.assert_close(out, grads["a"] * norm_after / 6.0)
+    memory.end_step()
+    memory.begin_step({"a": torch.full((4,), 0.1, dtype=torch.float64)}, world_size=4)  # under the limit
+    out = codec.decode(memory.encode(codec, "a", torch.full((4,), 0.1, dtype=torch.float64)))
+    torch.testing.assert_close(out, torch.full((4,), 0.1, dtype=torch.float64))
+
+
+def test_warmup_sets_the_codec_density_by_epoch_and_by_step():
+    codec = hgc.get_codec("dgc", impl="reference")
+    by_epoch = DGCMemory(DensitySchedule(0.01, start=0.5, length=2, unit="epoch"))
+    counts = []
+    for epoch in range(3):
+        by_epoch.set_epoch(epoch)
+        counts.append(by_epoch.encode(codec, "w", torch.arange(1.0, 1001.0)).buffers["indices"].numel())
+    assert counts == [500, math.ceil(1000 * 0.5 * (0.02 ** 0.5)), 10]
+    by_step = DGCMemory(DensitySchedule(0.01, start=0.5, length=2, unit="step"))
+    sizes = [p.buffers["indices"].numel() for p in encode_steps(by_step, [torch.arange(1.0, 1001.0)] * 3, codec)]
+    assert sizes == counts
+    with pytest.raises(ValueError, match="set_epoch"):
+        by_epoch.set_epoch(-1)
+
+
+def test_state_dict_round_trip():
+    codec = hgc.get_codec("dgc", impl="reference", density=0.1)
+    a = DGCMemory(DensitySchedule(0.1), momentum=0.9)
+    encode_steps(a, [torch.randn(30, generator=torch.Generator().manual_seed(i)) for i in range(3)], codec)
+    b = DGCMemory(DensitySchedule(0.1), momentum=0.9)
+    b.load_state_dict(a.state_dict())
+    g = torch.randn(30)
+    assert torch.equal(a.encode(codec, "w", g).buffers["values"], b.encode(codec, "w", g).buffers["values"])
+    assert b.step == 3
+    with pytest.raises(ValueError, match="checkpoint"):
+        b.encode(codec, "w", torch.randn(31))
+
+
+def make_params():
+    return [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
+
+
+def test_optimizer_guard_rejects_momentum_and_other_optimizers():
+    params = make_params()
+    guard = PlainSGDGuard(params, owner="Compression.dgc")
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(OptimizerMismatchError, match="momentum=0"):
+        torch.optim.SGD(params, lr=0.1, momentum=0.9).step()
+    with pytest.raises(OptimizerMismatchError, match="momentum=0"):
+        torch.optim.SGD(params, lr=0.1, momentum=0.5, nesterov=True).step()
+    with pytest.raises(OptimizerMismatchError, match="Adam"):
+        torch.optim.Adam(params, lr=0.1).step()
+    torch.optim.SGD(params, lr=0.1).step()  # plain SGD passes
+    torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()  # not our parameters: not checked
+    with pytest.warns(UserWarning, match="weight_decay"):
+        torch.optim.SGD(params, lr=0.1, weight_decay=1e-4).step()
+    guard.remove()
+    torch.optim.SGD(params, lr=0.1, momentum=0.9).step()  # removed: no check
+
+
+def test_guard_goes_away_with_its_owner():
+    params = make_params()
+    guard = PlainSGDGuard(params, owner="x")
+    del guard
+    import gc
+    gc.collect()
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.optim.SGD(params, lr=0.1, momentum=0.9).step()
+
+
+def test_compression_dgc_factory_wires_memory_and_guard():
+    params = [("w", torch.nn.Parameter(torch.zeros(10)))]
+    comp = hgc.Compression.dgc(params, density=0.01, momentum=0.8, clip_norm=1.0, warmup_length=4,
+                               rank_stream=0, check_optimizer=False)
+    assert isinstance(comp.memory, DGCMemory) and comp.memory.momentum == 0.8
+    assert comp.memory.schedule.start == 0.25 and comp.memory.schedule.length == 4
+    assert comp._deferred  # clipping needs the whole step's gradients
+    assert not hasattr(comp, "optimizer_guard")
+    assert "DGCMemory" in repr(comp)
