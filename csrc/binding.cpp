@@ -125,38 +125,42 @@ bool has_cuda() {
 
 }  // namespace
 
+// Kernels touch only tensors: release the GIL so that a communication thread (or Horovod's
+// hooks) can run Python while a kernel works.
+#define HGC_RELEASE_GIL py::call_guard<py::gil_scoped_release>()
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "horovod_gradcomp native codec kernels";
   m.def("has_cuda", &has_cuda, "True when built with the CUDA kernels");
-  m.def("onebit_encode", &onebit_encode, "1-bit encode with fused error feedback -> (bits, scales)",
+  m.def("onebit_encode", &onebit_encode, HGC_RELEASE_GIL, "1-bit encode with fused error feedback -> (bits, scales)",
         py::arg("grad"), py::arg("residual"), py::arg("cols"));
-  m.def("onebit_decode", &onebit_decode, "1-bit decode of one payload", py::arg("bits"), py::arg("scales"),
+  m.def("onebit_decode", &onebit_decode, HGC_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"), py::arg("scales"),
         py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none());
-  m.def("onebit_decode_sum", &onebit_decode_sum, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
+  m.def("onebit_decode_sum", &onebit_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
   // @terngrad-defs
-  m.def("terngrad_max_abs", &terngrad_max_abs_cpu, "max |grad| (NaN if any)", py::arg("grad"));
-  m.def("terngrad_encode", &terngrad_encode_cpu, "TernGrad stochastic ternarize + pack -> (codes, scale)",
+  m.def("terngrad_max_abs", &terngrad_max_abs_cpu, HGC_RELEASE_GIL, "max |grad| (NaN if any)", py::arg("grad"));
+  m.def("terngrad_encode", &terngrad_encode_cpu, HGC_RELEASE_GIL, "TernGrad stochastic ternarize + pack -> (codes, scale)",
         py::arg("grad"), py::arg("scale"), py::arg("clip"), py::arg("key0"), py::arg("key1"));
-  m.def("terngrad_decode_sum", &terngrad_decode_sum_cpu, "scale * sum of K decoded TernGrad payloads",
+  m.def("terngrad_decode_sum", &terngrad_decode_sum_cpu, HGC_RELEASE_GIL, "scale * sum of K decoded TernGrad payloads",
         py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
   // @qsgd-defs
-  m.def("qsgd_encode_fixed", &qsgd_encode_fixed_cpu, "QSGD encode, fixed-width coding -> (norms, packed)",
+  m.def("qsgd_encode_fixed", &qsgd_encode_fixed_cpu, HGC_RELEASE_GIL, "QSGD encode, fixed-width coding -> (norms, packed)",
         py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"));
-  m.def("qsgd_decode_fixed", &qsgd_decode_fixed_cpu, "scale * sum of K fixed-width QSGD payloads",
+  m.def("qsgd_decode_fixed", &qsgd_decode_fixed_cpu, HGC_RELEASE_GIL, "scale * sum of K fixed-width QSGD payloads",
         py::arg("norms"), py::arg("packed"), py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtype"),
         py::arg("scale") = 1.0, py::arg("out") = py::none());
-  m.def("qsgd_encode_elias", &qsgd_encode_elias_cpu, "QSGD encode, Elias coding -> (norms, nbits, stream)",
+  m.def("qsgd_encode_elias", &qsgd_encode_elias_cpu, HGC_RELEASE_GIL, "QSGD encode, Elias coding -> (norms, nbits, stream)",
         py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"),
         py::arg("group_buckets"));
-  m.def("qsgd_decode_elias", &qsgd_decode_elias_cpu, "QSGD decode of one Elias-coded payload", py::arg("norms"),
+  m.def("qsgd_decode_elias", &qsgd_decode_elias_cpu, HGC_RELEASE_GIL, "QSGD decode of one Elias-coded payload", py::arg("norms"),
         py::arg("nbits"), py::arg("stream"), py::arg("n"), py::arg("s"), py::arg("bucket"),
         py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
   // @dgc-defs
-  m.def("dgc_select", &dgc_select_cpu, "DGC selection of about k values by magnitude -> (indices, values, "
+  m.def("dgc_select", &dgc_select_cpu, HGC_RELEASE_GIL, "DGC selection of about k values by magnitude -> (indices, values, "
         "threshold, path)", py::arg("x"), py::arg("k"), py::arg("sample_count"), py::arg("key"));
-  m.def("dgc_scatter_sum", &dgc_scatter_sum_cpu, "scale * sum of K scattered DGC payloads", py::arg("indices"),
+  m.def("dgc_scatter_sum", &dgc_scatter_sum_cpu, HGC_RELEASE_GIL, "scale * sum of K scattered DGC payloads", py::arg("indices"),
         py::arg("values"), py::arg("n"), py::arg("dtype"), py::arg("scale") = 1.0, py::arg("out") = py::none());
 }

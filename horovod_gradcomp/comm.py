@@ -60,6 +60,41 @@ class MPICommunicator:
         self.comm.Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (sizes, offsets), MPI.BYTE])
         return [recv[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]
 
+    def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
+        """Personalized exchange with sizes known on both sides (no size exchange).
+
+        ``send`` (flat uint8 CPU) holds this rank's segments back to back, in rank order:
+        ``send_counts[j]`` bytes for rank j. Returns flat uint8 of ``sum(recv_counts)`` bytes:
+        rank j's segment for this rank (``recv_counts[j]`` bytes) at offset
+        ``sum(recv_counts[:j])``. ``send_counts[j]`` on rank r must equal ``recv_counts[r]``
+        on rank j (not checked: MPI fails or truncates otherwise). One collective."""
+        _check_bytes(send, "alltoallv")
+        k = self.size
+        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
+        if int(sc.sum()) != send.numel():
+            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
+        recv = torch.empty(int(rc.sum()), dtype=torch.uint8)
+        from mpi4py import MPI
+        self.comm.Alltoallv([send.numpy(), (sc, _displacements(sc)), MPI.BYTE],
+                            [recv.numpy(), (rc, _displacements(rc)), MPI.BYTE])
+        return recv
+
+    def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
+        """Allgather of parts whose sizes every rank knows in advance: rank k passes its
+        ``counts[k]`` bytes (flat uint8 CPU) and the same ``counts``; returns
+        ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` (views into one receive buffer, part k
+        at offset ``sum(counts[:k])``). One collective, no size exchange."""
+        _check_bytes(send, "allgatherv_known")
+        c = _counts(counts, self.size, "counts")
+        if send.numel() != int(c[self.rank]):
+            raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
+                             f"{int(c[self.rank])}")
+        displs = _displacements(c)
+        recv = torch.empty(int(c.sum()), dtype=torch.uint8)
+        from mpi4py import MPI
+        self.comm.Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (c, displs), MPI.BYTE])
+        return [recv[int(o):int(o) + int(n)] for o, n in zip(displs, c)]
+
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
         """Elementwise maximum over ranks of a float64 vector (one collective)."""
         from mpi4py import MPI
@@ -82,6 +117,24 @@ class MPICommunicator:
                 f"{what}: ranks {differ} disagree with rank 0 on the tensors to exchange (names, shapes, dtypes or "
                 f"codec options). This rank has {len(signature)} entries: {list(signature)[:5]}... Every rank must "
                 "build the same model and pass the same named_parameters and compression options.")
+
+
+def _check_bytes(send: torch.Tensor, what: str) -> None:
+    if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
+        raise TypeError(f"{what} expects a flat uint8 CPU tensor")
+
+
+def _counts(counts: Sequence[int], size: int, what: str) -> np.ndarray:
+    """Byte counts as a non-negative int64 vector of one entry per rank."""
+    c = np.asarray(list(counts), dtype=np.int64)
+    if c.shape != (size,) or (c < 0).any():
+        raise ValueError(f"{what}: expected {size} non-negative byte counts, got {list(counts)}")
+    return c
+
+
+def _displacements(counts: np.ndarray) -> np.ndarray:
+    """Offsets of back-to-back parts of the given sizes."""
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
 
 
 _DEFAULT: Optional[MPICommunicator] = None

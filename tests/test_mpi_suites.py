@@ -24,7 +24,7 @@ def mpirun_command(np_: int, *args: str) -> list[str]:
 
 
 @pytest.mark.timeout(TIMEOUT_S + 60)
-@pytest.mark.parametrize("np_", [1, 2, 4])
+@pytest.mark.parametrize("np_", [1, 2, 3, 4])
 def test_mpi_suite(np_):
     assert shutil.which("mpirun"), "mpirun not found: run ci/install_system.sh (Open MPI is required)"
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
