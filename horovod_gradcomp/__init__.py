@@ -8,9 +8,10 @@ from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .dgc_memory import DensitySchedule, DGCMemory
 from .horovod_adapter import Compression
 from .optimizer_check import OptimizerMismatchError
+from .pipeline import DoubleBufferedStep, double_buffering_pays
 
 __all__ = [
-    "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "NativeUnavailableError",
+    "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",
     "OptimizerMismatchError", "Payload", "available_codecs",
-    "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
+    "double_buffering_pays", "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
 ]

@@ -1,0 +1,75 @@
+"""A communicator that waits without spinning, for exchanges that overlap compute on a busy core.
+
+Open MPI progresses a blocking collective by polling its transports in a loop: the thread
+that waits holds a core at 100% for the whole transfer. When the exchange runs in a
+background thread of a rank that has one core (the double-buffered pipeline, 2 ranks on 2
+cores), that loop takes the core from the forward/backward pass it is meant to overlap.
+
+:class:`PollingCommunicator` is an :class:`~horovod_gradcomp.comm.MPICommunicator` whose
+collectives are the nonblocking MPI ones (``Iallgather``, ``Iallgatherv``,
+``Ialltoallv``, ``Iallreduce``), completed by calling ``Test`` every ``interval_s``
+seconds and sleeping in between (the GIL and the core are free while it sleeps). What is
+sent and received is exactly what the blocking collectives send; only the waiting
+differs. The cost: up to ``interval_s`` of extra latency per collective, and progress
+happens only at each ``Test`` (a transfer larger than the socket buffers needs several).
+Pass it as ``communicator=`` to a codec's ``hgc.Compression`` factory.
+"""
+from __future__ import annotations
+
+import time
+
+from .comm import MPICommunicator
+
+__all__ = ["PollingCommunicator"]
+
+
+class _PollingComm:
+    """The mpi4py calls MPICommunicator makes, done as nonblocking requests plus polling."""
+
+    def __init__(self, comm, interval_s: float):
+        self._c = comm
+        self._interval = interval_s
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self._c.Get_rank()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._c.Get_size()
+
+    def Allgather(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Iallgather(send, recv))
+
+    def Allgatherv(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Iallgatherv(send, recv))
+
+    def Alltoallv(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Ialltoallv(send, recv))
+
+    def Allreduce(self, send, recv, op=None) -> None:  # noqa: N802
+        from mpi4py import MPI
+        self._wait(self._c.Iallreduce(send, recv, op=MPI.SUM if op is None else op))
+
+    def _wait(self, request) -> None:
+        while not request.Test():
+            time.sleep(self._interval)
+
+
+class PollingCommunicator(MPICommunicator):
+    """:class:`MPICommunicator` on its own duplicate of COMM_WORLD (created on first use),
+    waiting for each collective by ``Test`` + ``sleep(interval_s)`` instead of spinning."""
+
+    def __init__(self, interval_s: float = 2e-4):
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+        super().__init__()
+        self.interval_s = float(interval_s)
+
+    @property
+    def comm(self):
+        if self._comm is None:
+            from mpi4py import MPI
+            self._comm = _PollingComm(MPI.COMM_WORLD.Dup(), self.interval_s)
+        return self._comm
+
+    def __repr__(self) -> str:
+        return f"PollingCommunicator(interval_s={self.interval_s})"
