@@ -153,8 +153,9 @@ def test_exchange_without_hooks_equals_the_hook_path(kind):
         opt.synchronize()
         got = direct.exchange(local)
         for n, p in named:
-            if kind == "none":  # Horovod may fuse and divide in another order: float32 rounding
-                torch.testing.assert_close(got[n], p.grad, rtol=1e-6, atol=1e-7)
+            if kind == "none":  # Horovod may fuse and divide in another order: float32 rounding,
+                # after cancellation a few ulps of the summands
+                torch.testing.assert_close(got[n], p.grad, rtol=1e-5, atol=1e-6)
             else:
                 assert torch.equal(got[n], p.grad), f"{kind} step {step} {n}"
         with opt.skip_synchronize():
