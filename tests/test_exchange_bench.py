@@ -32,14 +32,17 @@ def test_split_and_parse_configs():
 
 
 def test_default_configs_follow_the_adapter(monkeypatch):
-    configs, left_out = eb.default_configs()
-    assert configs[:2] == ["none", "fp16"] and {"onebit", "terngrad", "qsgd:bits=4", "dgc:density=0.001"} <= set(configs)
-    if eb.adapter_accepts("pattern"):
-        assert "onebit:pattern=two_phase" in configs and not left_out
-    else:
-        assert not any("pattern" in c for c in configs) and len(left_out) == len(eb.PATTERN_CONFIGS)
+    import horovod_gradcomp as hgc
+    two_phase = {"onebit:pattern=two_phase", "terngrad:pattern=two_phase", "qsgd:bits=4,pattern=two_phase"}
     monkeypatch.setattr(eb, "adapter_accepts", lambda option: True)
-    assert set(eb.PATTERN_CONFIGS) <= set(eb.default_configs()[0])
+    configs, left_out = eb.default_configs()
+    assert configs[:2] == ["none", "fp16"] and not left_out
+    assert {"onebit", "terngrad", "qsgd:bits=4", "dgc:density=0.001"} | two_phase <= set(configs)
+    assert not any(c.startswith("dgc") and "pattern" in c for c in configs)   # variable-size: allgather only
+    assert len(configs) == 2 + len(hgc.available_codecs()) + len(two_phase)
+    monkeypatch.setattr(eb, "adapter_accepts", lambda option: False)
+    configs, left_out = eb.default_configs()
+    assert not any("pattern" in c for c in configs) and len(left_out) == len(two_phase)
 
 
 def test_make_compression_rejects_bad_configs():

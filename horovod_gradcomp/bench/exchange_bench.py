@@ -65,8 +65,8 @@ COMMAND = "exchange"
 HELP = "ms per Horovod optimizer step with each compression, on a rate-limited network"
 
 DENSE = ("none", "fp16")
-BASE_CONFIGS = ("none", "fp16", "onebit", "terngrad", "qsgd:bits=4", "dgc:density=0.001")
-PATTERN_CONFIGS = ("onebit:pattern=two_phase", "terngrad:pattern=two_phase", "qsgd:bits=4,pattern=two_phase")
+#: Options a codec is measured with by default (others: none).
+PRESETS = {"qsgd": "qsgd:bits=4", "dgc": "dgc:density=0.001"}
 SMALL_SHAPES: List[Shape] = [(64, 3, 7, 7), (64,), (64,), (256, 64, 3, 3), (256,), (256,), (100, 2048), (100,)]
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK")
 LR = 1e-9
@@ -114,12 +114,22 @@ def adapter_accepts(option: str) -> bool:
     return option in inspect.signature(hgc.Compression.codec).parameters
 
 
+def _with_option(config: str, option: str) -> str:
+    return config + ("," if ":" in config else ":") + option
+
+
 def default_configs() -> tuple[List[str], List[str]]:
-    """(configs to measure, variants left out with the reason): :data:`BASE_CONFIGS`, plus
-    :data:`PATTERN_CONFIGS` when the adapter accepts ``pattern``."""
+    """(configs to measure, variants left out with the reason): ``none``, ``fp16``, every
+    registered codec (options from :data:`PRESETS`), then a ``pattern=two_phase`` variant
+    of each fixed-size codec when the adapter accepts ``pattern``."""
+    import horovod_gradcomp as hgc
+    from ..codecs.registry import codec_class
+    codecs = [PRESETS.get(name, name) for name in hgc.available_codecs()]
+    fixed = [c for c, name in zip(codecs, hgc.available_codecs()) if not getattr(codec_class(name), "variable_size", False)]
+    variants = [_with_option(c, "pattern=two_phase") for c in fixed]
     if adapter_accepts("pattern"):
-        return list(BASE_CONFIGS) + list(PATTERN_CONFIGS), []
-    return list(BASE_CONFIGS), [f"{c} (Compression.codec has no 'pattern' option yet)" for c in PATTERN_CONFIGS]
+        return list(DENSE) + codecs + variants, []
+    return list(DENSE) + codecs, [f"{c} (Compression.codec has no 'pattern' option yet)" for c in variants]
 
 
 def make_compression(cfg: Config, named_parameters):
@@ -392,7 +402,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of the ``exchange`` subcommand."""
     parser.add_argument("--configs", default=None,
                         help="comma-separated configs: none, fp16, or CODEC[:key=value,...] "
-                             f"(default: {','.join(BASE_CONFIGS)}, plus two_phase variants when supported)")
+                             "(default: none, fp16, every registered codec, and pattern=two_phase variants of "
+                             "the fixed-size ones when the adapter has that option)")
     parser.add_argument("--steps", type=int, default=5, help="timed steps per config; the median is kept (5)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps before timing (2)")
     parser.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50",
