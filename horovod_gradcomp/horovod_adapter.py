@@ -17,6 +17,8 @@ Interactions with DistributedOptimizer's other options:
 from __future__ import annotations
 
 import inspect
+import itertools
+import threading
 from typing import Iterable, Optional, Tuple
 
 import torch
@@ -38,8 +40,17 @@ class DenseCompression:
     """Horovod's own allreduce of the gradient, optionally cast to a wire dtype (fp16),
     with the same ``stats()`` as the codecs so that results compare on one API."""
 
+    _instances = itertools.count()
+
     def __init__(self, wire_dtype: Optional[torch.dtype] = None):
         self.wire_dtype = wire_dtype
+        # exchange() names its collectives "hgc.dense.<object>.<call>": Horovod's automatic
+        # names number *every* Horovod op of the process, so any op issued from another
+        # thread (a barrier, a pipeline's exchange thread) would shift them differently
+        # on each rank and the ranks would wait for different names (a deadlock).
+        self._object_id = next(DenseCompression._instances)
+        self._exchanges = itertools.count()
+        self._exchange_lock = threading.Lock()
         self._stats = ExchangeStats()
         self._step_open = False
         self._step_numel = self._step_bytes = self._step_tensors = 0
@@ -70,9 +81,11 @@ class DenseCompression:
         grouped allreduce (same names on every rank)."""
         import horovod.torch as hvd
         names = sorted(grads)
-        sent = [self.compress(grads[n]) for n in names]
-        outs = hvd.grouped_allreduce([t for t, _ in sent], op=hvd.Average, name=None)
-        return {n: self.decompress(o, ctx) for n, o, (_, ctx) in zip(names, outs, sent)}
+        with self._exchange_lock:
+            call = f"hgc.dense.{self._object_id}.{next(self._exchanges)}"
+            sent = [self.compress(grads[n]) for n in names]
+            outs = hvd.grouped_allreduce([t for t, _ in sent], op=hvd.Average, name=call)
+            return {n: self.decompress(o, ctx) for n, o, (_, ctx) in zip(names, outs, sent)}
 
     def stats(self) -> dict:
         return self._stats.as_dict()

@@ -48,6 +48,8 @@ def test_mpirun_command_per_mode():
     assert bridge[bridge.index("--host") + 1] == "10.77.0.2:1,10.77.0.3:1,10.77.0.4:1"
     assert bridge[bridge.index("plm_rsh_agent") + 1] == "$agent"
     assert bridge[bridge.index("oob_tcp_if_include") + 1] == "10.77.0.0/24"
+    # Workarounds for orted crashes / session-dir collisions / hangs (see mpirun_command).
+    assert "--leave-session-attached" in bridge and bridge[bridge.index("rtc_hwloc_vmhole") + 1] == "none"
     plain = slownet.mpirun_command("none", 2, prog)
     assert "--mca" not in plain and plain[-2:] == prog
     with pytest.raises(ValueError):
@@ -73,6 +75,7 @@ def test_scripts_parse_and_clean_up(mode):
             assert f"tc qdisc add dev hgcv{k} root tbf rate 1gbit" in script
             assert f"ip netns exec hgcns{k} tc qdisc add dev eth0 root tbf" in script
             assert f"10.77.0.{k + 2}) ns=hgcns{k} ;;" in script
+        assert 'unshare --uts' in script and 'hostname "$1"' in script   # one host name per node
         assert "mount -t tmpfs hgc-slownet /run/netns" in script
         assert 'ip netns del "$ns"' in script and "ip link del hgcbr0" in script
 

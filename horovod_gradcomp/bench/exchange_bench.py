@@ -196,13 +196,13 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
         step()
         seconds.append(time.perf_counter() - t0)
     after = compression.stats()
-    done = max(after["steps"] - before["steps"], 0)
-    per_step = (lambda key: (after[key] - before[key]) / done if done else 0.0)
-    result = {"seconds": seconds, "factory": factory, "bytes_sent": per_step("bytes_sent"),
-              "bytes_dense": per_step("bytes_dense")}
-    del opt, compression, params, named
-    gc.collect()
-    return result
+    done = max(after["steps"] - before["steps"], 0)     # 0 with one rank: Horovod calls no hooks
+
+    def per_step(key: str) -> float:
+        return (after[key] - before[key]) / done if done else 0.0
+
+    return {"seconds": seconds, "factory": factory, "bytes_sent": per_step("bytes_sent"),
+            "bytes_dense": per_step("bytes_dense")}
 
 
 def _try_time(hvd, cfg, shapes, grads, steps, warmup) -> dict:
@@ -212,6 +212,8 @@ def _try_time(hvd, cfg, shapes, grads, steps, warmup) -> dict:
         return time_config(hvd, cfg, shapes, grads, steps, warmup)
     except (TypeError, ValueError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
+    finally:
+        gc.collect()    # the optimizer's hooks and the parameters form cycles: free them now
 
 
 def summarize(cfg: Config, per_rank: List[dict], k: int, numel: int, net: str, rate: Optional[str],

@@ -9,8 +9,14 @@ Two layouts (see "Measuring on a slow network" in the design brief):
   as on a switch. Open MPI cannot simply start ranks in other namespaces (its PMIx server
   listens on the loopback of mpirun's namespace, which the ranks could not reach), so
   each namespace is a "node": mpirun, in the parent namespace, starts one ``orted`` per
-  node through an rsh agent that enters the node's namespace, and ranks run next to
-  their daemon. OOB and BTL traffic use the bridge's subnet.
+  node through an rsh agent that enters the node's namespace (and a UTS namespace with
+  the node's own host name), and ranks run next to their daemon. OOB and BTL traffic use
+  the bridge's subnet. Note: with Open MPI's defaults the TCP BTL sends large messages
+  with its emulated RDMA put, and two ranks sending to each other at once then get about
+  half the full-duplex rate (measured here: 10 MB each way at 100mbit took 1.5 s instead
+  of 0.8 s; a 100 MB fp32 Horovod allreduce at 2 ranks and 1gbit, 1.43 s instead of
+  1.05 s). ``OMPI_MCA_btl_tcp_links=2`` (or ``btl_tcp_flags`` without ``put``) in the
+  environment restores it; the harness leaves Open MPI's defaults alone.
 * ``none``: plain mpirun (shared memory, no limit), for tests and reference runs.
 
 Everything runs under ``unshare -n -m`` (``-r`` too when not root): the namespaces, the
@@ -36,7 +42,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import List, Mapping, Optional, Sequence
 
 MODES = ("loopback", "bridge", "none")
 #: Subnet of the bridge layout: the parent namespace is .1, rank k's namespace .(k + 2).
@@ -108,6 +114,13 @@ def mpirun_command(mode: str, np_: int, program: Sequence[str], env_names: Seque
         subnet = f"{BRIDGE_PREFIX}.0/24"
         cmd += ["--host", ",".join(f"{bridge_address(k)}:1" for k in range(np_)),
                 "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
+                # orted maps hwloc's topology into a "hole" of its address space for its ranks;
+                # that crashed about 1 orted start in 10 here (hwloc_shmem_topology_write).
+                # Without the shared copy each rank reads the topology itself.
+                "--mca", "rtc_hwloc_vmhole", "none",
+                # No --daemonize for orted: a daemon that dies early then fails the run at once
+                # (with its output) instead of leaving mpirun waiting for it forever.
+                "--leave-session-attached",
                 "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", subnet,
                 "--mca", "oob_tcp_if_include", subnet]
     elif mode != "none":
@@ -217,7 +230,10 @@ def _bridge_body(np_: int, link: Link, mpirun: str) -> str:
         cases,
         '    *) echo "[slownet agent] unknown host $host" >&2; exit 1 ;;',
         "esac",
-        'exec ip netns exec "$ns" /bin/sh -c "$*"',
+        # Its own UTS namespace and host name too: daemons sharing one host name share their
+        # session directory under /tmp and now and then collide there (orte_init fails).
+        'exec ip netns exec "$ns" unshare --uts /bin/sh -c \'hostname "$1" && exec /bin/sh -c "$2"\' '
+        'agent "$ns" "$*"',
         "AGENT",
         'chmod +x "$agent"',
         f"say \"bridge: {np_} ranks, one namespace each, every link limited to {link.rate}\"",
