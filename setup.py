@@ -30,8 +30,9 @@ def _want_cuda():
 def extension():
     sources = ["csrc/binding.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -fno-trapping-math lets gcc turn the kernels' float selects into vector blends.
+    # -ffp-contract=off: no fused multiply-add, so native and reference round alike everywhere.
     # -Wno-c++20-extensions: torch 2.13 headers use C++20 bit-field initializers (noise only).
-    cxx = ["-O3", "-fno-trapping-math", "-std=c++17", "-fopenmp", "-Wno-c++20-extensions"]
+    cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-std=c++17", "-fopenmp", "-Wno-c++20-extensions"]
     link = ["-fopenmp"]
     if _want_cuda():
         sources += sorted(glob.glob("csrc/cuda/*.cu"))

@@ -40,6 +40,10 @@ final density over ``length`` epochs (or steps), ``density(t) = start * (final/s
 (t / length)`` for ``t < length`` and ``final`` after; start 0.25 over 4 epochs gives 25%,
 6.3%, 1.6%, 0.4%, then 0.1%, the paper's schedule. With ``unit="epoch"`` the training loop
 calls ``compression.set_epoch(epoch)``; with ``unit="step"`` the exchanges are counted.
+
+With the native codec, the momentum correction and accumulation of fp32 / fp64 CPU
+gradients is one native pass (``_C.dgc_accumulate_``); other dtypes and devices use the
+same operations as torch ops. Both round every product and sum separately.
 """
 from __future__ import annotations
 
@@ -51,6 +55,8 @@ import torch
 from .codecs.base import Codec, Payload
 
 WARMUP_UNITS = ("epoch", "step")
+#: Gradient dtypes whose momentum correction runs in the native one-pass kernel (CPU).
+NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 class DensitySchedule:
@@ -160,12 +166,16 @@ class DGCMemory:
         """Fold ``grad`` into ``name``'s momentum and accumulation, select, mask; return the payload."""
         u = self._buffer(self.velocities, name, grad)
         v = self._buffer(self.accumulations, name, grad)
-        g = grad if self._clip_coef == 1.0 else grad * self._clip_coef
-        u.mul_(self.momentum).add_(g)
-        if self.nesterov:
-            v.add_(g).add_(u, alpha=self.momentum)
+        if getattr(codec, "impl", None) == "native" and grad.device.type == "cpu" and grad.dtype in NATIVE_DTYPES:
+            # One native pass instead of three torch ops over the whole tensor (same roundings).
+            codec._C.dgc_accumulate_(u, v, grad.contiguous(), self.momentum, self.nesterov, self._clip_coef)
         else:
-            v.add_(u)
+            g = grad if self._clip_coef == 1.0 else grad * self._clip_coef
+            u.mul_(self.momentum).add_(g)
+            if self.nesterov:
+                v.add_(g).add_(u * self.momentum)
+            else:
+                v.add_(u)
         codec.density = self.current_density()
         payload = codec.encode(v)
         sent = codec.selected_indices(payload)

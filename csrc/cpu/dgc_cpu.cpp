@@ -7,10 +7,11 @@
 //
 // Select: (1) m sampled keys, nth_element -> t0 = the ceil(k*m/n)-th largest (>= the
 // smallest positive key); (2) parallel count of keys >= t0 per chunk of kChunk values;
-// the same pass keeps each chunk's candidate indices (the chunk re-read from cache);
-// (3) accept t0 when k/2 <= count <= 2k; when count > 2k, take the exact k-th largest
-// among the candidates and filter them; when count < k/2, exact selection over all
-// nonzero keys; (4) parallel compaction: chunk counts, prefix sum, each chunk writes its
+// the same pass keeps each chunk's candidate indices (blocks without a hit are skipped
+// after a vectorized count); (3) accept t0 when k/2 <= count <= 2k; when count > 2k, take
+// the exact k-th largest among the candidates and filter them; when count < k/2 (and for
+// tensors too small to sample), exact selection over all nonzero keys by radix select
+// (histogram of the top 11 key bits, then nth_element within one bin); (4) parallel compaction: chunk counts, prefix sum, each chunk writes its
 // (index, value) pairs at its offset, so the output is in ascending index order.
 // Scatter-sum: parallel over output chunks; every payload's (sorted) indices are cut by
 // binary search, so each output value is accumulated by one thread, ranks in order.
@@ -25,6 +26,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <mutex>
 
 #include "../checks.h"
 
@@ -69,24 +71,35 @@ int64_t count_at(const U* p, int64_t n, U t, std::vector<int64_t>& counts) {
   return sum_counts(counts);
 }
 
-// count_at, and each chunk's indices with key >= t into lists[c] (the chunk is re-read
-// while it is still in cache, so the data is read from memory once).
+// Appends to l the indices i in [lo, hi) with key_i >= t, in order. Blocks of kBlock
+// values are first counted with a loop the compiler vectorizes; only blocks with a hit
+// are scanned element by element (at DGC's densities most blocks have none).
+template <typename U>
+void collect_range(const U* p, int64_t lo, int64_t hi, U t, std::vector<int64_t>& l) {
+  constexpr int64_t kBlock = 64;
+  const U mask = abs_mask<U>();
+  int64_t i = lo;
+  for (; i + kBlock <= hi; i += kBlock) {
+    if (count_range(p, i, i + kBlock, t) == 0) continue;
+    for (int64_t j = i; j < i + kBlock; ++j)
+      if (static_cast<U>(p[j] & mask) >= t) l.push_back(j);
+  }
+  for (; i < hi; ++i)
+    if (static_cast<U>(p[i] & mask) >= t) l.push_back(i);
+}
+
+// count_at, and each chunk's indices with key >= t into lists[c], in one pass.
 template <typename U>
 int64_t count_collect(const U* p, int64_t n, U t, std::vector<int64_t>& counts,
                       std::vector<std::vector<int64_t>>& lists) {
-  const U mask = abs_mask<U>();
   const int64_t nc = num_chunks(n);
   counts.assign(nc, 0);
   lists.assign(nc, {});
   at::parallel_for(0, nc, 1, [&](int64_t b, int64_t e) {
     for (int64_t c = b; c < e; ++c) {
       const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
-      const uint32_t cnt = count_range(p, lo, hi, t);
-      counts[c] = cnt;
-      auto& l = lists[c];
-      l.reserve(cnt);
-      for (int64_t i = lo; i < hi && static_cast<int64_t>(l.size()) < cnt; ++i)
-        if (static_cast<U>(p[i] & mask) >= t) l.push_back(i);
+      collect_range(p, lo, hi, t, lists[c]);
+      counts[c] = static_cast<int64_t>(lists[c].size());
     }
   });
   return sum_counts(counts);
@@ -99,24 +112,6 @@ std::vector<int64_t> offsets_of(const std::vector<int64_t>& counts) {
   return off;
 }
 
-// Keys >= t, in index order, given the counts at t.
-template <typename U>
-std::vector<U> gather_keys(const U* p, int64_t n, U t, const std::vector<int64_t>& counts) {
-  const U mask = abs_mask<U>();
-  const auto off = offsets_of(counts);
-  std::vector<U> out(off.back());
-  at::parallel_for(0, static_cast<int64_t>(counts.size()), 1, [&](int64_t b, int64_t e) {
-    for (int64_t c = b; c < e; ++c) {
-      int64_t o = off[c];
-      for (int64_t i = c * kChunk, hi = std::min(n, (c + 1) * kChunk); i < hi; ++i) {
-        const U a = static_cast<U>(p[i] & mask);
-        if (a >= t) out[o++] = a;
-      }
-    }
-  });
-  return out;
-}
-
 // The exact threshold: the k-th largest of the candidate keys (which hold every key >= the
 // threshold), at least 1 (zeros are never selected).
 template <typename U>
@@ -124,6 +119,42 @@ U kth_largest(std::vector<U>& cand, int64_t k) {
   if (static_cast<int64_t>(cand.size()) <= k) return U(1);
   std::nth_element(cand.begin(), cand.begin() + (k - 1), cand.end(), std::greater<U>());
   return std::max<U>(cand[k - 1], U(1));
+}
+
+// The exact threshold over all n keys: the k-th largest nonzero key (1 when at most k
+// keys are nonzero). Radix select: a histogram of the keys' top kRadixBits bits finds the
+// bin holding the k-th largest; only that bin's keys are then ordered (nth_element).
+template <typename U>
+U exact_threshold(const U* p, int64_t n, int64_t k) {
+  constexpr int kRadixBits = 11;
+  constexpr int kShift = static_cast<int>(sizeof(U)) * 8 - 1 - kRadixBits;
+  constexpr int64_t kBins = int64_t(1) << kRadixBits;
+  const U mask = abs_mask<U>();
+  std::vector<int64_t> hist(kBins, 0);
+  int64_t zeros = 0;
+  std::mutex merge;
+  at::parallel_for(0, num_chunks(n), 1, [&](int64_t b, int64_t e) {
+    std::vector<int64_t> h(kBins, 0);
+    int64_t z = 0;
+    for (int64_t i = b * kChunk, hi = std::min(n, e * kChunk); i < hi; ++i) {
+      const U a = static_cast<U>(p[i] & mask);
+      ++h[a >> kShift];
+      z += a == 0;
+    }
+    std::lock_guard<std::mutex> lock(merge);
+    for (int64_t j = 0; j < kBins; ++j) hist[j] += h[j];
+    zeros += z;
+  });
+  if (n - zeros <= k) return U(1);
+  int64_t above = 0, bin = kBins - 1;
+  for (; bin > 0 && above + hist[bin] < k; --bin) above += hist[bin];
+  std::vector<U> cand;
+  cand.reserve(hist[bin]);
+  for (int64_t i = 0; i < n; ++i) {
+    const U a = static_cast<U>(p[i] & mask);
+    if ((a >> kShift) == static_cast<U>(bin)) cand.push_back(a);
+  }
+  return kth_largest<U>(cand, k - above);
 }
 
 template <typename U, typename I>
@@ -168,14 +199,8 @@ int64_t choose_threshold(const U* p, int64_t n, int64_t k, int64_t m, uint64_t k
                          std::vector<int64_t>& counts, std::vector<std::vector<int64_t>>& lists) {
   const U one = U(1);
   auto exact_all = [&]() {
-    int64_t c1 = count_at<U>(p, n, one, counts);
-    if (c1 <= k) {
-      t = one;
-      return;
-    }
-    auto cand = gather_keys<U>(p, n, one, counts);
-    t = kth_largest<U>(cand, k);
-    if (t != one) count_at<U>(p, n, t, counts);
+    t = exact_threshold<U>(p, n, k);
+    count_at<U>(p, n, t, counts);
   };
   if (k >= n) {  // every nonzero value
     t = one;

@@ -1,0 +1,67 @@
+// DGC momentum correction, CPU: one pass over (g, u, v) instead of the three or four
+// passes of separate torch ops. Each operation is written as its own rounded step
+// (a product stored to a variable of the element type, then the sum); the build uses
+// -ffp-contract=off so that no compiler turns them into a fused multiply-add.
+#include "dgc_memory_cpu.h"
+
+#include <ATen/Dispatch.h>
+#include <ATen/Parallel.h>
+
+#include "../checks.h"
+
+namespace {
+
+constexpr int64_t kGrain = 1 << 15;
+
+template <typename T, bool kClip, bool kNesterov>
+void accumulate_range(T* u, T* v, const T* g, T m, T c, int64_t lo, int64_t hi) {
+  for (int64_t i = lo; i < hi; ++i) {
+    T h = g[i];
+    if (kClip) h = h * c;
+    const T mu = u[i] * m;
+    const T un = mu + h;
+    u[i] = un;
+    if (kNesterov) {
+      const T vh = v[i] + h;
+      const T mun = un * m;
+      v[i] = vh + mun;
+    } else {
+      v[i] = v[i] + un;
+    }
+  }
+}
+
+template <typename T>
+void accumulate(T* u, T* v, const T* g, int64_t n, T m, T c, bool clip, bool nesterov) {
+  at::parallel_for(0, n, kGrain, [&](int64_t lo, int64_t hi) {
+    if (clip) {
+      nesterov ? accumulate_range<T, true, true>(u, v, g, m, c, lo, hi)
+               : accumulate_range<T, true, false>(u, v, g, m, c, lo, hi);
+    } else {
+      nesterov ? accumulate_range<T, false, true>(u, v, g, m, c, lo, hi)
+               : accumulate_range<T, false, false>(u, v, g, m, c, lo, hi);
+    }
+  });
+}
+
+}  // namespace
+
+void dgc_accumulate_cpu(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov,
+                        double coef) {
+  for (const at::Tensor* t : {static_cast<const at::Tensor*>(&u), static_cast<const at::Tensor*>(&v), &g}) {
+    HGC_CHECK_CPU(*t);
+    HGC_CHECK_CONTIGUOUS(*t);
+  }
+  TORCH_CHECK(g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble,
+              "dgc_accumulate: gradients must be fp32 or fp64, got ", g.scalar_type());
+  TORCH_CHECK(u.scalar_type() == g.scalar_type() && v.scalar_type() == g.scalar_type(),
+              "dgc_accumulate: u, v and g must have one dtype, got ", u.scalar_type(), ", ", v.scalar_type(), ", ",
+              g.scalar_type());
+  TORCH_CHECK(u.sizes() == g.sizes() && v.sizes() == g.sizes(), "dgc_accumulate: u ", u.sizes(), ", v ", v.sizes(),
+              " and g ", g.sizes(), " must have one shape");
+  TORCH_CHECK(momentum >= 0.0 && momentum < 1.0, "dgc_accumulate: momentum must be in [0, 1), got ", momentum);
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "dgc_accumulate", [&] {
+    accumulate<scalar_t>(u.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), g.numel(),
+                         static_cast<scalar_t>(momentum), static_cast<scalar_t>(coef), coef != 1.0, nesterov);
+  });
+}
