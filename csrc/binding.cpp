@@ -9,6 +9,7 @@
 #include "cpu/qsgd_cpu.h"
 // @dgc-includes
 #include "cpu/dgc_cpu.h"
+#include "cpu/dgc_index_cpu.h"
 #include "cpu/dgc_memory_cpu.h"
 
 #ifdef WITH_CUDA
@@ -164,6 +165,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "threshold, path)", py::arg("x"), py::arg("k"), py::arg("sample_count"), py::arg("key"));
   m.def("dgc_scatter_sum", &dgc_scatter_sum_cpu, HGC_RELEASE_GIL, "scale * sum of K scattered DGC payloads", py::arg("indices"),
         py::arg("values"), py::arg("n"), py::arg("dtype"), py::arg("scale") = 1.0, py::arg("out") = py::none());
+  m.def("dgc_index_encode", &dgc_index_encode_cpu, HGC_RELEASE_GIL, "ascending DGC indices -> compact uint8 code "
+        "(1- or 2-byte gaps, else the indices)", py::arg("indices"), py::arg("n"));
+  m.def("dgc_index_decode", &dgc_index_decode_cpu, HGC_RELEASE_GIL, "uint8 index code -> the count indices",
+        py::arg("code"), py::arg("count"), py::arg("n"));
   m.def("dgc_accumulate_", &dgc_accumulate_cpu, HGC_RELEASE_GIL, "DGC momentum correction in place: u = m u + c g; "
         "v += u (nesterov: v += c g + m u)", py::arg("u"), py::arg("v"), py::arg("g"), py::arg("momentum"),
         py::arg("nesterov"), py::arg("coef") = 1.0);

@@ -42,6 +42,16 @@ def _sparse(x, idx, vals):
     return y.view(x.shape)
 
 
+def index_code_width(idx):
+    """Bytes per index of the compact code, computed independently of the codec: 1 or 2 when
+    every gap code (idx_j - idx_{j-1} - 1, idx_{-1} = -1) fits, else 4."""
+    if idx.numel() == 0:
+        return 0
+    prev = torch.cat([torch.tensor([-1]), idx.long()[:-1]])
+    top = int((idx.long() - prev - 1).max())
+    return 1 if top < 256 else 2 if top < 65536 else 4
+
+
 def _check_threshold_set(x, idx, vals, t):
     mag = x.reshape(-1).double().abs()
     want = torch.nonzero(mag >= t).view(-1)
@@ -158,8 +168,8 @@ def test_density_one_is_lossless(dtype, n, impl):
     assert y.shape == x.shape and y.dtype == x.dtype
     assert torch.equal(y, x)
     nnz = int((x != 0).sum())
-    assert p.buffers["indices"].numel() == nnz
-    assert p.nbytes == nnz * (4 + x.element_size())
+    assert p.buffers["values"].numel() == nnz and c.indices_of(p).numel() == nnz
+    assert p.nbytes == nnz * (index_code_width(c.indices_of(p)) + x.element_size())
     out = torch.empty_like(x)
     assert c.decode(p, out=out) is out and torch.equal(out, x)
 
@@ -172,16 +182,18 @@ def test_sizes_and_nbytes(dtype, n, impl):
     c = get_codec("dgc", impl=impl, density=0.001)
     p = c.encode(x)
     assert list(p.buffers) == ["indices", "values"]
-    cnt = p.buffers["indices"].numel()
-    assert p.buffers["indices"].dtype == torch.int32 and p.buffers["values"].dtype == dtype
+    idx = c.indices_of(p)
+    cnt = idx.numel()
+    assert p.buffers["indices"].dtype == torch.uint8 and idx.dtype == torch.int32
+    assert p.buffers["values"].dtype == dtype and p.buffers["values"].numel() == cnt
     k = 0 if n == 0 else target_count(n, 0.001)
     if impl == "reference" or x.double().abs().unique().numel() == n:
         assert cnt == k  # exact path (small tensor), no ties
     else:
         assert cnt >= k  # ties at the threshold (low precision) are all selected
-    assert p.nbytes == 4 * cnt + cnt * x.element_size()
-    assert torch.equal(c.decode(p), _sparse(x, p.buffers["indices"], p.buffers["values"]))
-    assert torch.equal(c.selected_indices(p), p.buffers["indices"].long())
+    assert p.nbytes == index_code_width(idx) * cnt + cnt * x.element_size()
+    assert torch.equal(c.decode(p), _sparse(x, idx, p.buffers["values"]))
+    assert torch.equal(c.selected_indices(p), idx.long())
 
 
 @pytest.mark.parametrize("impl", _impls())
@@ -189,7 +201,7 @@ def test_all_zero_selects_nothing(impl):
     c = get_codec("dgc", impl=impl, density=0.01)
     for n in (1, 7, 8193, 200_000):
         p = c.encode(torch.zeros(n))
-        assert p.buffers["indices"].numel() == 0 and p.nbytes == 0
+        assert p.buffers["values"].numel() == 0 and p.nbytes == 0
         assert torch.equal(c.decode(p), torch.zeros(n))
     # fewer nonzeros than k: all of them, no zeros
     x = torch.zeros(200_000)
@@ -217,9 +229,9 @@ def test_decode_many_is_mean_of_sparse(dtype, impl):
     xs[1][:1000] = 0  # overlapping and disjoint supports
     c = get_codec("dgc", impl=impl, density=0.01)
     pays = [c.encode(x) for x in xs]
-    assert pays[3].buffers["indices"].numel() == 0
+    assert pays[3].buffers["values"].numel() == 0
     acc = torch.float64 if dtype == torch.float64 else torch.float32
-    want = sum(_sparse(x, p.buffers["indices"], p.buffers["values"]).to(acc) for x, p in zip(xs, pays))
+    want = sum(_sparse(x, c.indices_of(p), p.buffers["values"]).to(acc) for x, p in zip(xs, pays))
     got = c.decode_many(pays)
     assert got.dtype == dtype
     assert torch.equal(got, (want * (1.0 / 4)).to(dtype))
@@ -233,17 +245,30 @@ def test_decode_many_is_mean_of_sparse(dtype, impl):
         assert torch.equal(ref, base)
 
 
-@needs_native
-def test_decode_validates():
-    c = get_codec("dgc")
-    good = Payload({"indices": torch.tensor([1, 5], dtype=torch.int32), "values": torch.ones(2)},
-                   torch.Size([8]), torch.float32)
+def _abs_code(idx):
+    """Index code holding the int32 indices themselves (w = 4)."""
+    return torch.tensor(idx, dtype=torch.int32).view(torch.uint8)
+
+
+@pytest.mark.parametrize("impl", _impls())
+def test_decode_validates(impl):
+    c = get_codec("dgc", impl=impl)
+    err = RuntimeError if impl == "native" else ValueError
+    good = Payload({"indices": torch.tensor([1, 3], dtype=torch.uint8), "values": torch.ones(2)},
+                   torch.Size([8]), torch.float32)  # gaps 2 and 4: indices 1 and 5
     assert c.decode(good).tolist() == [0, 1, 0, 0, 0, 1, 0, 0]
+    assert c.decode(Payload({"indices": _abs_code([1, 5]), "values": torch.ones(2)}, torch.Size([8]),
+                            torch.float32)).tolist() == [0, 1, 0, 0, 0, 1, 0, 0]
     for idx in ([5, 1], [1, 1], [1, 8], [-1, 2]):
-        bad = Payload({"indices": torch.tensor(idx, dtype=torch.int32), "values": torch.ones(2)},
-                      torch.Size([8]), torch.float32)
-        with pytest.raises(RuntimeError, match="strictly increasing"):
+        bad = Payload({"indices": _abs_code(idx), "values": torch.ones(2)}, torch.Size([8]), torch.float32)
+        with pytest.raises(err, match="strictly increasing"):
             c.decode(bad)
+    with pytest.raises(err, match="strictly increasing"):  # gap codes running past n
+        c.decode(Payload({"indices": torch.tensor([1, 6], dtype=torch.uint8), "values": torch.ones(2)},
+                         torch.Size([8]), torch.float32))
+    with pytest.raises(err, match="bytes of index code"):  # 3 bytes for 2 values
+        c.decode(Payload({"indices": torch.tensor([1, 3, 0], dtype=torch.uint8), "values": torch.ones(2)},
+                         torch.Size([8]), torch.float32))
     with pytest.raises(ValueError):
         c.decode(Payload({"indices": torch.tensor([1], dtype=torch.int64), "values": torch.ones(1)},
                          torch.Size([8]), torch.float32))
@@ -251,6 +276,47 @@ def test_decode_validates():
         c.decode(good, out=torch.empty(8, dtype=torch.float64))
     with pytest.raises(ValueError):
         c.decode_many([])
+
+
+# -- index coding -----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("impl", _impls())
+@pytest.mark.parametrize("idx, n, width", [
+    ([], 10, 0), ([0], 1, 1), ([255], 300, 1), ([256], 300, 2), ([3, 259, 65795], 70_000, 2),
+    ([0, 65537], 70_000, 4), ([5, 6, 7, 100_000], 200_000, 4), ([2**31 - 5], 2**31 - 1, 4)])
+def test_index_code_widths_and_round_trip(impl, idx, n, width):
+    c = get_codec("dgc", impl=impl)
+    ix = torch.tensor(idx, dtype=torch.int32)
+    p = Payload({"indices": torch.zeros(0, dtype=torch.uint8), "values": torch.ones(len(idx))}, torch.Size([n]),
+                torch.float32)
+    from horovod_gradcomp.codecs.dgc import reference_index_encode
+    code = c._C.dgc_index_encode(ix, n) if impl == "native" else reference_index_encode(ix, n)
+    assert code.dtype == torch.uint8 and code.numel() == width * len(idx)
+    if width in (1, 2):  # little-endian gap codes, by hand
+        gaps = [i - j - 1 for i, j in zip(idx, [-1] + idx[:-1])]
+        want = [b for g in gaps for b in ((g,) if width == 1 else (g & 255, g >> 8))]
+        assert code.tolist() == want
+    p.buffers["indices"] = code
+    assert c.indices_of(p).tolist() == idx
+
+
+@needs_native
+@pytest.mark.parametrize("density", [0.3, 0.01, 0.001, 0.00001])
+def test_native_and_reference_index_codes_agree(density):
+    x = _grad(1_000_003, torch.float32, seed=7)
+    idx, _ = get_codec("dgc", impl="reference", density=density).select(x)
+    from horovod_gradcomp.codecs.dgc import reference_index_encode
+    native = get_codec("dgc")._C.dgc_index_encode(idx, x.numel())
+    assert torch.equal(native, reference_index_encode(idx, x.numel()))
+    assert native.numel() == index_code_width(idx) * idx.numel()
+
+
+@needs_native
+def test_index_code_is_two_bytes_at_density_0001():
+    c = get_codec("dgc", density=0.001)
+    p = c.encode(_grad(1_000_003, torch.float32, seed=2))
+    cnt = p.buffers["values"].numel()
+    assert p.buffers["indices"].numel() == 2 * cnt and p.nbytes == 6 * cnt
 
 
 # -- options and errors -------------------------------------------------------------------------------

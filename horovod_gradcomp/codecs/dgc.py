@@ -37,12 +37,17 @@ selected.
 ``density == 1`` selects every nonzero value: ``decode(encode(v)) == v`` exactly.
 
 Wire format (``Payload.buffers``, in this order; ``variable_size = True``, ``c`` = count):
-``indices`` int32[c] when ``n < 2^31`` (half the bytes of int64; int64[c] otherwise),
-strictly increasing; ``values`` [c] in the gradient's dtype (lossless).
-``nbytes = c * (4 or 8) + c * itemsize``; ``layout`` raises (no fixed layout).
-Delta + varint index coding was not adopted: at density 0.001 the gaps average ~1000, so
-a varint needs 2 bytes per index, saving 2 of 4 + 4 bytes per pair, at the cost of a
-sequential decode; not worth the complexity yet.
+``indices`` uint8[w * c], the compact code of the strictly increasing indices, with the
+narrowest ``w`` that holds every gap: ``w = 1`` or ``2``: the gap codes ``idx_j - idx_{j-1} - 1``
+(``idx_{-1} = -1``) as little-endian uint8 / uint16 (every gap <= 256 / 65536); else the
+indices themselves, little-endian int32 (``w = 4``, ``n < 2^31``) or int64 (``w = 8``). The
+receiver reads ``w`` from the buffer's length and ``c`` from the values'. ``values`` [c] in
+the gradient's dtype (lossless). ``nbytes = c * w + c * itemsize``; ``layout`` raises.
+At density 0.001 the gaps average about 1000, so nearly every tensor sends 2 bytes per
+index (6 per pair in fp32 instead of 8); during a warm-up at density >= 1/256, 1 byte.
+Varint or Elias gap codes would save a little more at the cost of a sequential,
+branchy decode; fixed widths keep both directions one simple pass.
+:meth:`DGCCodec.indices_of` returns a payload's indices.
 
 Decoding: ``decode`` scatters into zeros; ``decode_many(payloads, scale, out)`` returns
 ``scale * sum_k scatter(payload_k)`` in one pass (native: parallel over output chunks,
@@ -159,21 +164,33 @@ class DGCCodec(CounterStream, Codec):
             raise ValueError("dgc: the codec keeps no state (fuses_feedback=False); the adapter holds DGC's "
                              "momentum and accumulation: pass residual=None")
         idx, vals = self.select(tensor)
-        return Payload({"indices": idx, "values": vals}, tensor.shape, tensor.dtype, tensor.device)
+        n = tensor.numel()
+        if self.impl == "native" and idx.device.type == "cpu":
+            code = self._C.dgc_index_encode(idx, n)
+        else:
+            code = reference_index_encode(idx, n)
+        return Payload({"indices": code, "values": vals}, tensor.shape, tensor.dtype, tensor.device)
 
-    @staticmethod
-    def selected_indices(payload: Payload) -> torch.Tensor:
+    def indices_of(self, payload: Payload) -> torch.Tensor:
+        """The flat indices a payload carries, decoded from its index code: int32 (int64 when
+        numel >= 2^31), strictly increasing (checked)."""
+        self._check_payload(payload)
+        code, count = payload.buffers["indices"], payload.buffers["values"].numel()
+        if self.impl == "native" and code.device.type == "cpu":
+            return self._C.dgc_index_decode(code, count, payload.numel)
+        return reference_index_decode(code, count, payload.numel)
+
+    def selected_indices(self, payload: Payload) -> torch.Tensor:
         """int64 flat indices a payload carries (for momentum factor masking)."""
-        return payload.buffers["indices"].long()
+        return self.indices_of(payload).long()
 
     def _check_payload(self, payload: Payload) -> None:
         if tuple(payload.buffers) != ("indices", "values"):
             raise ValueError(f"dgc: a payload has buffers ('indices', 'values'), got {tuple(payload.buffers)}")
-        idx, vals = payload.buffers["indices"], payload.buffers["values"]
-        want = index_dtype(payload.numel)
-        if idx.dtype != want or vals.dtype != payload.dtype or idx.dim() != 1 or idx.shape != vals.shape:
-            raise ValueError(f"dgc: expected indices {want}[c] and values {payload.dtype}[c], got "
-                             f"{idx.dtype}{list(idx.shape)} and {vals.dtype}{list(vals.shape)}")
+        code, vals = payload.buffers["indices"], payload.buffers["values"]
+        if code.dtype != torch.uint8 or code.dim() != 1 or vals.dtype != payload.dtype or vals.dim() != 1:
+            raise ValueError(f"dgc: expected an index code uint8[w*c] and values {payload.dtype}[c], got "
+                             f"{code.dtype}{list(code.shape)} and {vals.dtype}{list(vals.shape)}")
 
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.decode_many([payload], 1.0, out)
@@ -189,16 +206,17 @@ class DGCCodec(CounterStream, Codec):
             if p.shape != first.shape or p.dtype != first.dtype or p.device != first.device:
                 raise ValueError("dgc: decode_many needs payloads of one shape, dtype and device")
         scale = 1.0 / len(payloads) if scale is None else float(scale)
+        indices = [self.indices_of(p) for p in payloads]
         if self.impl == "native" and first.device.type == "cpu":
-            flat = self._C.dgc_scatter_sum([p.buffers["indices"] for p in payloads],
+            flat = self._C.dgc_scatter_sum(indices,
                                            [p.buffers["values"] for p in payloads], first.numel, first.dtype,
                                            scale, self.flat_out(out, first))
             return flat.view(first.shape) if out is None else out
         self.check_out(out, first)
         acc_dt = torch.float64 if first.dtype == torch.float64 else torch.float32
         acc = torch.zeros(first.numel, dtype=acc_dt, device=first.device)
-        for p in payloads:
-            acc.index_add_(0, p.buffers["indices"].long(), p.buffers["values"].to(acc_dt))
+        for idx, p in zip(indices, payloads):
+            acc.index_add_(0, idx.long(), p.buffers["values"].to(acc_dt))
         flat = acc.mul_(scale).to(first.dtype).view(first.shape)
         return flat if out is None else out.copy_(flat)
 
@@ -218,3 +236,41 @@ def reference_select(flat: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Te
     top, _ = torch.sort(top)
     t = float(mag[top].min()) if top.numel() else math.inf
     return top.to(index_dtype(n)), flat[top].clone(), t
+
+
+def reference_index_encode(idx: torch.Tensor, n: int) -> torch.Tensor:
+    """The index code of ascending ``idx`` (see "Wire format"), with torch ops."""
+    if idx.numel() == 0:
+        return torch.zeros(0, dtype=torch.uint8, device=idx.device)
+    i64 = idx.long()
+    gaps = torch.diff(i64, prepend=i64.new_full((1,), -1)) - 1
+    top = int(gaps.max())
+    if top < 256:
+        return gaps.to(torch.uint8)
+    if top < 65536:
+        return torch.stack([gaps & 255, gaps >> 8], dim=1).to(torch.uint8).reshape(-1)
+    return idx.to(index_dtype(n)).contiguous().view(torch.uint8).clone()
+
+
+def reference_index_decode(code: torch.Tensor, count: int, n: int) -> torch.Tensor:
+    """Inverse of :func:`reference_index_encode`: ``count`` indices (int32, or int64 when
+    n >= 2^31), checked strictly increasing and in ``[0, n)``."""
+    want = index_dtype(n)
+    absolute = torch.empty((), dtype=want).element_size()
+    if count == 0:
+        if code.numel():
+            raise ValueError(f"dgc: {code.numel()} bytes of index code for 0 values")
+        return torch.zeros(0, dtype=want, device=code.device)
+    width, rest = divmod(code.numel(), count)
+    if rest or width not in (1, 2, absolute):
+        raise ValueError(f"dgc: {code.numel()} bytes of index code for {count} values (1, 2 or {absolute} bytes "
+                         "per index expected)")
+    if width == absolute:
+        idx = code.clone().view(want).long()
+    else:
+        pairs = code.long().view(count, width)
+        gaps = pairs[:, 0] if width == 1 else pairs[:, 0] | (pairs[:, 1] << 8)
+        idx = torch.cumsum(gaps + 1, 0) - 1
+    if bool((idx < 0).any()) or bool((idx >= n).any()) or bool((idx[1:] <= idx[:-1]).any()):
+        raise ValueError(f"dgc: indices must be strictly increasing and in [0, {n})")
+    return idx.to(want)
