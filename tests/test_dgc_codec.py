@@ -134,6 +134,28 @@ def test_native_exact_small_matches_topk(dtype):
     assert t == kth and idx.numel() >= k
 
 
+@needs_native
+@pytest.mark.parametrize("dtype", DTYPES, ids=dt_id)
+@pytest.mark.parametrize("n, density", [(2, 0.5), (7, 0.001), (7, 0.3), (100, 0.05), (4096, 0.001),
+                                        (20_000, 0.01), (200_000, 0.001)])
+def test_native_exact_path_threshold_is_kth_largest(dtype, n, density):
+    """The exact path (radix select) against a full sort, with zeros and repeated values."""
+    x = _grad(n, torch.float64, seed=n).to(dtype)
+    x[::5] = 0
+    x[1::7] = x[1]
+    c = get_codec("dgc", density=density)
+    idx, vals, t = c.select(x, return_threshold=True)
+    assert c.last_path == 2
+    _check_threshold_set(x, idx, vals, t)
+    mags = x.double().abs().sort(descending=True).values
+    k = target_count(n, density)
+    nnz = int((mags > 0).sum())
+    if nnz <= k:
+        assert idx.numel() == nnz
+    else:
+        assert t == mags[k - 1].item()
+
+
 # -- reference --------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=dt_id)

@@ -154,7 +154,10 @@ U exact_threshold(const U* p, int64_t n, int64_t k) {
     const U a = static_cast<U>(p[i] & mask);
     if ((a >> kShift) == static_cast<U>(bin)) cand.push_back(a);
   }
-  return kth_largest<U>(cand, k - above);
+  // The bin holds at least k - above >= 1 keys: the threshold is the (k - above)-th largest.
+  const int64_t r = k - above;
+  std::nth_element(cand.begin(), cand.begin() + (r - 1), cand.end(), std::greater<U>());
+  return std::max<U>(cand[r - 1], U(1));
 }
 
 template <typename U, typename I>
