@@ -177,8 +177,8 @@ class DGCMemory:
             else:
                 v.add_(u)
         codec.density = self.current_density()
-        payload = codec.encode(v)
-        sent = codec.selected_indices(payload)
+        payload, sent = codec.encode_with_indices(v)
+        sent = sent.long()
         v.view(-1).index_fill_(0, sent, 0)
         if self.momentum_masking:
             u.view(-1).index_fill_(0, sent, 0)

@@ -216,6 +216,8 @@ def test_sizes_and_nbytes(dtype, n, impl):
     assert p.nbytes == index_code_width(idx) * cnt + cnt * x.element_size()
     assert torch.equal(c.decode(p), _sparse(x, idx, p.buffers["values"]))
     assert torch.equal(c.selected_indices(p), idx.long())
+    again, selected = c.encode_with_indices(x)  # the indices as selected == those the code carries
+    assert torch.equal(selected, c.indices_of(again))
 
 
 @pytest.mark.parametrize("impl", _impls())

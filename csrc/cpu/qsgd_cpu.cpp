@@ -421,17 +421,13 @@ inline void emit16(float* a, __m128i e, __m128 bs) {
 
 // a + v with a as the first operand (addss / addsd a, v): where both are NaN the result is
 // a's NaN, whatever the compiler would choose for a commutative +.
-inline float add_first(float a, float v) {
+template <typename T>
+inline T add_first(T a, T v) {
 #if HGC_QSGD_SSE2
-  __asm__("addss %1, %0" : "+x"(a) : "x"(v));
-  return a;
-#else
-  return a + v;
-#endif
-}
-inline double add_first(double a, double v) {
-#if HGC_QSGD_SSE2
-  __asm__("addsd %1, %0" : "+x"(a) : "x"(v));
+  if constexpr (std::is_same<T, float>::value)
+    __asm__("addss %1, %0" : "+x"(a) : "x"(v));
+  else
+    __asm__("addsd %1, %0" : "+x"(a) : "x"(v));
   return a;
 #else
   return a + v;

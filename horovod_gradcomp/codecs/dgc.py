@@ -163,13 +163,18 @@ class DGCCodec(CounterStream, Codec):
         if residual is not None:
             raise ValueError("dgc: the codec keeps no state (fuses_feedback=False); the adapter holds DGC's "
                              "momentum and accumulation: pass residual=None")
+        return self.encode_with_indices(tensor)[0]
+
+    def encode_with_indices(self, tensor: torch.Tensor) -> Tuple[Payload, torch.Tensor]:
+        """``(encode(tensor), the selected flat indices)``: the indices as selected, without
+        decoding them back from the payload's index code (for the caller's masking)."""
         idx, vals = self.select(tensor)
         n = tensor.numel()
         if self.impl == "native" and idx.device.type == "cpu":
             code = self._C.dgc_index_encode(idx, n)
         else:
             code = reference_index_encode(idx, n)
-        return Payload({"indices": code, "values": vals}, tensor.shape, tensor.dtype, tensor.device)
+        return Payload({"indices": code, "values": vals}, tensor.shape, tensor.dtype, tensor.device), idx
 
     def indices_of(self, payload: Payload) -> torch.Tensor:
         """The flat indices a payload carries, decoded from its index code: int32 (int64 when
@@ -201,8 +206,7 @@ class DGCCodec(CounterStream, Codec):
         if not payloads:
             raise ValueError("dgc: decode_many needs at least one payload")
         first = payloads[0]
-        for p in payloads:
-            self._check_payload(p)
+        for p in payloads:  # buffers are checked by indices_of below
             if p.shape != first.shape or p.dtype != first.dtype or p.device != first.device:
                 raise ValueError("dgc: decode_many needs payloads of one shape, dtype and device")
         scale = 1.0 / len(payloads) if scale is None else float(scale)
