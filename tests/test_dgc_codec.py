@@ -1,6 +1,6 @@
 """The dgc codec's contract: the native selection is a magnitude threshold set of about
 density*n values (count within [k/2, 2k], or exact), the reference is the exact top-k,
-density 1 is lossless, decode_many is the scaled sum of the scattered payloads, exact
+density 1 is lossless, decode_mean_list is the scaled sum of the scattered payloads, exact
 payload sizes, options and errors."""
 from __future__ import annotations
 
@@ -243,7 +243,7 @@ def test_nan_is_selected():
         assert 1234 in idx.tolist()
 
 
-# -- decode_many ------------------------------------------------------------------------------------
+# -- decode_mean_list ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("impl", _impls())
 @pytest.mark.parametrize("dtype", DTYPES, ids=dt_id)
@@ -256,16 +256,16 @@ def test_decode_many_is_mean_of_sparse(dtype, impl):
     assert pays[3].buffers["values"].numel() == 0
     acc = torch.float64 if dtype == torch.float64 else torch.float32
     want = sum(_sparse(x, c.indices_of(p), p.buffers["values"]).to(acc) for x, p in zip(xs, pays))
-    got = c.decode_many(pays)
+    got = c.decode_mean_list(pays)
     assert got.dtype == dtype
     assert torch.equal(got, (want * (1.0 / 4)).to(dtype))
     # matches the base class's loop bit for bit, with a custom scale and out=
-    base = super(type(c), c).decode_many(pays, 0.5)
+    base = super(type(c), c).decode_mean_list(pays, 0.5)
     out = torch.empty(n, dtype=dtype)
-    assert c.decode_many(pays, 0.5, out=out) is out and torch.equal(out, base)
+    assert c.decode_mean_list(pays, 0.5, out=out) is out and torch.equal(out, base)
     # native and reference decoders agree on the same payloads
     if native_available():
-        ref = get_codec("dgc", impl="reference").decode_many(pays, 0.5)
+        ref = get_codec("dgc", impl="reference").decode_mean_list(pays, 0.5)
         assert torch.equal(ref, base)
 
 
@@ -299,7 +299,7 @@ def test_decode_validates(impl):
     with pytest.raises(ValueError):
         c.decode(good, out=torch.empty(8, dtype=torch.float64))
     with pytest.raises(ValueError):
-        c.decode_many([])
+        c.decode_mean_list([])
 
 
 # -- index coding -----------------------------------------------------------------------------------

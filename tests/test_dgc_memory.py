@@ -8,8 +8,8 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.dgc_memory import DensitySchedule, DGCMemory
-from horovod_gradcomp.optimizer_check import OptimizerMismatchError, PlainSGDGuard
+from horovod_gradcomp.state.dgc_memory import DensitySchedule, DGCMemory
+from horovod_gradcomp.horovod.optimizer_check import OptimizerMismatchError, PlainSGDGuard
 
 
 def test_warmup_follows_the_papers_exponential_schedule():
@@ -96,7 +96,7 @@ def test_local_clipping_scales_to_threshold_over_sqrt_k():
     torch.testing.assert_close(out, torch.full((4,), 0.1, dtype=torch.float64))
 
 
-def test_warmup_sets_the_codec_density_by_epoch_and_by_step():
+def test_warmup_gives_each_encode_its_density_by_epoch_and_by_step():
     codec = hgc.get_codec("dgc", impl="reference")
     by_epoch = DGCMemory(DensitySchedule(0.01, start=0.5, length=2, unit="epoch"))
     counts = []
@@ -166,7 +166,7 @@ def test_compression_dgc_factory_wires_memory_and_guard():
                                rank_stream=0, check_optimizer=False)
     assert isinstance(comp.memory, DGCMemory) and comp.memory.momentum == 0.8
     assert comp.memory.schedule.start == 0.25 and comp.memory.schedule.length == 4
-    assert comp.memory.needs_all_grads and not comp._can_overlap()  # clipping needs the whole step
+    assert comp.memory.needs_all_grads and not comp.engine._can_overlap()  # clipping needs the whole step
     assert not hasattr(comp, "optimizer_guard")
     assert "DGCMemory" in repr(comp)
 

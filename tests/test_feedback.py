@@ -9,7 +9,7 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs import registry
 from horovod_gradcomp.codecs.base import Codec, Payload
-from horovod_gradcomp.feedback import ErrorFeedback
+from horovod_gradcomp.state.error_feedback import ErrorFeedback
 
 pytestmark = pytest.mark.timeout(120)
 

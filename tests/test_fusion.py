@@ -8,7 +8,7 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs.base import Codec, Payload
-from horovod_gradcomp.fusion import ALIGN, FusedLayout
+from horovod_gradcomp.exchange.fusion import ALIGN, FusedLayout
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -218,14 +218,14 @@ def test_unpack_returns_each_ranks_payloads(codec, k, device):
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 def test_unpacked_onebit_payloads_decode_to_the_mean(k, device):
-    """End to end on one process: K ranks' fused buffers -> unpack -> decode_mean."""
+    """End to end on one process: K ranks' fused buffers -> unpack -> decode_mean_stacked."""
     codec = hgc.get_codec("onebit", impl="native")
     layout = FusedLayout(codec, ENTRIES)
     ranks = [_payloads(codec, seed=20 + r, device=device) for r in range(k)]
     recv = torch.stack([layout.pack(p) for p in ranks])
     for key, stacked in layout.unpack(recv, {key: device for key, _, _ in ENTRIES}):
         decodes = torch.stack([codec.decode(ranks[r][key]).double() for r in range(k)])
-        got = codec.decode_mean(stacked)
+        got = codec.decode_mean_stacked(stacked)
         dtype = stacked.dtype
         eps = torch.finfo(dtype).eps if dtype != torch.float64 else 1e-15
         big = decodes.abs().max().item() if decodes.numel() else 0.0
@@ -241,4 +241,4 @@ def test_unpack_ignores_bytes_outside_the_slots():
     clean = torch.stack([layout.pack(p) for p in ranks])
     devices = {key: torch.device("cpu") for key, _, _ in ENTRIES}
     for (key, a), (_, b) in zip(layout.unpack(recv, devices), layout.unpack(clean, devices)):
-        assert torch.equal(codec.decode_mean(a), codec.decode_mean(b))
+        assert torch.equal(codec.decode_mean_stacked(a), codec.decode_mean_stacked(b))

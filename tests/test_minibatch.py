@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from horovod_gradcomp.minibatch import select_minibatch_size, slice_trial
+from horovod_gradcomp.training.minibatch import select_minibatch_size, slice_trial
 
 
 def from_table(table):

@@ -196,7 +196,7 @@ def test_decode_into_out(shape, dtype, device, make_grad):
 
 
 def test_out_variants_return_the_given_tensor(device, make_grad):
-    """``decode(out=o)`` / ``decode_mean(out=o)`` return ``o`` itself (the torch ``out=``
+    """``decode(out=o)`` / ``decode_mean_stacked(out=o)`` return ``o`` itself (the torch ``out=``
     convention, and what the reference implementation does)."""
     native, _ = codecs()
     g = make_grad((6, 5), torch.float32, device)
@@ -204,13 +204,13 @@ def test_out_variants_return_the_given_tensor(device, make_grad):
     stacked = Payload({k: v.unsqueeze(0) for k, v in payload.buffers.items()}, payload.shape, payload.dtype,
                       payload.device)
     out1, out2 = torch.empty_like(g), torch.empty_like(g)
-    r1, r2 = native.decode(payload, out=out1), native.decode_mean(stacked, out=out2)
+    r1, r2 = native.decode(payload, out=out1), native.decode_mean_stacked(stacked, out=out2)
     assert torch.equal(out1, r1) and torch.equal(out2, r2)
     assert r1 is out1, "native decode(out=o) returned another tensor (a view of o), not o"
-    assert r2 is out2, "native decode_mean(out=o) returned another tensor (a view of o), not o"
+    assert r2 is out2, "native decode_mean_stacked(out=o) returned another tensor (a view of o), not o"
 
 
-# -- decode_mean of K stacked payloads ------------------------------------------------------
+# -- decode_mean_stacked of K stacked payloads ------------------------------------------------------
 
 def _mean_tolerance(dtype, decodes, scale=None):
     """rtol/atol for ``scale * sum`` of K payloads in ``dtype`` against the same computed in
@@ -236,19 +236,19 @@ def test_decode_mean_matches_mean_of_decodes(shape, dtype, device, make_grad, st
 
     decodes = torch.stack([reference.decode(p).double() for p in payloads])
     expected = decodes.mean(0)
-    got = native.decode_mean(stacked)
+    got = native.decode_mean_stacked(stacked)
     assert got.shape == torch.Size(shape) and got.dtype == dtype and got.device == device
     tol = _mean_tolerance(dtype, decodes)
     torch.testing.assert_close(got.double(), expected, **tol)
-    torch.testing.assert_close(reference.decode_mean(stacked).double(), expected, **tol)
+    torch.testing.assert_close(reference.decode_mean_stacked(stacked).double(), expected, **tol)
 
     # scale: the sum, and any other factor
     for scale in (1.0, 0.25):
-        torch.testing.assert_close(native.decode_mean(stacked, scale=scale).double(), decodes.sum(0) * scale,
+        torch.testing.assert_close(native.decode_mean_stacked(stacked, scale=scale).double(), decodes.sum(0) * scale,
                                    **_mean_tolerance(dtype, decodes, scale))
 
     out = torch.full(shape, -7.0, dtype=dtype, device=device)
-    result = native.decode_mean(stacked, out=out)
+    result = native.decode_mean_stacked(stacked, out=out)
     assert result.data_ptr() == out.data_ptr() and result.shape == out.shape
     assert torch.equal(out, got)
 
@@ -260,7 +260,7 @@ def test_decode_mean_multithreaded(shape, dtype, device, make_grad, stack_payloa
     payloads = [native.encode(make_grad(shape, dtype, device, seed=200 + i)) for i in range(k)]
     stacked = stack_payloads(payloads)
     decodes = torch.stack([reference.decode(p).double() for p in payloads])   # independent of the kernels
-    torch.testing.assert_close(native.decode_mean(stacked).double(), decodes.mean(0),
+    torch.testing.assert_close(native.decode_mean_stacked(stacked).double(), decodes.mean(0),
                                **_mean_tolerance(dtype, decodes))
 
 
@@ -310,7 +310,7 @@ def test_out_of_wrong_shape_dtype_or_layout_is_a_value_error(device, stack_paylo
         with pytest.raises(ValueError, match="out"):
             native.decode(payload, out=out)
         with pytest.raises(ValueError, match="out"):
-            native.decode_mean(stacked, out=out)
+            native.decode_mean_stacked(stacked, out=out)
 
 
 def test_native_ops_reject_bad_buffers():
@@ -356,4 +356,4 @@ def test_payload_with_truncated_bits_is_an_error_not_a_crash():
     stacked = Payload({"bits": short.buffers["bits"].unsqueeze(0), "scales": short.buffers["scales"].unsqueeze(0)},
                       payload.shape, payload.dtype)
     with pytest.raises(RuntimeError, match="bytes of bits"):
-        native.decode_mean(stacked)
+        native.decode_mean_stacked(stacked)

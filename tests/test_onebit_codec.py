@@ -286,7 +286,7 @@ def test_decode_out_must_match(device, impl, bad_out):
     with pytest.raises(ValueError, match="out"):
         codec.decode(payload, out=BAD_OUTS[bad_out](device))
     with pytest.raises(ValueError, match="out"):
-        codec.decode_mean(stacked, out=BAD_OUTS[bad_out](device))
+        codec.decode_mean_stacked(stacked, out=BAD_OUTS[bad_out](device))
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
@@ -296,7 +296,7 @@ def test_decode_mean(shape, k, dtype, device, impl, make_grad, stack_payloads):
     payloads = [codec.encode(make_grad(shape, dtype, device, seed=20 + i, shift=0.1 * i)) for i in range(k)]
     stacked = stack_payloads(payloads)
     decodes = torch.stack([codec.decode(p).double() for p in payloads])
-    got = codec.decode_mean(stacked)
+    got = codec.decode_mean_stacked(stacked)
     assert got.shape == torch.Size(shape) and got.dtype == dtype and got.device == device
     if dtype == torch.float64:
         tol = dict(rtol=1e-12, atol=1e-12)
@@ -305,7 +305,7 @@ def test_decode_mean(shape, k, dtype, device, impl, make_grad, stack_payloads):
         tol = dict(rtol=2 * eps, atol=2 * eps * (decodes.abs().max().item() if decodes.numel() else 0) + 1e-7)
     torch.testing.assert_close(got.double(), decodes.mean(0), **tol)
     out = torch.empty(shape, dtype=dtype, device=device)
-    result = codec.decode_mean(stacked, out=out)
+    result = codec.decode_mean_stacked(stacked, out=out)
     assert result.data_ptr() == out.data_ptr() and torch.equal(out, got)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from horovod_gradcomp.pipeline import DoubleBufferedStep, double_buffering_pays, predicted_step_s, split_halves
+from horovod_gradcomp.training.double_buffering import DoubleBufferedStep, double_buffering_pays, predicted_step_s, split_halves
 
 pytestmark = pytest.mark.timeout(60)
 

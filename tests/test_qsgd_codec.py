@@ -336,12 +336,12 @@ def test_decode_mean(dtype):
     ref = _codec("reference", bits=3, bucket=64)
     pays = [nat.encode(_grad(shape, dtype, seed=i)) for i in range(k)]
     stacked = Payload({n: torch.stack([p.buffers[n] for p in pays]) for n in pays[0].buffers}, pays[0].shape, dtype)
-    got = nat.decode_mean(stacked)
-    want = ref.decode_mean(stacked)
+    got = nat.decode_mean_stacked(stacked)
+    want = ref.decode_mean_stacked(stacked)
     tol = {torch.float16: 2e-3, torch.bfloat16: 1e-2}.get(dtype, 1e-6)
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     out = torch.empty(shape, dtype=dtype)
-    nat.decode_mean(stacked, scale=1.0, out=out)
+    nat.decode_mean_stacked(stacked, scale=1.0, out=out)
     torch.testing.assert_close(out.double(), sum(nat.decode(p).double() for p in pays), rtol=tol * 4, atol=tol * 4)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -161,10 +162,11 @@ def _alive(pid: int) -> bool:
 def test_timeout_stops_the_run(mode):
     """A run past its timeout raises TimeoutExpired, and no rank survives it."""
     _require_harness(mode)
-    program = [sys.executable, "-c", "import time, os; print(os.getpid(), flush=True); time.sleep(120)"]
+    program = [sys.executable, "-c", "import time, os; print(f'<pid {os.getpid()}>', flush=True); time.sleep(120)"]
     with pytest.raises(subprocess.TimeoutExpired) as info:
-        slownet.run(mode, 2, program, "1gbit", timeout=4, env=dict(os.environ))
-    pids = [int(w) for w in (info.value.stdout or "").split() if w.isdigit()]
+        slownet.run(mode, 2, program, "1gbit", timeout=10, env=dict(os.environ))
+    # ranks share one stdout: two lines can arrive glued together, so match the markers anywhere
+    pids = [int(p) for p in re.findall(r"<pid (\d+)>", info.value.stdout or "")]
     assert len(pids) == 2, f"ranks did not start within the timeout: {info.value.stdout}\n{info.value.stderr}"
     survivors = [p for p in pids if _alive(p)]
     for p in survivors:                      # do not leave them running, then fail

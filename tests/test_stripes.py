@@ -1,5 +1,5 @@
-"""Stripes of the two-phase exchange (horovod_gradcomp.stripes) and the byte plan of
-horovod_gradcomp.two_phase, single process (the exchange itself: tests/mpi/mpi_two_phase.py)."""
+"""Stripes of the two-phase exchange (horovod_gradcomp.exchange.stripes) and the byte plan of
+horovod_gradcomp.exchange.two_phase, single process (the exchange itself: tests/mpi/mpi_two_phase.py)."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,10 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.stripes import (balanced_ranges, column_stripes, matrix_shape, row_stripes, stripe_key,
+from horovod_gradcomp.exchange.stripes import (balanced_ranges, column_stripes, matrix_shape, row_stripes, stripe_key,
                                       stripes)
-from horovod_gradcomp.two_phase import StripePlan, TwoPhaseExchange, choose_axis, stream_position
+from horovod_gradcomp.exchange.encoding import stream_position
+from horovod_gradcomp.exchange.two_phase import StripePlan, TwoPhasePattern, choose_axis
 
 KS = [1, 2, 3, 4, 8]
 SHAPES = [(), (0,), (1,), (7,), (3, 5), (64, 3, 3, 3), (2, 9), (0, 4), (3, 0)]
@@ -102,9 +103,10 @@ def test_bad_axis():
 # -- stream positions ------------------------------------------------------------------------
 
 def test_stream_positions_are_distinct():
-    seen = {stream_position(t, 5, i, 3, s, ph) for t in range(4) for i in range(5) for s in range(3) for ph in (0, 1)}
+    seen = {stream_position(t, 5, i, 3, s, 2, ph) for t in range(4) for i in range(5) for s in range(3) for ph in (0, 1)}
     assert len(seen) == 4 * 5 * 3 * 2
-    assert stream_position(2, 5, 4, 3, 1, 1) == ((2 * 5 + 4) * 3 + 1) * 2 + 1
+    assert stream_position(2, 5, 4, 3, 1, 2, 1) == ((2 * 5 + 4) * 3 + 1) * 2 + 1
+    assert stream_position(2, 5, 4) == 2 * 5 + 4  # one stripe, one phase: the allgather pattern's rule
 
 
 # -- the byte plan ---------------------------------------------------------------------------
@@ -174,6 +176,6 @@ def test_onebit_stripes_by_columns_where_rows_would_repeat_the_scales():
 def test_variable_size_codecs_are_rejected():
     for codec in (hgc.get_codec("dgc"), hgc.get_codec("qsgd", coding="elias")):
         with pytest.raises(ValueError, match="pattern='allgather'"):
-            TwoPhaseExchange(codec)
+            TwoPhasePattern(codec)
     with pytest.raises(ValueError, match="axis"):
-        TwoPhaseExchange(hgc.get_codec("onebit"), axis="diagonal")
+        TwoPhasePattern(hgc.get_codec("onebit"), axis="diagonal")

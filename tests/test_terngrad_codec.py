@@ -179,7 +179,7 @@ def test_unbiased(impl, dtype, clip):
     assert (var > 0).sum() > n // 2 and (err > 0).sum() > n // 4
 
 
-# -- decode_mean ----------------------------------------------------------------------------
+# -- decode_mean_stacked ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("shape", [(0,), (1,), (7,), (297,), (3, 99), (13, 17, 181, 1)], ids=_shape_id)
 @dtypes
@@ -200,16 +200,16 @@ def test_decode_mean(shape, dtype, impl, shared, stack_payloads):
     for scale in (None, 0.25):
         w = 1.0 / K if scale is None else scale
         expected = sum(singles) * w
-        got = codec.decode_mean(stacked, scale)
+        got = codec.decode_mean_stacked(stacked, scale)
         assert got.shape == grads[0].shape and got.dtype == dtype
         eps = torch.finfo(dtype).eps  # float32 sums, one rounding to dtype
         tol = dict(rtol=4 * eps, atol=0 if shared else 4 * eps * max(scales + [0.0]))
         torch.testing.assert_close(got.double(), expected, **tol)
         out = torch.empty(shape, dtype=dtype)
-        codec.decode_mean(stacked, scale, out=out)
+        codec.decode_mean_stacked(stacked, scale, out=out)
         assert torch.equal(out, got)
         other = _codec("reference" if impl == "native" else "native")
-        assert torch.equal(other.decode_mean(stacked, scale), got)
+        assert torch.equal(other.decode_mean_stacked(stacked, scale), got)
 
 
 def test_decode_mean_many_payloads_integer_sum(stack_payloads):
@@ -222,7 +222,7 @@ def test_decode_mean_many_payloads_integer_sum(stack_payloads):
     ints = (codes == 1).sum(0) - (codes == 2).sum(0)
     expected = torch.from_numpy(ints.astype(np.float32)) * np.float32(s / K)
     for impl in ("native", "reference"):
-        assert torch.equal(_codec(impl).decode_mean(stack_payloads(payloads)), expected)
+        assert torch.equal(_codec(impl).decode_mean_stacked(stack_payloads(payloads)), expected)
 
 
 # -- clipping -------------------------------------------------------------------------------
@@ -306,7 +306,7 @@ def test_bad_inputs(impl):
     empty = Payload({"codes": torch.zeros(0, 3, dtype=torch.uint8), "scale": torch.zeros(0, 1)},
                     torch.Size([10]), torch.float32)
     with pytest.raises(ValueError):
-        codec.decode_mean(empty)
+        codec.decode_mean_stacked(empty)
 
 
 def test_native_kernel_checks():

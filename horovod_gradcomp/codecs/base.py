@@ -1,7 +1,7 @@
 """The codec interface: encode a tensor into a :class:`Payload`, decode it back.
 
 A codec holds options only. Per-parameter state (error-feedback residuals, momentum)
-lives in the caller (see :mod:`horovod_gradcomp.feedback`), which hands a codec that
+lives in :mod:`horovod_gradcomp.state`, which hands a codec that
 supports it the residual to update in the same pass as the encoding.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ class Codec:
     """Base class of every codec.
 
     Subclasses set ``name`` and implement :meth:`encode`, :meth:`decode` and
-    :meth:`layout`; they may override :meth:`decode_mean` with a fused kernel.
+    :meth:`layout`; they may override :meth:`decode_mean_stacked` with a fused kernel.
     """
 
     name: str = "codec"
@@ -91,11 +91,12 @@ class Codec:
     def payload_nbytes(self, shape: Sequence[int], dtype: torch.dtype) -> int:
         return sum(numel * torch.empty((), dtype=dt).element_size() for _, dt, numel in self.layout(shape, dtype))
 
-    def decode_mean(self, stacked: Payload, scale: float | None = None,
+    def decode_mean_stacked(self, stacked: Payload, scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Decode K payloads stacked along dim 0 of each buffer and return
-        ``scale * sum_k decode(payload_k)`` (``scale`` defaults to 1/K: the mean),
-        written into ``out`` when given."""
+        """``scale * sum_k decode(payload_k)`` of K payloads of one size, *stacked*: each
+        buffer of ``stacked`` is ``[K, numel]`` (rows of one receive buffer, as the fixed-size
+        exchanges get them). ``scale`` defaults to 1/K (the mean); written into ``out`` when
+        given. See :meth:`decode_mean_list` for payloads of different sizes."""
         self.check_out(out, stacked)
         k = next(iter(stacked.buffers.values())).shape[0]
         scale = 1.0 / k if scale is None else scale
@@ -105,7 +106,7 @@ class Codec:
             d = self.decode(one).to(torch.float64 if stacked.dtype == torch.float64 else torch.float32)
             acc = d if acc is None else acc.add_(d)
         if acc is None:
-            raise ValueError(f"{self.name}: decode_mean needs at least one payload")
+            raise ValueError(f"{self.name}: decode_mean_stacked needs at least one payload")
         result = acc.mul_(scale).to(stacked.dtype)
         return result if out is None else out.copy_(result)
 
@@ -122,12 +123,13 @@ class Codec:
         """The options every rank must share (the repr without per-rank ``rank_stream``)."""
         return re.sub(r"(, )?rank_stream=-?\d+", "", repr(self))
 
-    def decode_many(self, payloads: Sequence[Payload], scale: float | None = None,
+    def decode_mean_list(self, payloads: Sequence[Payload], scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``scale * sum_k decode(payloads[k])`` for payloads that may differ in size
-        (variable-size codecs); ``scale`` defaults to 1/K."""
+        """``scale * sum_k decode(payloads[k])`` of a *list* of K payloads that may differ in
+        size (variable-size codecs: DGC, QSGD's Elias coding); ``scale`` defaults to 1/K.
+        See :meth:`decode_mean_stacked` for K payloads of one size stacked in one buffer."""
         if not payloads:
-            raise ValueError(f"{self.name}: decode_many needs at least one payload")
+            raise ValueError(f"{self.name}: decode_mean_list needs at least one payload")
         scale = 1.0 / len(payloads) if scale is None else scale
         first = payloads[0]
         self.check_out(out, first)
@@ -140,23 +142,3 @@ class Codec:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(impl={self.impl!r})"
-
-
-class CounterStream:
-    """Mixin of the stochastic codecs: the position in a counter-based random stream.
-
-    Each encode draws its random numbers from a key derived from (seed, rank_stream,
-    ``counter``) and then advances ``counter`` by one; :meth:`reset_stream` moves it, so a
-    codec (native or reference) replays the same numbers from the same position."""
-
-    counter: int = 0
-
-    def reset_stream(self, position: int = 0) -> None:
-        """Move the stream to ``position`` (the adapter uses ``step * P + i``)."""
-        self.counter = int(position)
-
-    def next_position(self) -> int:
-        """The current position; advances the stream by one."""
-        position = self.counter
-        self.counter += 1
-        return position

@@ -19,7 +19,7 @@ selected.
   least 32 expected above the threshold), when ``8 * m < n``: draw ``m`` indices with
   replacement from the counter-based stream (sample ``j`` reads index
   ``floor(h_j * n / 2^64)``, ``h_j = mix(K + (j + 1) * G)``, ``K`` the call's
-  :func:`~horovod_gradcomp.codecs.qsgd.stream_key`), take ``t0`` = the
+  :func:`~horovod_gradcomp.codecs.streams.stream_key`), take ``t0`` = the
   ``ceil(k * m / n)``-th largest sampled magnitude and count ``c0 = #{|v| >= t0}``.
 
   - ``k/2 <= c0 <= 2k``: ``t = t0`` (path 0: the count is within 2x of ``k``);
@@ -49,7 +49,7 @@ Varint or Elias gap codes would save a little more at the cost of a sequential,
 branchy decode; fixed widths keep both directions one simple pass.
 :meth:`DGCCodec.indices_of` returns a payload's indices.
 
-Decoding: ``decode`` scatters into zeros; ``decode_many(payloads, scale, out)`` returns
+Decoding: ``decode`` scatters into zeros; ``decode_mean_list(payloads, scale, out)`` returns
 ``scale * sum_k scatter(payload_k)`` in one pass (native: parallel over output chunks,
 float32 accumulation, float64 for fp64, ranks in order, then one rounding to the dtype:
 the same numbers as the base class's loop).
@@ -62,11 +62,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..native import require_native
-from .base import BufferSpec, Codec, CounterStream, Payload
-from .qsgd import stream_key
+from .base import BufferSpec, Codec, Payload
+from .dtypes import check_float
 from .registry import register_codec
+from .streams import CounterStream, stream_key
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+#: Gradient dtypes whose momentum correction runs in the native one-pass kernel (CPU).
+NATIVE_ACCUMULATE_DTYPES = (torch.float32, torch.float64)
 MIN_SAMPLES = 512
 MIN_SAMPLED_ABOVE = 32
 EXACT_RATIO = 8
@@ -137,21 +139,21 @@ class DGCCodec(CounterStream, Codec):
         return target_count(n, self.density)
 
     # -- selection ------------------------------------------------------------------
-    def select(self, tensor: torch.Tensor, return_threshold: bool = False):
+    def select(self, tensor: torch.Tensor, return_threshold: bool = False, density: Optional[float] = None):
         """``(indices, values)`` of the selected entries of ``tensor.reshape(-1)``
         (indices ascending, int32 when numel < 2^31 else int64; values in the tensor's
-        dtype); with ``return_threshold=True`` also ``t`` (float): the set is ``{|v| >= t}``."""
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"dgc: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
+        dtype); with ``return_threshold=True`` also ``t`` (float): the set is ``{|v| >= t}``.
+        ``density`` overrides the codec's own for this call (DGC's warm-up)."""
+        check_float("dgc", tensor)
+        density = self.density if density is None else _check_fraction("density", density)
         key = stream_key(self.seed, self.rank_stream, self.next_position())
         flat = tensor.reshape(-1)
         n = flat.numel()
-        k = target_count(n, self.density)
+        k = target_count(n, density)
         if self.impl == "native":
             if tensor.is_cuda:
                 raise ValueError("dgc: the native kernels are CPU-only; use impl='reference' for CUDA tensors")
-            idx, vals, t, path = self._C.dgc_select(flat.contiguous(), k, sample_count(n, self.density,
-                                                                                      self.sample), key)
+            idx, vals, t, path = self._C.dgc_select(flat.contiguous(), k, sample_count(n, density, self.sample), key)
         else:
             idx, vals, t = reference_select(flat, k)
             path = -1
@@ -159,22 +161,39 @@ class DGCCodec(CounterStream, Codec):
         return (idx, vals, float(t)) if return_threshold else (idx, vals)
 
     # -- encode / decode --------------------------------------------------------------
-    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None,
+               density: Optional[float] = None) -> Payload:
         if residual is not None:
-            raise ValueError("dgc: the codec keeps no state (fuses_feedback=False); the adapter holds DGC's "
+            raise ValueError("dgc: the codec keeps no state (fuses_feedback=False); DGCMemory holds DGC's "
                              "momentum and accumulation: pass residual=None")
-        return self.encode_with_indices(tensor)[0]
+        return self.encode_with_indices(tensor, density)[0]
 
-    def encode_with_indices(self, tensor: torch.Tensor) -> Tuple[Payload, torch.Tensor]:
+    def encode_with_indices(self, tensor: torch.Tensor,
+                            density: Optional[float] = None) -> Tuple[Payload, torch.Tensor]:
         """``(encode(tensor), the selected flat indices)``: the indices as selected, without
         decoding them back from the payload's index code (for the caller's masking)."""
-        idx, vals = self.select(tensor)
+        idx, vals = self.select(tensor, density=density)
         n = tensor.numel()
         if self.impl == "native" and idx.device.type == "cpu":
             code = self._C.dgc_index_encode(idx, n)
         else:
             code = reference_index_encode(idx, n)
         return Payload({"indices": code, "values": vals}, tensor.shape, tensor.dtype, tensor.device), idx
+
+    def accumulate_(self, u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, momentum: float, nesterov: bool,
+                    coef: float = 1.0) -> None:
+        """DGC's momentum correction in place: ``u <- m u + c g``; ``v <- v + u`` (nesterov:
+        ``v <- v + c g + m u``). One native pass for fp32/fp64 CPU tensors, torch ops
+        otherwise; both round every product and sum separately, so they agree bitwise."""
+        if self.impl == "native" and g.device.type == "cpu" and g.dtype in NATIVE_ACCUMULATE_DTYPES:
+            self._C.dgc_accumulate_(u, v, g.contiguous(), momentum, nesterov, coef)
+            return
+        g = g if coef == 1.0 else g * coef
+        u.mul_(momentum).add_(g)
+        if nesterov:
+            v.add_(g).add_(u * momentum)
+        else:
+            v.add_(u)
 
     def indices_of(self, payload: Payload) -> torch.Tensor:
         """The flat indices a payload carries, decoded from its index code: int32 (int64 when
@@ -198,17 +217,17 @@ class DGCCodec(CounterStream, Codec):
                              f"{code.dtype}{list(code.shape)} and {vals.dtype}{list(vals.shape)}")
 
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        return self.decode_many([payload], 1.0, out)
+        return self.decode_mean_list([payload], 1.0, out)
 
-    def decode_many(self, payloads: Sequence[Payload], scale: float | None = None,
+    def decode_mean_list(self, payloads: Sequence[Payload], scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payloads[k])`` (``scale`` defaults to 1/K) in one pass."""
         if not payloads:
-            raise ValueError("dgc: decode_many needs at least one payload")
+            raise ValueError("dgc: decode_mean_list needs at least one payload")
         first = payloads[0]
         for p in payloads:  # buffers are checked by indices_of below
             if p.shape != first.shape or p.dtype != first.dtype or p.device != first.device:
-                raise ValueError("dgc: decode_many needs payloads of one shape, dtype and device")
+                raise ValueError("dgc: decode_mean_list needs payloads of one shape, dtype and device")
         scale = 1.0 / len(payloads) if scale is None else float(scale)
         indices = [self.indices_of(p) for p in payloads]
         if self.impl == "native" and first.device.type == "cpu":

@@ -28,18 +28,12 @@ import torch
 from ..native import require_native
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
+from .dtypes import accumulation_dtype, check_float
 from .registry import register_codec
-
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
 
 def onebit_columns(shape: Sequence[int]) -> int:
     """Number of columns of the 2-D view ``[shape[0], prod(shape[1:])]`` (1 for 0-d/1-D)."""
     return 1 if len(shape) <= 1 else math.prod(shape[1:])
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 @register_codec("onebit")
@@ -55,8 +49,7 @@ class OneBitCodec(Codec):
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"onebit: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
+        check_float("onebit", tensor)
         if residual is not None:
             if residual.shape != tensor.shape or residual.dtype != tensor.dtype or residual.device != tensor.device:
                 raise ValueError(
@@ -84,7 +77,7 @@ class OneBitCodec(Codec):
 
     @staticmethod
     def _reference_encode(flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
-        acc = _acc_dtype(flat.dtype)
+        acc = accumulation_dtype(flat.dtype)
         v = flat.to(acc)
         if residual is not None:
             v = v + residual.reshape(-1).to(acc)
@@ -114,19 +107,19 @@ class OneBitCodec(Codec):
             return flat.view(payload.shape) if out is None else out
         else:
             self.check_out(out, payload)
-            sent = scales.view(2, cols).to(_acc_dtype(payload.dtype))
+            sent = scales.view(2, cols).to(accumulation_dtype(payload.dtype))
             pos = unpack_bits(bits, n).view(-1, cols) if cols else torch.zeros(0, 0, dtype=torch.bool)
             flat = torch.where(pos, sent[0], sent[1]).to(payload.dtype)
             if out is not None:
                 return out.copy_(flat.view(payload.shape))
         return flat.view(payload.shape)
 
-    def decode_mean(self, stacked: Payload, scale: float | None = None,
+    def decode_mean_stacked(self, stacked: Payload, scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
         intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
         if self.impl != "native":
-            return super().decode_mean(stacked, scale, out)
+            return super().decode_mean_stacked(stacked, scale, out)
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         k = bits.shape[0]
         scale = 1.0 / k if scale is None else scale

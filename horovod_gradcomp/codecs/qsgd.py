@@ -55,56 +55,16 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..native import require_native
-from .base import BufferSpec, Codec, CounterStream, Payload
+from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
+from .dtypes import accumulation_dtype, check_float
 from .registry import register_codec
+from .streams import CounterStream, stream_key, uniforms
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_LEVELS = (1 << 24) - 1
 MAX_BUCKET = (1 << 31) - 1
 GROUP_VALUES = 1 << 16
 
-_M64 = (1 << 64) - 1
-_GOLDEN = 0x9E3779B97F4A7C15
-
-
-def _mix64_int(z: int) -> int:
-    z &= _M64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
-    return z ^ (z >> 31)
-
-
-def _signed64(z: int) -> int:
-    z &= _M64
-    return z - (1 << 64) if z >> 63 else z
-
-
-def stream_key(seed: int, rank_stream: int, counter: int) -> int:
-    """The 64-bit key of call ``counter`` of stream (seed, rank_stream), as a signed int64."""
-    k = _mix64_int(seed + _GOLDEN)
-    k = _mix64_int(k ^ (rank_stream & _M64))
-    k = _mix64_int(k + counter + _GOLDEN)
-    return _signed64(k)
-
-
-def _srl(z: torch.Tensor, k: int) -> torch.Tensor:
-    """Logical right shift of int64 values seen as uint64."""
-    return (z >> k) & ((1 << (64 - k)) - 1)
-
-
-def _mix64_t(z: torch.Tensor) -> torch.Tensor:
-    z = (z ^ _srl(z, 30)) * _signed64(0xBF58476D1CE4E5B9)
-    z = (z ^ _srl(z, 27)) * _signed64(0x94D049BB133111EB)
-    return z ^ _srl(z, 31)
-
-
-def uniforms(key: int, n: int, device=None) -> torch.Tensor:
-    """float32[n] uniforms in [0, 1) of the stream with this key (the native kernels draw the same)."""
-    i = torch.arange(n, dtype=torch.int64, device=device)
-    h = _mix64_t(key + ((i >> 1) + 1) * _signed64(_GOLDEN))
-    bits = torch.where((i & 1) == 0, (h >> 8) & 0xFFFFFF, _srl(h, 40))
-    return bits.to(torch.float32) * (2.0 ** -24)
 
 
 def code_width(s: int) -> int:
@@ -125,10 +85,6 @@ def num_groups(n: int, d: int) -> int:
     return max(1, -(-num_buckets(n, d) // group_buckets(d)))
 
 
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
 # -- pure-torch reference -----------------------------------------------------------------
 
 def _bucket_grid(flat: torch.Tensor, d: int, width: int) -> torch.Tensor:
@@ -145,7 +101,7 @@ def _bucket_grid(flat: torch.Tensor, d: int, width: int) -> torch.Tensor:
 
 def reference_norms(flat: torch.Tensor, d: int, max_norm: bool) -> torch.Tensor:
     """float32[B] bucket norms, in the documented summation order."""
-    acc = _acc_dtype(flat.dtype)
+    acc = accumulation_dtype(flat.dtype)
     v = flat.to(acc)
     n = v.numel()
     b = num_buckets(n, d)
@@ -165,7 +121,7 @@ def reference_norms(flat: torch.Tensor, d: int, max_norm: bool) -> torch.Tensor:
 
 def reference_levels(flat: torch.Tensor, norms: torch.Tensor, s: int, d: int, key: int) -> torch.Tensor:
     """int64[n] signed levels in [-s, s]."""
-    acc = _acc_dtype(flat.dtype)
+    acc = accumulation_dtype(flat.dtype)
     n = flat.numel()
     v = flat.to(acc)
     bucket_of = torch.arange(n, device=flat.device) // d
@@ -182,7 +138,7 @@ def reference_levels(flat: torch.Tensor, norms: torch.Tensor, s: int, d: int, ke
 
 def reference_values(q: torch.Tensor, norms: torch.Tensor, s: int, d: int, dtype: torch.dtype) -> torch.Tensor:
     """Decoded flat tensor of ``dtype`` from signed levels and float32 norms."""
-    acc = _acc_dtype(dtype)
+    acc = accumulation_dtype(dtype)
     n = q.numel()
     scale = (norms.to(acc) / torch.tensor(float(s), dtype=acc, device=norms.device))
     scale = scale[torch.arange(n, device=q.device) // d]
@@ -396,8 +352,7 @@ class QSGDCodec(CounterStream, Codec):
         if residual is not None:
             raise ValueError("qsgd: QSGD is used without error feedback here (fuses_feedback=False); "
                              "pass residual=None")
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"qsgd: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
+        check_float("qsgd", tensor)
         key = stream_key(self.seed, self.rank_stream, self.next_position())
         flat = tensor.reshape(-1)
         max_norm = self.norm == "max"
@@ -456,12 +411,12 @@ class QSGDCodec(CounterStream, Codec):
             return out.copy_(flat.view(payload.shape))
         return flat.view(payload.shape)
 
-    def decode_mean(self, stacked: Payload, scale: float | None = None,
+    def decode_mean_stacked(self, stacked: Payload, scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payload_k)`` (fixed coding, native: one fused pass over the
         K payloads; otherwise the base class's loop). ``scale`` defaults to 1/K."""
         if self.impl != "native" or self.coding != "fixed":
-            return super().decode_mean(stacked, scale, out)
+            return super().decode_mean_stacked(stacked, scale, out)
         self._check_payload(stacked)
         norms, packed = stacked.buffers["norms"], stacked.buffers["packed"]
         k = packed.shape[0]

@@ -37,7 +37,7 @@ bit-identical codes for the same seed, rank_stream and call number; two codec ob
 the same seed and rank_stream produce identical streams; ranks passing their rank as
 ``rank_stream`` get independent streams. Tensors hold at most 2^32 values.
 
-Decoding: ``decode_mean`` of K stacked payloads sums the K codes per element as integers and
+Decoding: ``decode_mean_stacked`` of K stacked payloads sums the K codes per element as integers and
 multiplies once by ``s * scale`` (one pass, no K dense intermediates). If the K scales are not
 all equal (the caller did not share ``s``), it falls back to the weighted sum
 ``scale * sum_k s_k * v_k`` (still exact in meaning, just no longer one integer sum).
@@ -50,50 +50,13 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 
 from ..native import require_native
-from .base import BufferSpec, Codec, CounterStream, Payload
+from .base import BufferSpec, Codec, Payload
+from .dtypes import accumulation_dtype, check_float
 from .registry import register_codec
+from .streams import CounterStream, stream_keys32, uniform_bits
 
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-_M32 = 0xFFFFFFFF
-_M64 = (1 << 64) - 1
-_MUL1, _MUL2 = 0x21F0AAAD, 0x735A2D97   # both < 2^31: int64 products of 32-bit values do not overflow
 _MAX_VALUES = 1 << 32
 _MAX_INT_K = 32767                       # the native integer sum path's limit (biased 16-bit lanes)
-
-
-def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if dtype == torch.float64 else torch.float32
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _M64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
-    return x ^ (x >> 31)
-
-
-def stream_key(seed: int, rank_stream: int, call: int) -> Tuple[int, int]:
-    """(key0, key1): the two 32-bit keys of call number ``call`` of a codec's stream."""
-    k = _splitmix64(_splitmix64(_splitmix64(seed & _M64) ^ (rank_stream & _M64)) ^ (call & _M64))
-    return k & _M32, k >> 32
-
-
-def _mix32_(x: torch.Tensor) -> torch.Tensor:
-    """lowbias32 on int64 tensors holding 32-bit values, in place."""
-    x.bitwise_xor_(x >> 16)
-    x.mul_(_MUL1).bitwise_and_(_M32)
-    x.bitwise_xor_(x >> 15)
-    x.mul_(_MUL2).bitwise_and_(_M32)
-    x.bitwise_xor_(x >> 15)
-    return x
-
-
-def uniform_bits(n: int, key0: int, key1: int, device=None) -> torch.Tensor:
-    """The 24-bit integers ``h >> 8`` of elements 0..n-1 (int64), pure torch."""
-    x = torch.arange(n, dtype=torch.int64, device=device).add_(key0).bitwise_and_(_M32)
-    _mix32_(x).bitwise_xor_(key1)
-    return _mix32_(x) >> 8
 
 
 def _f32(x: float) -> float:
@@ -160,8 +123,7 @@ class TernGradCodec(CounterStream, Codec):
     def _check(self, tensor: torch.Tensor) -> None:
         if not isinstance(tensor, torch.Tensor):
             raise TypeError(f"terngrad: expected a tensor, got {type(tensor).__name__}")
-        if tensor.dtype not in FLOAT_DTYPES:
-            raise TypeError(f"terngrad: gradients must be fp16/bf16/fp32/fp64, got {tensor.dtype}")
+        check_float("terngrad", tensor)
         if tensor.numel() > _MAX_VALUES:
             raise ValueError(f"terngrad: at most 2^32 values per tensor, got {tensor.numel()}")
         if self.impl == "native" and tensor.device.type != "cpu":
@@ -172,7 +134,7 @@ class TernGradCodec(CounterStream, Codec):
         """t = clip * sigma (float32-rounded unless fp64), None without clipping or when sigma is 0."""
         if self.clip is None or flat.numel() == 0:
             return None
-        acc = _acc_dtype(flat.dtype)
+        acc = accumulation_dtype(flat.dtype)
         sigma = flat.to(acc).std(correction=0).item()
         if not sigma > 0:  # constant tensor (or NaN): nothing to clip
             return None
@@ -184,7 +146,7 @@ class TernGradCodec(CounterStream, Codec):
             return 0.0
         if self.impl == "native":
             return float(self._C.terngrad_max_abs(flat.contiguous()))
-        return flat.to(_acc_dtype(flat.dtype)).abs().max().item()
+        return flat.to(accumulation_dtype(flat.dtype)).abs().max().item()
 
     def _local_scale(self, flat: torch.Tensor, t: Optional[float]) -> float:
         m = self._max_abs(flat)
@@ -221,7 +183,7 @@ class TernGradCodec(CounterStream, Codec):
             if s < 0:
                 raise ValueError(f"terngrad: the scale must be >= 0, got {s}")
             s = _f32_up(s)
-        key0, key1 = stream_key(self.seed, self.rank_stream, self.next_position())
+        key0, key1 = stream_keys32(self.seed, self.rank_stream, self.next_position())
         if self.impl == "native":
             codes, scale_buf = self._C.terngrad_encode(flat.contiguous(), s, math.inf if t is None else t,
                                                        key0, key1)
@@ -235,7 +197,7 @@ class TernGradCodec(CounterStream, Codec):
         scale_buf = torch.full((1,), s, dtype=torch.float32, device=dev)
         if n == 0 or s == 0:
             return torch.zeros((n + 3) // 4, dtype=torch.uint8, device=dev), scale_buf
-        acc = _acc_dtype(flat.dtype)
+        acc = accumulation_dtype(flat.dtype)
         g = flat.to(acc)
         a = g.abs()
         if t is not None:
@@ -251,19 +213,19 @@ class TernGradCodec(CounterStream, Codec):
         into ``out`` when given (contiguous, same shape and dtype)."""
         stacked = Payload({k: b.unsqueeze(0) for k, b in payload.buffers.items()}, payload.shape, payload.dtype,
                           payload.device)
-        return self.decode_mean(stacked, 1.0, out)
+        return self.decode_mean_stacked(stacked, 1.0, out)
 
-    def decode_mean(self, stacked: Payload, scale: float | None = None,
+    def decode_mean_stacked(self, stacked: Payload, scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payload_k)`` (``scale`` defaults to 1/K) in one pass over the
         K payloads: ``(sum_k v_k) * s * scale`` when all K scales are equal (the shared-scale
         case), else ``scale * sum_k s_k * v_k``. Written into ``out`` when given."""
         codes, scales = stacked.buffers["codes"], stacked.buffers["scale"]
         if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0]:
-            raise ValueError("terngrad: decode_mean expects buffers stacked as [K, ...]")
+            raise ValueError("terngrad: decode_mean_stacked expects buffers stacked as [K, ...]")
         k, n = codes.shape[0], stacked.numel
         if k == 0:
-            raise ValueError("terngrad: decode_mean needs at least one payload")
+            raise ValueError("terngrad: decode_mean_stacked needs at least one payload")
         scale = 1.0 / k if scale is None else float(scale)
         flat_out = self.flat_out(out, stacked)
         if self.impl == "native":
@@ -281,7 +243,7 @@ class TernGradCodec(CounterStream, Codec):
     @staticmethod
     def _reference_decode_sum(codes: torch.Tensor, scales: torch.Tensor, n: int, dtype: torch.dtype,
                               scale: float) -> torch.Tensor:
-        acc = _acc_dtype(dtype)
+        acc = accumulation_dtype(dtype)
         k = codes.shape[0]
         s = scales[:, 0]
         values = _unpack2(codes, n)  # int8 [K, n]

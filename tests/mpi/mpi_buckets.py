@@ -14,9 +14,9 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.two_phase import TwoPhaseExchange
+from horovod_gradcomp.exchange.two_phase import TwoPhasePattern
 
-from .mpi_helpers import assert_identical_across_ranks, init, needs_peers
+from .mpi_helpers import assert_identical_across_ranks, fresh_state, init, needs_peers, two_phase_exchange
 
 RANK, SIZE = init()
 STEPS = 5
@@ -84,7 +84,7 @@ def test_buckets_and_overlap_change_nothing(codec, pattern):
             for step, (got, want) in enumerate(zip(history, baseline)):
                 assert torch.equal(got, want), f"{codec}/{pattern} bucket_bytes={bucket_bytes} overlap={overlap} " \
                                                f"step {step}: differs from the unbucketed exchange"
-            assert comp._plan is not None and (len(comp._plan) > 1) == (bucket_bytes < 1 << 30)
+            assert comp.engine.plan is not None and (len(comp.engine.plan) > 1) == (bucket_bytes < 1 << 30)
 
 
 @needs_peers
@@ -95,8 +95,8 @@ def test_two_phase_through_horovod_is_the_engine(codec):
     model = Branches()
     named = list(model.named_parameters())
     comp = CODECS[codec](named, pattern="two_phase")
-    engine = TwoPhaseExchange(CODECS[codec](named).codec)
-    feedback = hgc.feedback.ErrorFeedback(enabled=comp.memory.enabled)
+    engine = TwoPhasePattern(CODECS[codec](named).codec)
+    state = fresh_state(comp.memory.enabled)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), compression=comp)
     order = {n: i for i, n in enumerate(sorted(n for n, _ in named))}
@@ -107,7 +107,8 @@ def test_two_phase_through_horovod_is_the_engine(codec):
         local = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in named}
         opt.synchronize()
         names = sorted(local, key=order.__getitem__)
-        expected, _ = engine.exchange(names, local, feedback, step, len(named), order)
+        state.step = step
+        expected, _ = two_phase_exchange(engine, names, local, state, order)
         for n, p in named:
             assert torch.equal(p.grad, expected[n]), f"{codec} step {step} {n}"
         with opt.skip_synchronize():

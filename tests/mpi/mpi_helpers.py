@@ -44,3 +44,20 @@ def reference_mean_of_decoded(codec_ref, compensated: torch.Tensor) -> tuple[tor
     decoded = [codec_ref.decode(codec_ref.encode(every[k].clone())) for k in range(every.shape[0])]
     mine = compensated - codec_ref.decode(codec_ref.encode(compensated.clone()))
     return torch.stack(decoded).to(torch.float64).mean(0).to(compensated.dtype), mine
+
+
+def two_phase_exchange(pattern, names, grads, state, order, outs=None):
+    """One bucket through ``pattern`` (a TwoPhasePattern) on the default communicator, at
+    ``state.step``: ``(results, info)``."""
+    from horovod_gradcomp.exchange import default_communicator
+    from horovod_gradcomp.exchange.bucket import Bucket
+    from horovod_gradcomp.exchange.stats import ExchangeStats, StepTotals
+    outcome = pattern.exchange(default_communicator(), Bucket(list(names), grads, state, order, outs or {}),
+                               ExchangeStats(), StepTotals())
+    return outcome.results, outcome.info
+
+
+def fresh_state(error_feedback: bool = True):
+    """A CompressionState with an error-feedback memory (enabled or not) at step 0."""
+    from horovod_gradcomp.state import CompressionState, ErrorFeedback
+    return CompressionState(ErrorFeedback(enabled=error_feedback))

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.comm import ExchangeMismatchError
+from horovod_gradcomp.exchange.communicator import ExchangeMismatchError
 
 from .mpi_helpers import (assert_identical_across_ranks, init, needs_peers, reference_mean_of_decoded)
 
@@ -52,7 +52,7 @@ def check_steps_against_reference(model, comp, opt, forward_backward, steps):
         for n, p in model.named_parameters():
             expected, residual[n] = reference_mean_of_decoded(ref, local[n] + residual[n])
             torch.testing.assert_close(p.grad, expected, rtol=1e-5, atol=1e-6, msg=f"step {step} {n}")
-            torch.testing.assert_close(comp.feedback.residuals[n], residual[n], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(comp.memory.residuals[n], residual[n], rtol=1e-5, atol=1e-6)
         with opt.skip_synchronize():
             opt.step()
 

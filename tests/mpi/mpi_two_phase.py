@@ -14,10 +14,9 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.feedback import ErrorFeedback
-from horovod_gradcomp.two_phase import TwoPhaseExchange
+from horovod_gradcomp.exchange.two_phase import TwoPhasePattern
 
-from .mpi_helpers import gather_tensors, init
+from .mpi_helpers import fresh_state, gather_tensors, init, two_phase_exchange
 
 RANK, SIZE = init()
 
@@ -38,7 +37,7 @@ CASES = {  # id: (codec, options, error feedback, axis)
 
 def assert_close(got, want, magnitude, what):
     """Native vs reference: the same bits / codes / levels, sums in another order (native
-    decode_mean accumulates in float32, the reference here in float64), so values agree to a
+    decode_mean_stacked accumulates in float32, the reference here in float64), so values agree to a
     few float32 ulps of the tensor's magnitude (a residual is a difference of such values)."""
     atol = 8 * torch.finfo(torch.float32).eps * magnitude
     torch.testing.assert_close(got, want, rtol=0, atol=atol, msg=lambda m: f"{what}: {m}")
@@ -152,7 +151,7 @@ def test_matches_independent_reference(case):
     opts = dict(options)
     if codec_name != "onebit":
         opts["rank_stream"] = RANK
-    ex = TwoPhaseExchange(hgc.get_codec(codec_name, impl="native", **opts), axis=axis)
+    ex = TwoPhasePattern(hgc.get_codec(codec_name, impl="native", **opts), axis=axis)
     entries = [(n, SHAPES[n], torch.float32) for n in NAMES]
     plan = ex.plan(entries, SIZE)
     axes = {n: plan.stripes[n][0].axis for n in NAMES}
@@ -161,11 +160,13 @@ def test_matches_independent_reference(case):
     if axis == "rows" or codec_name != "onebit":
         assert set(axes.values()) == {"rows"}
     expected = Expected(codec_name, options, use_fb, axes)
-    feedback = ErrorFeedback(enabled=use_fb)
+    state = fresh_state(use_fb)
+    feedback = state.memory
     for step in range(STEPS):
+        state.step = step
         grads, want = expected.step(step)
         outs = {n: grads[n].clone() for n in NAMES[::2]}  # some results written into given tensors
-        results, info = ex.exchange(NAMES, grads, feedback, step, len(NAMES), ORDER, outs=outs)
+        results, info = two_phase_exchange(ex, NAMES, grads, state, ORDER, outs=outs)
         magnitude = {n: 1.0 + (grads[n].abs().max().item() if grads[n].numel() else 0.0) for n in NAMES}
         for n in NAMES:
             got = results[n]
@@ -176,9 +177,9 @@ def test_matches_independent_reference(case):
             if use_fb:
                 assert_close(feedback.residuals[n], expected.worker[RANK][n], magnitude[n], f"step {step} residual {n}")
         owned = {key for key in expected.owner if key.endswith(f"[{RANK}]")}
-        assert set(ex.owner_feedback.residuals) == owned
+        assert set(state.owner_memory.residuals) == owned
         for key in owned:
-            assert_close(ex.owner_feedback.residuals[key], expected.owner[key], magnitude[key.split("[")[0]],
+            assert_close(state.owner_memory.residuals[key], expected.owner[key], magnitude[key.split("[")[0]],
                          f"step {step} owner residual {key}")
         assert_same_on_every_rank(results)
         assert info["k"] == SIZE and info["sent_bytes"] == plan.sent_bytes(RANK)
@@ -202,10 +203,9 @@ def test_non_contiguous_grads_and_outs(codec):
     grads = {n: transposed_storage(g) for n, g in plain.items()}
     assert not grads["b.weight"].is_contiguous()
     outs = {n: transposed_storage(torch.zeros(SHAPES[n])) for n in NAMES}
-    results, _ = TwoPhaseExchange(hgc.get_codec(codec, **opts)).exchange(
-        NAMES, grads, ErrorFeedback(), 0, len(NAMES), ORDER, outs=outs)
-    want, _ = TwoPhaseExchange(hgc.get_codec(codec, **opts)).exchange(
-        NAMES, plain, ErrorFeedback(), 0, len(NAMES), ORDER)
+    results, _ = two_phase_exchange(TwoPhasePattern(hgc.get_codec(codec, **opts)), NAMES, grads, fresh_state(),
+                                    ORDER, outs=outs)
+    want, _ = two_phase_exchange(TwoPhasePattern(hgc.get_codec(codec, **opts)), NAMES, plain, fresh_state(), ORDER)
     for n in NAMES:
         assert torch.equal(grads[n], plain[n]) and torch.equal(results[n], want[n])
         assert results[n].is_contiguous()
@@ -222,8 +222,8 @@ def test_owners_without_stripes():
     order = {n: i for i, n in enumerate(names)}
     grads = {n: grad(3, RANK, n) for n in names}
     for codec in (hgc.get_codec("onebit"), hgc.get_codec("terngrad", rank_stream=RANK)):
-        ex = TwoPhaseExchange(codec)
-        results, info = ex.exchange(names, grads, ErrorFeedback(enabled=False), 0, 3, order)
+        ex = TwoPhasePattern(codec)
+        results, info = two_phase_exchange(ex, names, grads, fresh_state(False), order)
         one = codec.payload_nbytes((1,), torch.float32)  # d.one and f.scalar: one row each, owner 0
         assert info["payload_bytes_phase2"] == ((2 * one + 7) // 8 * 8 if RANK == 0 else 0)
         assert results["e.empty"].shape == (0,) and results["f.scalar"].shape == ()
@@ -232,7 +232,7 @@ def test_owners_without_stripes():
 
 def test_alltoallv_and_allgatherv_known():
     """Rank-dependent sizes, some zero: rank r sends (r + j) % 3 bytes of value 10r + j to rank j."""
-    from horovod_gradcomp.comm import default_communicator
+    from horovod_gradcomp.exchange import default_communicator
     comm = default_communicator()
     send_counts = [(RANK + j) % 3 for j in range(SIZE)]
     send = torch.cat([torch.full((c,), 10 * RANK + j, dtype=torch.uint8) for j, c in enumerate(send_counts)])
@@ -251,4 +251,4 @@ def test_alltoallv_and_allgatherv_known():
 def test_variable_size_codec_is_refused_on_every_rank(codec):
     name, options = codec
     with pytest.raises(ValueError, match=f"{name}.*variable-size.*pattern='allgather'"):
-        TwoPhaseExchange(hgc.get_codec(name, **options))
+        TwoPhasePattern(hgc.get_codec(name, **options))

@@ -11,6 +11,8 @@ Two views of traffic, both cumulative for this rank:
 """
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 
@@ -36,6 +38,16 @@ class ExchangeStats:
     exchange_s: float = 0.0            # time in collectives, packing included
     decode_s: float = 0.0              # time decoding / averaging
 
+    @contextmanager
+    def timed(self, field: str):
+        """Add the seconds spent in the ``with`` block to ``field`` (``encode_s``, ``exchange_s``
+        or ``decode_s``): the one timer of the exchange."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+
     def record(self, *, tensors: int, payload: int, numel: int, sent: float, k: int) -> None:
         self.steps += 1
         self.tensors += tensors
@@ -44,6 +56,11 @@ class ExchangeStats:
         self.bytes_sent += sent
         self.bytes_dense += allreduce_wire_bytes(4 * numel, k)
 
+    def record_step(self, totals: "StepTotals") -> None:
+        """Close a step whose buckets added up to ``totals``."""
+        self.record(tensors=totals.tensors, payload=totals.payload, numel=totals.numel, sent=totals.sent,
+                    k=totals.k)
+
     def as_dict(self) -> dict:
         d = asdict(self)
         d["payload_ratio"] = self.bytes_payload_dense / self.bytes_payload if self.bytes_payload else None
@@ -51,3 +68,19 @@ class ExchangeStats:
         d["bytes_sent_per_step"] = self.bytes_sent / self.steps if self.steps else 0.0
         d["bytes_dense_per_step"] = self.bytes_dense / self.steps if self.steps else 0.0
         return d
+
+
+@dataclass
+class StepTotals:
+    """What one step's buckets added up to (recorded once per step by :meth:`ExchangeStats.record_step`)."""
+    tensors: int = 0
+    payload: int = 0          # bytes this rank encoded
+    numel: int = 0
+    sent: float = 0.0         # wire bytes this rank sent (collectives of data, scales and checks)
+    k: int = 1
+
+    def add(self, *, tensors: int = 0, payload: int = 0, numel: int = 0, sent: float = 0.0) -> None:
+        self.tensors += tensors
+        self.payload += payload
+        self.numel += numel
+        self.sent += sent

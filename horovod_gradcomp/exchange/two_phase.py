@@ -2,34 +2,30 @@
 
 One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same order):
 
-1. Worker side. Each tensor is cut into K stripes (:mod:`horovod_gradcomp.stripes`; stripe s
+1. Worker side. Each tensor is cut into K stripes (:mod:`horovod_gradcomp.exchange.stripes`; stripe s
    belongs to rank s). Rank k compensates stripe s with the matching part of its own residual
-   (``feedback.residual(name, grad)``: one full-size residual per tensor, as in the allgather
+   (``state.memory.residual(name, grad)``: one full-size residual per tensor, as in the allgather
    pattern, so checkpoints and the error-feedback identity do not depend on K) and encodes it:
-   ``v = g_s + r_s;  q = encode(v);  r_s <- v - decode(q)`` (the codec does the update itself
-   when it ``fuses_feedback``). Codecs with a ``shared_scale`` (TernGrad) encode stripe s with
-   ``s = max over ranks of codec.local_scale(v)``: all stripes' scales in one MAX-allreduce.
+   ``v = g_s + r_s;  q = encode(v);  r_s <- v - decode(q)`` (the same
+   :func:`~horovod_gradcomp.state.error_feedback.encode_with_residual` as whole tensors).
+   Codecs with a ``shared_scale`` (TernGrad) encode stripe s with ``s = max over ranks of
+   codec.local_scale(v)``: all stripes' scales in one MAX-allreduce
+   (:func:`~horovod_gradcomp.exchange.encoding.agree_scales`).
 2. Alltoallv: rank k sends owner j the fused payloads of stripe j of every tensor (tensor
-   order, one :class:`~horovod_gradcomp.fusion.FusedLayout` per owner; sizes come from the
+   order, one :class:`~horovod_gradcomp.exchange.fusion.FusedLayout` per owner; sizes come from the
    layouts, which every rank computes alike, so no size exchange).
 3. Owner side: rank j decodes the mean over ranks of each stripe it owns
-   (``codec.decode_mean`` of the K stacked payloads), adds its owner residual
-   (``owner_feedback``, keyed ``f"{name}[{j}]"``, enabled iff the worker feedback is) and
+   (``codec.decode_mean_stacked`` of the K stacked payloads), adds its owner residual
+   (``state.owner_memory``, keyed ``f"{name}[{j}]"``, enabled iff the worker feedback is) and
    encodes it again with the same codec (a shared-scale codec uses the owner's own
    ``local_scale``: there is one sender, nothing to agree on).
 4. Allgatherv of the owners' payloads (sizes known); every rank decodes every stripe into
    its part of the result. Each gradient is thus quantized twice; every rank gets bitwise
    the same result (all decode the same bytes).
 
-Stream positions (stochastic codecs are reset before every encode, so the random numbers do
-not depend on call order): for step t, P = ``num_params``, i = the tensor's index in
-``order``, stripe s of K,
-
-    worker encode (phase 1):        ((t * P + i) * K + s) * 2 + 0
-    owner requantization (phase 3): ((t * P + i) * K + s) * 2 + 1
-
-each drawn from the encoding rank's own stream (its codec's ``rank_stream``; the owner of
-stripe s is rank s).
+Stream positions (:mod:`horovod_gradcomp.exchange.encoding`, S = K stripes, F = 2 phases):
+the worker encode of stripe s is phase 0, the owner's requantization phase 1, each drawn from
+the encoding rank's own stream (its codec's ``rank_stream``; the owner of stripe s is rank s).
 
 Striping axis (``axis``): ``"rows"`` cuts the 2-D view ``[shape[0], -1]`` by rows
 (contiguous, no copies). A per-column codec (onebit: two float32 values per column) then
@@ -49,29 +45,22 @@ fixed size: variable-size codecs (dgc, qsgd with coding="elias") are rejected.
 """
 from __future__ import annotations
 
-import time
-from contextlib import contextmanager
-from typing import Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
-import numpy as np
 import torch
 
-from .codecs.base import Codec, Payload
-from .comm import MPICommunicator, default_communicator
-from .feedback import ErrorFeedback
+from ..codecs.base import Codec, Payload
+from ..state.error_feedback import ErrorFeedback, encode_with_residual
+from .bucket import Bucket, BucketOutcome, result_tensor
+from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout
+from .stats import ExchangeStats, StepTotals
 from .stripes import AXES, Stripe, matrix_shape, stripe_key, stripes
 
 Entry = Tuple[str, Tuple[int, ...], torch.dtype]
 
 #: ``axis="auto"`` uses column stripes only when they save at least this many bytes per stripe.
 MIN_SAVING_PER_STRIPE = 8
-
-
-def stream_position(step: int, num_params: int, index: int, k: int, stripe: int, phase: int) -> int:
-    """Random-stream position of one encode: ``((step * P + index) * K + stripe) * 2 + phase``
-    (phase 0: the worker's encode of its stripe, 1: the owner's requantization)."""
-    return ((step * num_params + index) * k + stripe) * 2 + phase
 
 
 def _stripes_bytes(codec: Codec, parts: Sequence[Stripe], dtype: torch.dtype) -> int:
@@ -97,7 +86,7 @@ class StripePlan:
     Fields:
         k: number of owners (ranks).
         entries: ``(name, shape, dtype)`` of every tensor, in exchange order.
-        stripes: name -> its K :class:`~horovod_gradcomp.stripes.Stripe` (stripe s owned by rank s).
+        stripes: name -> its K :class:`~horovod_gradcomp.exchange.stripes.Stripe` (stripe s owned by rank s).
         layouts: ``layouts[s]`` fuses stripe s of every tensor whose stripe s is not empty
             (keys ``stripe_key(name, s)``, tensor order). It is the layout of what every rank
             sends owner s in phase 1 and of what owner s sends everyone in phase 2.
@@ -142,44 +131,19 @@ def _first(stacked: Payload) -> Payload:
     return Payload({b: v[0] for b, v in stacked.buffers.items()}, stacked.shape, stacked.dtype, stacked.device)
 
 
-class _Clock:
-    """Seconds spent per field (``with clock("encode_s"): ...``)."""
-
-    def __init__(self):
-        self.seconds = {"encode_s": 0.0, "exchange_s": 0.0, "decode_s": 0.0}
-
-    @contextmanager
-    def __call__(self, field: str):
-        t0 = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[field] += time.perf_counter() - t0
-
-
-class _Positions:
-    """``positions(name, stripe, phase)``: :func:`stream_position` of one step's encodes."""
-
-    def __init__(self, step: int, num_params: int, order: Mapping[str, int], k: int):
-        self.step, self.num_params, self.order, self.k = step, num_params, order, k
-
-    def __call__(self, name: str, stripe: int, phase: int) -> int:
-        return stream_position(self.step, self.num_params, self.order[name], self.k, stripe, phase)
-
-
-class TwoPhaseExchange:
+class TwoPhasePattern:
     """The owner-of-1/K compressed exchange (see the module doc).
 
     Fields:
         codec: the fixed-size :class:`~horovod_gradcomp.codecs.base.Codec` used in both phases.
-        communicator: where payloads travel (``default_communicator()`` when None); K is its size.
-        owner_feedback: :class:`~horovod_gradcomp.feedback.ErrorFeedback` of the stripes this
-            rank owns, keyed ``f"{name}[{rank}]"``, stripe-shaped; enabled iff the worker
-            feedback passed to :meth:`exchange` is.
         axis: ``"auto"`` | ``"rows"`` | ``"columns"`` (see the module doc).
+    The residuals live in the bucket's state (``memory``: full-size worker residuals;
+    ``owner_memory``: the owned stripes'); this object keeps only a cache of plans.
     """
 
-    def __init__(self, codec: Codec, communicator: Optional[MPICommunicator] = None, *, axis: str = "auto"):
+    name = "two_phase"
+
+    def __init__(self, codec: Codec, *, axis: str = "auto"):
         if getattr(codec, "variable_size", False):
             raise ValueError(
                 f"two-phase exchange: codec {codec.name!r} ({codec!r}) has variable-size payloads "
@@ -188,9 +152,7 @@ class TwoPhaseExchange:
         if axis != "auto" and axis not in AXES:
             raise ValueError(f"two-phase exchange: axis must be 'auto', 'rows' or 'columns', got {axis!r}")
         self.codec = codec
-        self.communicator = communicator
         self.axis = axis
-        self.owner_feedback = ErrorFeedback(enabled=True)
         self._plans: Dict[tuple, StripePlan] = {}
 
     def plan(self, entries: Sequence[Entry], k: int) -> StripePlan:
@@ -204,36 +166,24 @@ class TwoPhaseExchange:
         return plan
 
     # -- the exchange -------------------------------------------------------------
-    def exchange(self, names: Sequence[str], grads: Mapping[str, torch.Tensor], feedback: Optional[ErrorFeedback],
-                 step: int, num_params: int, order: Mapping[str, int],
-                 outs: Optional[Mapping[str, Optional[torch.Tensor]]] = None) -> Tuple[Dict[str, torch.Tensor], dict]:
-        """Exchange ``grads`` (name -> tensor) and return ``(results, info)``.
+    def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
+        """Exchange ``bucket`` (every rank calls it with the same names, shapes, dtypes and step).
 
-        Every rank must call it with the same ``names`` (the exchange order), shapes, dtypes,
-        ``step``, ``num_params`` and ``order`` (name -> index i in the stream positions).
-        ``feedback`` holds this rank's full-size worker residuals (updated in place; None or
-        disabled: no error feedback on either side). ``outs[name]``, when given, contiguous and
-        of the gradient's shape, dtype and device, receives the result (it may be the
-        gradient itself: gradients are read before any result is written).
-
-        ``results[name]``: the mean over ranks, twice quantized, of the gradient's shape, dtype
-        and device; bitwise equal on every rank. ``info``: ``k``, ``tensors``, ``numel``,
-        ``payload_bytes_phase1`` (this rank's K segments), ``payload_bytes_phase2`` (its owned
-        stripes' requantized payloads), ``sent_bytes`` (phase 1 to the K-1 other owners plus
-        its phase-2 part times K-1), ``scale_values`` (float64 values MAX-allreduced for
-        shared scales), ``encode_s``, ``exchange_s``, ``decode_s`` (seconds)."""
-        comm = self.communicator or default_communicator()
-        k, rank = comm.size, comm.rank
+        Results: the mean over ranks, twice quantized, of each gradient's shape, dtype and device;
+        bitwise equal on every rank. ``info``: ``k``, ``payload_bytes_phase1`` (this rank's K
+        segments), ``payload_bytes_phase2`` (its owned stripes' requantized payloads),
+        ``sent_bytes`` (phase 1 to the K-1 other owners plus its phase-2 part times K-1)."""
+        memory = bucket.state.memory
+        if not isinstance(memory, ErrorFeedback):
+            raise ValueError(f"two-phase exchange works with error feedback only, got {memory!r}")
+        k, rank, names, grads = comm.size, comm.rank, bucket.names, bucket.grads
         plan = self.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
-        use_fb = feedback is not None and feedback.enabled
-        self.owner_feedback.enabled = use_fb
-        clock = _Clock()
-        positions = _Positions(step, num_params, order, k)
+        positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
 
         # 1. worker side: compensate and encode every non-empty stripe
-        segments = self._encode_stripes(comm, plan, names, grads, feedback if use_fb else None, positions, clock)
+        segments = self._encode_stripes(comm, plan, bucket, positions, stats, totals)
         # 2. alltoallv: segment j (stripe j of every tensor) to owner j
-        with clock("exchange_s"):
+        with stats.timed("exchange_s"):
             counts = [layout.nbytes for layout in plan.layouts]
             send = torch.empty(sum(counts), dtype=torch.uint8)
             offset = 0
@@ -244,17 +194,18 @@ class TwoPhaseExchange:
             recv = comm.alltoallv(send, counts, [mine.nbytes] * k) if k > 1 else send
         # 3. owner side: mean over ranks, owner residual, requantize
         devices = {key: grads[n].device for key, (n, _) in plan.where.items()}
-        with clock("decode_s"):
-            means = [(key, self.codec.decode_mean(stacked))
+        with stats.timed("decode_s"):
+            means = [(key, self.codec.decode_mean_stacked(stacked))
                      for key, stacked in mine.unpack(recv.view(k, mine.nbytes), devices)]
-        with clock("encode_s"):
-            owned = {key: self._requantize(plan, key, mean, positions) for key, mean in means}
+        with stats.timed("encode_s"):
+            owned = {key: self._requantize(bucket.state.owner_memory, plan, key, mean, positions)
+                     for key, mean in means}
         # 4. allgatherv of the owners' payloads; decode every stripe into the results
-        with clock("exchange_s"):
+        with stats.timed("exchange_s"):
             part = mine.pack(owned)
             parts = comm.allgatherv_known(part, counts) if k > 1 else [part]
-        with clock("decode_s"):
-            results = {n: self._result(grads[n], None if outs is None else outs.get(n)) for n in names}
+        with stats.timed("decode_s"):
+            results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
             for layout, buf in zip(plan.layouts, parts):
                 for key, stacked in layout.unpack(buf.view(1, layout.nbytes), devices):
                     n, st = plan.where[key]
@@ -262,93 +213,47 @@ class TwoPhaseExchange:
                         self.codec.decode(_first(stacked), out=st.take(results[n]))
                     else:
                         st.put(results[n], self.codec.decode(_first(stacked)))
-
-        shared = bool(getattr(self.codec, "shared_scale", False))
-        info = {"k": k, "tensors": len(names), "numel": sum(grads[n].numel() for n in names),
-                "payload_bytes_phase1": plan.payload_bytes_phase1,
-                "payload_bytes_phase2": plan.payload_bytes_phase2(rank),
-                "sent_bytes": plan.sent_bytes(rank),
-                "scale_values": len(plan.where) if shared else 0, **clock.seconds}
-        return results, info
+        info = {"k": k, "payload_bytes_phase1": plan.payload_bytes_phase1,
+                "payload_bytes_phase2": plan.payload_bytes_phase2(rank), "sent_bytes": plan.sent_bytes(rank)}
+        return BucketOutcome(results, plan.payload_bytes_phase1, plan.sent_bytes(rank), info)
 
     # -- the phases -----------------------------------------------------------------
-    def _encode_stripes(self, comm, plan: StripePlan, names, grads, feedback, positions, clock) -> List[dict]:
+    def _encode_stripes(self, comm, plan: StripePlan, bucket: Bucket, positions: StepPositions,
+                        stats: ExchangeStats, totals: StepTotals) -> List[dict]:
         """Phase 1: ``segments[j][stripe_key(name, j)]`` = this rank's payload of stripe j of
-        ``name`` (worker residual compensated and updated when ``feedback`` is given; shared
+        ``name`` (worker residual compensated and updated when error feedback is on; shared
         scales agreed in one MAX-allreduce)."""
-        codec = self.codec
-        with clock("encode_s"):
+        memory = bucket.state.memory
+        with stats.timed("encode_s"):
             jobs = []  # (name, stripe, g_s, full residual, r_s)
-            for n in names:
-                g = grads[n].detach()
-                r = None if feedback is None else self._worker_residual(feedback, n, g)
+            for n in bucket.names:
+                g = bucket.grads[n].detach()
+                r = memory.residual(n, g) if memory.enabled else None
                 for st in plan.stripes[n]:
                     if st.numel:
                         jobs.append((n, st, st.take(g), r, None if r is None else st.take(r)))
-            shared = bool(getattr(codec, "shared_scale", False)) and bool(jobs)
-            if shared:
-                local = np.array([codec.local_scale(g_s if r_s is None else g_s + r_s)
-                                  for _, _, g_s, _, r_s in jobs], dtype=np.float64)
-        scales = [None] * len(jobs)
-        if shared:
-            with clock("exchange_s"):
-                scales = comm.allreduce_max(local) if plan.k > 1 else local
-        with clock("encode_s"):
+        options = agree_scales(self.codec, comm, len(jobs),
+                               lambda: [g_s if r_s is None else g_s + r_s for _, _, g_s, _, r_s in jobs],
+                               stats, totals)
+        with stats.timed("encode_s"):
             segments: List[Dict[str, Payload]] = [{} for _ in range(plan.k)]
-            for (n, st, g_s, r, r_s), s in zip(jobs, scales):
-                codec.reset_stream(positions(n, st.owner, 0))
-                opts = {} if s is None else {"scale": float(s)}
-                segments[st.owner][stripe_key(n, st.owner)] = self._encode(g_s, r_s, opts)
+            for (n, st, g_s, r, r_s), opts in zip(jobs, options):
+                self.codec.reset_stream(positions(n, st.owner, 0))
+                segments[st.owner][stripe_key(n, st.owner)] = encode_with_residual(self.codec, g_s, r_s, **opts)
                 if r_s is not None and not st.is_view:
                     st.put(r, r_s)
         return segments
 
-    def _requantize(self, plan: StripePlan, key: str, mean: torch.Tensor, positions) -> Payload:
+    def _requantize(self, owner_memory: ErrorFeedback, plan: StripePlan, key: str, mean: torch.Tensor,
+                    positions: StepPositions) -> Payload:
         """Phase 3: the owner's payload of one stripe's mean (owner error feedback; a shared-scale
-        codec uses the owner's own local scale)."""
-        codec, n = self.codec, plan.where[key][0]
-        codec.reset_stream(positions(n, plan.where[key][1].owner, 1))
+        codec uses the owner's own local scale: there is one sender, nothing to agree on)."""
+        codec, (n, st) = self.codec, plan.where[key]
+        codec.reset_stream(positions(n, st.owner, 1))
         opts = {}
         if getattr(codec, "shared_scale", False):
-            opts["scale"] = codec.local_scale(self.owner_feedback.compensated(key, mean))
-        return self.owner_feedback.encode(codec, key, mean, **opts)
-
-    # -- helpers --------------------------------------------------------------------
-    def _encode(self, g_s: torch.Tensor, r_s: Optional[torch.Tensor], opts: dict) -> Payload:
-        """Encode one stripe, updating its residual ``r_s`` (in place) when given."""
-        codec = self.codec
-        if r_s is None:
-            return codec.encode(g_s, **opts)
-        if codec.fuses_feedback:
-            return codec.encode(g_s, residual=r_s, **opts)
-        v = g_s + r_s
-        payload = codec.encode(v, **opts)
-        r_s.copy_(v - codec.decode(payload))
-        return payload
-
-    @staticmethod
-    def _worker_residual(feedback: ErrorFeedback, name: str, grad: torch.Tensor) -> torch.Tensor:
-        """The full-size residual of ``name``, made contiguous (stripes are views into it)."""
-        r = feedback.residual(name, grad)
-        if not r.is_contiguous():
-            r = feedback.residuals[name] = r.contiguous()
-        return r
-
-    @staticmethod
-    def _result(grad: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
-        """``out`` when it can hold the result as is, else a new tensor like ``grad``."""
-        if (out is not None and out.shape == grad.shape and out.dtype == grad.dtype
-                and out.device == grad.device and out.is_contiguous()):
-            return out
-        return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
-
-    # -- checkpoints ----------------------------------------------------------------
-    def state_dict(self) -> dict:
-        """The owner residuals (this rank's stripes only: they depend on the rank and on K)."""
-        return {"owner_feedback": self.owner_feedback.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.owner_feedback.load_state_dict(state["owner_feedback"])
+            opts["scale"] = codec.local_scale(owner_memory.compensated(key, mean))
+        return owner_memory.encode(codec, key, mean, **opts)
 
     def __repr__(self) -> str:
-        return f"TwoPhaseExchange({self.codec!r}, axis={self.axis!r})"
+        return f"TwoPhasePattern({self.codec!r}, axis={self.axis!r})"

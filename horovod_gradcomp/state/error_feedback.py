@@ -1,4 +1,6 @@
-"""Error-feedback memory: one residual per parameter name (Seide et al., 2014).
+"""Error-feedback memory: one residual per key (parameter name, or a two-phase stripe key).
+
+Seide et al., 2014:
 
 ``v = g + r;  payload = encode(v);  r <- v - decode(payload)``. Codecs that fuse the
 update (``codec.fuses_feedback``) receive the residual and update it in the same pass;
@@ -10,7 +12,23 @@ from typing import Dict, Optional
 
 import torch
 
-from .codecs.base import Codec, Payload
+from ..codecs.base import Codec, Payload
+
+
+def encode_with_residual(codec: Codec, tensor: torch.Tensor, residual: Optional[torch.Tensor],
+                         **encode_options) -> Payload:
+    """The one error-feedback encode of the package: ``v = tensor + residual``, encode ``v``,
+    ``residual <- v - decode(payload)`` in place (by the codec itself when it
+    ``fuses_feedback``). ``residual=None``: encode ``tensor`` alone. Used for whole tensors
+    (:meth:`ErrorFeedback.encode`) and for two-phase stripes (views into a residual)."""
+    if residual is None:
+        return codec.encode(tensor, **encode_options)
+    if codec.fuses_feedback:
+        return codec.encode(tensor, residual=residual, **encode_options)
+    v = tensor + residual
+    payload = codec.encode(v, **encode_options)
+    residual.copy_(v - codec.decode(payload))
+    return payload
 
 
 class ErrorFeedback:
@@ -22,7 +40,7 @@ class ErrorFeedback:
         enabled: when False, :meth:`encode` encodes the gradient alone and keeps nothing.
     """
 
-    #: The adapter may encode each gradient as soon as its hook fires.
+    #: The exchange may encode each gradient as soon as its hook fires.
     needs_all_grads = False
 
     def __init__(self, enabled: bool = True):
@@ -40,7 +58,8 @@ class ErrorFeedback:
         """Nothing to advance."""
 
     def residual(self, name: str, like: torch.Tensor) -> torch.Tensor:
-        """The residual of ``name``; zeros shaped like ``like`` on first use."""
+        """The residual of ``name`` (always contiguous: two-phase stripes are views into it);
+        zeros shaped like ``like`` on first use."""
         r = self.residuals.get(name)
         if r is None:
             r = self.residuals[name] = torch.zeros_like(like, memory_format=torch.contiguous_format)
@@ -57,15 +76,8 @@ class ErrorFeedback:
     def encode(self, codec: Codec, name: str, grad: torch.Tensor, **encode_options) -> Payload:
         """Encode ``grad`` plus the residual of ``name`` and update the residual.
         ``encode_options`` go to ``codec.encode`` (e.g. a shared ``scale``)."""
-        if not self.enabled:
-            return codec.encode(grad, **encode_options)
-        r = self.residual(name, grad)
-        if codec.fuses_feedback:
-            return codec.encode(grad, residual=r, **encode_options)
-        v = grad + r
-        payload = codec.encode(v, **encode_options)
-        r.copy_(v - codec.decode(payload))
-        return payload
+        return encode_with_residual(codec, grad, self.residual(name, grad) if self.enabled else None,
+                                    **encode_options)
 
     def __repr__(self) -> str:
         return f"ErrorFeedback(enabled={self.enabled})"
@@ -76,5 +88,6 @@ class ErrorFeedback:
     def load_state_dict(self, state: Dict[str, object], device: Optional[torch.device] = None) -> None:
         self.enabled = bool(state["enabled"])
         # Always copies: the residuals are updated in place and must not alias the checkpoint.
-        self.residuals = {k: v.to(device if device is not None else v.device, copy=True)
+        self.residuals = {k: v.to(device if device is not None else v.device, copy=True,
+                                  memory_format=torch.contiguous_format)
                           for k, v in dict(state["residuals"]).items()}

@@ -5,7 +5,7 @@ that waits holds a core at 100% for the whole transfer. When the exchange runs i
 background thread of a rank that has one core (the double-buffered pipeline, 2 ranks on 2
 cores), that loop takes the core from the forward/backward pass it is meant to overlap.
 
-:class:`PollingCommunicator` is an :class:`~horovod_gradcomp.comm.MPICommunicator` whose
+:class:`PollingCommunicator` is an :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` whose
 collectives are the nonblocking MPI ones (``Iallgather``, ``Iallgatherv``,
 ``Ialltoallv``, ``Iallreduce``), completed by calling ``Test`` every ``interval_s``
 seconds and sleeping in between (the GIL and the core are free while it sleeps). What is
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 
-from .comm import MPICommunicator
+from .communicator import MPICommunicator
 
 __all__ = ["PollingCommunicator"]
 

@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .codecs.base import Codec, Payload
+from ..codecs.base import Codec, Payload
 
 ALIGN = 8
 

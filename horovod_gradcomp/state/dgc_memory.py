@@ -15,9 +15,9 @@ and turns a gradient ``g`` into a payload, as the paper writes it, with momentum
     v <- v o not(mask)                          what was sent leaves the accumulator
     u <- u o not(mask)                          momentum factor masking (optional, on by default)
 
-and the adapter's exchange makes ``p.grad = (1/K) sum_k sparse(v_k)``; the wrapped optimizer
+and the exchange makes ``p.grad = (1/K) sum_k sparse(v_k)``; the wrapped optimizer
 applies ``w <- w - lr * p.grad``. The momentum therefore lives here: the wrapped optimizer
-must be plain SGD with ``momentum=0`` (:mod:`horovod_gradcomp.optimizer_check` raises
+must be plain SGD with ``momentum=0`` (:mod:`horovod_gradcomp.horovod.optimizer_check` raises
 otherwise).
 
 Consequences worth knowing:
@@ -32,7 +32,7 @@ Consequences worth knowing:
 * Local clipping rescales this rank's whole gradient (all tensors of the step together, as
   ``torch.nn.utils.clip_grad_norm_`` does) so its 2-norm is at most ``clip_norm / sqrt(K)``:
   the sum of K such gradients then has about the norm a single-worker clip would allow.
-  It needs every gradient of the step, so with clipping the adapter encodes at exchange
+  It needs every gradient of the step, so with clipping the exchange encodes at the flush
   time instead of in the gradient hooks.
 
 Warm-up (:class:`DensitySchedule`): the density falls exponentially from ``start`` to the
@@ -41,9 +41,8 @@ final density over ``length`` epochs (or steps), ``density(t) = start * (final/s
 6.3%, 1.6%, 0.4%, then 0.1%, the paper's schedule. With ``unit="epoch"`` the training loop
 calls ``compression.set_epoch(epoch)``; with ``unit="step"`` the exchanges are counted.
 
-With the native codec, the momentum correction and accumulation of fp32 / fp64 CPU
-gradients is one native pass (``_C.dgc_accumulate_``); other dtypes and devices use the
-same operations as torch ops. Both round every product and sum separately.
+The momentum correction and accumulation is the codec's ``accumulate_`` (one native pass
+for fp32 / fp64 CPU gradients).
 """
 from __future__ import annotations
 
@@ -52,11 +51,9 @@ from typing import Dict, Mapping, Optional
 
 import torch
 
-from .codecs.base import Codec, Payload
+from ..codecs.base import Codec, Payload
 
 WARMUP_UNITS = ("epoch", "step")
-#: Gradient dtypes whose momentum correction runs in the native one-pass kernel (CPU).
-NATIVE_DTYPES = (torch.float32, torch.float64)
 
 
 class DensitySchedule:
@@ -96,7 +93,8 @@ class DGCMemory:
         momentum_masking: zero ``u`` where a value was sent.
         clip_norm: the single-worker clipping threshold C (None: no clipping); this rank
             clips its gradient to ``C / sqrt(K)``.
-        schedule: the :class:`DensitySchedule` that sets ``codec.density`` before each encode.
+        schedule: the :class:`DensitySchedule` giving each encode its density (the codec's
+            own ``density`` stays the final one).
         velocities: name -> ``u``; accumulations: name -> ``v`` (both the gradient's shape
             and dtype, created as zeros on first use).
         epoch, step: the warm-up clock (``set_epoch``; ``end_step`` counts exchanges).
@@ -122,7 +120,7 @@ class DGCMemory:
         self.step = 0
         self._clip_coef = 1.0
 
-    # -- the adapter's memory interface ---------------------------------------------
+    # -- the memory interface the exchange uses ---------------------------------------------
     @property
     def needs_all_grads(self) -> bool:
         """True when encoding needs every gradient of the step first (global clipping)."""
@@ -166,18 +164,8 @@ class DGCMemory:
         """Fold ``grad`` into ``name``'s momentum and accumulation, select, mask; return the payload."""
         u = self._buffer(self.velocities, name, grad)
         v = self._buffer(self.accumulations, name, grad)
-        if getattr(codec, "impl", None) == "native" and grad.device.type == "cpu" and grad.dtype in NATIVE_DTYPES:
-            # One native pass instead of three torch ops over the whole tensor (same roundings).
-            codec._C.dgc_accumulate_(u, v, grad.contiguous(), self.momentum, self.nesterov, self._clip_coef)
-        else:
-            g = grad if self._clip_coef == 1.0 else grad * self._clip_coef
-            u.mul_(self.momentum).add_(g)
-            if self.nesterov:
-                v.add_(g).add_(u * self.momentum)
-            else:
-                v.add_(u)
-        codec.density = self.current_density()
-        payload, sent = codec.encode_with_indices(v)
+        codec.accumulate_(u, v, grad, self.momentum, self.nesterov, self._clip_coef)
+        payload, sent = codec.encode_with_indices(v, density=self.current_density())
         sent = sent.long()
         v.view(-1).index_fill_(0, sent, 0)
         if self.momentum_masking:

@@ -1,0 +1,57 @@
+"""The unit of work a pattern exchanges: one bucket of gradients, and what came of it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Mapping, Optional
+
+import torch
+
+from ..state.compression_state import CompressionState
+
+
+@dataclass
+class Bucket:
+    """One bucket of one step, as the engine hands it to a pattern.
+
+    Fields:
+        names: the tensors to exchange, in an order every rank shares.
+        grads: name -> this rank's gradient (read before any result is written).
+        outs: name -> a tensor to receive the result (contiguous, the gradient's shape, dtype and
+            device; it may be the gradient itself), or None for a new tensor.
+        state: this rank's :class:`~horovod_gradcomp.state.CompressionState` (memory, owner
+            memory, step); updated in place through its methods.
+        order: name -> index of the name among all parameters, sorted (stream positions).
+    """
+
+    names: List[str]
+    grads: Mapping[str, torch.Tensor]
+    state: CompressionState
+    order: Mapping[str, int]
+    outs: Mapping[str, Optional[torch.Tensor]] = field(default_factory=dict)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.grads[n].numel() for n in self.names)
+
+
+@dataclass
+class BucketOutcome:
+    """Fields:
+        results: name -> the mean over ranks of the decoded payloads (bitwise the same on every rank).
+        payload: bytes this rank encoded.
+        sent: wire bytes this rank sent (data collectives and shared scales).
+        info: pattern-specific details (the two-phase pattern's per-phase bytes).
+    """
+
+    results: Dict[str, torch.Tensor]
+    payload: int
+    sent: float
+    info: dict = field(default_factory=dict)
+
+
+def result_tensor(grad: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:
+    """``out`` when it can hold the result as is, else a new tensor like ``grad``."""
+    if (out is not None and out.shape == grad.shape and out.dtype == grad.dtype
+            and out.device == grad.device and out.is_contiguous()):
+        return out
+    return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)

@@ -1,0 +1,61 @@
+"""What both exchange patterns share before bytes travel: where each encode draws its random
+numbers, and the one agreement on shared scales.
+
+Stream positions. A stochastic codec is reset to a position before every encode, so its random
+numbers depend on (step, tensor, stripe, phase) and never on the order in which hooks fire:
+
+    position = ((step * P + i) * S + s) * F + f
+
+with P the number of parameters, i the tensor's index in the sorted names, S stripes per
+tensor and F encodes per stripe. The allgather pattern encodes each tensor once (S = F = 1:
+``step * P + i``); the two-phase pattern cuts each tensor into S = K stripes, encoded by
+their worker (f = 0) and requantized by their owner (f = 1).
+
+Shared scales. A codec with ``shared_scale`` (TernGrad) encodes every tensor with the maximum
+over ranks of its ``local_scale``: all of a bucket's scales travel in one MAX-allreduce.
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from ..codecs.base import Codec
+from .stats import ExchangeStats, StepTotals, allreduce_wire_bytes
+
+
+def stream_position(step: int, num_params: int, index: int, stripes: int = 1, stripe: int = 0,
+                    phases: int = 1, phase: int = 0) -> int:
+    """``((step * num_params + index) * stripes + stripe) * phases + phase`` (see the module doc)."""
+    return ((step * num_params + index) * stripes + stripe) * phases + phase
+
+
+class StepPositions:
+    """``positions(name, stripe=0, phase=0)``: :func:`stream_position` of one step's encodes.
+
+    Fields: step, order (name -> index i, the sorted names), stripes (S), phases (F)."""
+
+    def __init__(self, step: int, order: Mapping[str, int], stripes: int = 1, phases: int = 1):
+        self.step, self.order, self.stripes, self.phases = step, order, stripes, phases
+
+    def __call__(self, name: str, stripe: int = 0, phase: int = 0) -> int:
+        return stream_position(self.step, len(self.order), self.order[name], self.stripes, stripe, self.phases, phase)
+
+
+def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
+                 stats: ExchangeStats, totals: StepTotals) -> List[dict]:
+    """Encode options of each of ``count`` tensors, ``compensated()`` being the values about to
+    be encoded: ``{"scale": max over ranks of codec.local_scale(v)}`` for a ``shared_scale``
+    codec, in one MAX-allreduce for all of them; ``{}`` each otherwise (``compensated`` is then
+    not called). Every rank must call it with the same ``count`` (a collective)."""
+    if not getattr(codec, "shared_scale", False) or count == 0:
+        return [{} for _ in range(count)]
+    with stats.timed("encode_s"):
+        local = np.array([codec.local_scale(v) for v in compensated()], dtype=np.float64)
+    if comm.size > 1:
+        with stats.timed("exchange_s"):
+            local = comm.allreduce_max(local)
+        totals.add(sent=allreduce_wire_bytes(8 * local.size, comm.size))
+    return [{"scale": float(s)} for s in local]
+

@@ -1,0 +1,217 @@
+"""The step engine: one step's gradients in, bucket by bucket, each through its pattern.
+
+A step: gradients arrive one by one (:meth:`StepEngine.submit`, from Horovod's hooks) or all
+at once (:meth:`StepEngine.exchange`). They are exchanged in buckets, in an order every rank
+shares (never hook order):
+
+* without ``bucket_bytes``, all of the step's gradients form one bucket, exchanged at the
+  flush (:meth:`StepEngine.finish`);
+* with ``bucket_bytes``, from the second step on (the plan is built from the first step's
+  names, :mod:`horovod_gradcomp.exchange.buckets`) and with ``overlap``, a communication
+  thread exchanges bucket j as soon as its gradients are all in, while backward goes on.
+
+Each bucket: the agreement check (one 16-byte allgather: codec, memory, pattern, names,
+shapes, dtypes), then its pattern (:class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
+or :class:`~horovod_gradcomp.exchange.two_phase.TwoPhasePattern`), which encodes through the
+state's memory, exchanges and decodes the mean. Results are collected by name; the step closes
+with one ``stats`` record and ``state.end_step()``.
+
+``pattern="auto"`` picks per bucket, identically on every rank, from the codec's layout:
+``allgather`` for variable-size codecs, for K <= 2, and when the allgather would send less
+than ``AUTO_MIN_BYTES`` per rank (latency-bound: two collectives cost more than the bytes
+saved); otherwise whichever sends fewer bytes per rank (two-phase: about 2(K-1)/K payloads,
+allgather: K-1).
+"""
+from __future__ import annotations
+
+import threading
+from typing import Callable, Dict, List, Mapping, Optional, Sequence
+
+import torch
+
+from ..codecs.base import Codec
+from ..state.compression_state import CompressionState
+from ..state.error_feedback import ErrorFeedback
+from .allgather import AllgatherPattern
+from .bucket import Bucket
+from .buckets import BucketPlan
+from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
+from .two_phase import TwoPhasePattern
+
+PATTERNS = ("allgather", "two_phase", "auto")
+#: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
+AUTO_MIN_BYTES = 1 << 16
+AGREEMENT_BYTES = 16
+
+
+class StepEngine:
+    """Runs each step's exchange for one compression object (see the module doc).
+
+    Fields:
+        codec, state: the codec and this rank's :class:`~horovod_gradcomp.state.CompressionState`.
+        registration: name -> position in ``named_parameters`` and ``sizes``: name -> gradient
+            bytes (the bucket plan's order and sizes).
+        order: name -> index among the sorted names: the exchange order and stream positions.
+        pattern, bucket_bytes, overlap, check_agreement: the options (see the factories).
+        communicator: a callable returning the communicator (resolved at each bucket, so that
+            the default one is created only when first needed).
+        stats: this rank's :class:`~horovod_gradcomp.exchange.stats.ExchangeStats`.
+        plan: the current :class:`~horovod_gradcomp.exchange.buckets.BucketPlan` (None: one bucket).
+    The pending gradients, the results and the thread belong to the engine alone (under its lock).
+    """
+
+    def __init__(self, codec: Codec, state: CompressionState, registration: Sequence[str], sizes: Mapping[str, int],
+                 *, owner: str, communicator: Callable[[], object], pattern: str = "allgather",
+                 bucket_bytes: Optional[int] = None, overlap: bool = True, check_agreement: bool = True):
+        if pattern not in PATTERNS:
+            raise ValueError(f"{owner}: pattern must be one of {PATTERNS}, got {pattern!r}")
+        variable = bool(getattr(codec, "variable_size", False))
+        if pattern == "two_phase" and variable:
+            raise ValueError(f"{owner}: pattern='two_phase' needs fixed-size payloads, but {codec!r} has "
+                             "variable-size payloads; use pattern='allgather' (or 'auto')")
+        if pattern == "two_phase" and not isinstance(state.memory, ErrorFeedback):
+            raise ValueError(f"{owner}: pattern='two_phase' works with error feedback only")
+        if bucket_bytes is not None:
+            BucketPlan([], {}, bucket_bytes)  # validates
+        self.codec, self.state, self.owner = codec, state, owner
+        self.registration = {n: i for i, n in enumerate(registration)}
+        self.sizes = dict(sizes)
+        self.order = {n: i for i, n in enumerate(sorted(self.registration))}
+        self.pattern, self.bucket_bytes = pattern, bucket_bytes
+        self.overlap, self.check_agreement = bool(overlap), check_agreement
+        self.communicator = communicator
+        self.stats = ExchangeStats()
+        self.plan: Optional[BucketPlan] = None
+        self._patterns = {"allgather": AllgatherPattern(codec)}
+        if not variable and isinstance(state.memory, ErrorFeedback):
+            self._patterns["two_phase"] = TwoPhasePattern(codec)
+        self._cv = threading.Condition()
+        self._grads: Dict[str, torch.Tensor] = {}
+        self._results: Dict[str, torch.Tensor] = {}
+        self._flush = False
+        self._worker: Optional[threading.Thread] = None
+        self._worker_error: Optional[BaseException] = None
+        self._totals = StepTotals()
+
+    # -- a step -------------------------------------------------------------------------
+    @property
+    def pending(self) -> bool:
+        """True while a step has gradients submitted and not yet exchanged."""
+        return bool(self._grads)
+
+    def submit(self, name: str, grad: torch.Tensor) -> None:
+        """Record ``name``'s gradient for this step (its result is later written into it when
+        contiguous); with a plan and ``overlap``, start the communication thread."""
+        with self._cv:
+            if name in self._grads:
+                raise RuntimeError(f"{self.owner}: {name!r} compressed twice before its exchange")
+            self._grads[name] = grad.detach()
+            if self._worker is None and self._can_overlap():
+                self._worker = threading.Thread(target=self._worker_main, name="hgc-exchange", daemon=True)
+                self._worker.start()
+            self._cv.notify_all()
+
+    def finish(self) -> Dict[str, torch.Tensor]:
+        """Exchange what is left of the step (or wait for the thread), close the step, and
+        return name -> mean over ranks for every submitted name."""
+        with self._cv:
+            self._flush = True
+            self._cv.notify_all()
+        try:
+            if self.state.memory.needs_all_grads:
+                self.state.memory.begin_step(self._grads, self.communicator().size)
+            if self._worker is not None:
+                self._worker.join()
+                if self._worker_error is not None:
+                    raise self._worker_error
+            else:
+                self._run_buckets()
+        finally:
+            exchanged = list(self._grads)
+            self._worker, self._worker_error, self._flush = None, None, False
+            self._grads = {}
+        self._close_step(exchanged)
+        results, self._results = self._results, {}
+        return results
+
+    def exchange(self, grads: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """One whole step at once: name -> mean over ranks (written into contiguous gradients)."""
+        if self._grads:
+            raise RuntimeError(f"{self.owner}: exchange() during a step in progress through compress()")
+        unknown = sorted(set(grads) - set(self.order))
+        if unknown:
+            raise KeyError(f"{self.owner}: exchange() got unknown names {unknown[:5]}")
+        self._grads = {n: g.detach() for n, g in grads.items()}
+        return self.finish()
+
+    # -- buckets ------------------------------------------------------------------------
+    def _can_overlap(self) -> bool:
+        # DGC's clipping needs the whole step's gradient norm: nothing can leave before it.
+        return self.overlap and self.plan is not None and not self.state.memory.needs_all_grads
+
+    def _worker_main(self) -> None:
+        try:
+            self._run_buckets()
+        except BaseException as exc:  # re-raised by the flushing thread
+            self._worker_error = exc
+
+    def _run_buckets(self) -> None:
+        """Exchange the plan's buckets in order (each once all its gradients are in, or at the
+        flush), then the names outside the plan; without a plan, everything as one bucket."""
+        if self.plan is None:
+            with self._cv:
+                names = sorted(self._grads, key=self.order.__getitem__)
+            self._exchange_bucket(names, tag="all")
+            return
+        for j, names_j in enumerate(self.plan.buckets):
+            with self._cv:
+                self._cv.wait_for(lambda: self._flush or all(n in self._grads for n in names_j))
+                names = [n for n in names_j if n in self._grads]
+            self._exchange_bucket(names, tag=str(j))
+        with self._cv:  # names outside the plan are known only once every gradient is in
+            self._cv.wait_for(lambda: self._flush)
+            extra = sorted((n for n in self._grads if n not in self.plan.names), key=self.order.__getitem__)
+        self._exchange_bucket(extra, tag="extra")  # on every rank, even when empty: the check finds a mismatch
+
+    def _exchange_bucket(self, names: List[str], tag: str) -> None:
+        comm = self.communicator()
+        with self._cv:
+            grads = {n: self._grads[n] for n in names}
+        pattern = self.choose_pattern(grads, comm.size)
+        if self.check_agreement:
+            with self.stats.timed("exchange_s"):
+                comm.check_agreement(self.owner, [
+                    self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}"] + [
+                    f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()])
+            self._totals.add(sent=allgather_wire_bytes(AGREEMENT_BYTES, comm.size))
+        if not names:
+            return
+        outs = {n: (g if g.is_contiguous() else None) for n, g in grads.items()}
+        bucket = Bucket(names, grads, self.state, self.order, outs)
+        outcome = self._patterns[pattern].exchange(comm, bucket, self.stats, self._totals)
+        with self._cv:
+            self._results.update(outcome.results)
+        self._totals.add(tensors=len(names), payload=outcome.payload, numel=bucket.numel, sent=outcome.sent)
+        self._totals.k = comm.size
+
+    def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
+        """This bucket's pattern (the same on every rank: it depends on shapes and K only)."""
+        if self.pattern != "auto":
+            return self.pattern
+        two_phase = self._patterns.get("two_phase")
+        if two_phase is None or k <= 2 or not grads:
+            return "allgather"
+        entries = [(n, tuple(g.shape), g.dtype) for n, g in grads.items()]
+        allgather = (k - 1) * sum(self.codec.payload_nbytes(s, dt) for _, s, dt in entries)
+        if allgather < AUTO_MIN_BYTES:
+            return "allgather"
+        plan = two_phase.plan(entries, k)
+        return "two_phase" if max(plan.sent_bytes(r) for r in range(k)) < allgather else "allgather"
+
+    def _close_step(self, exchanged: List[str]) -> None:
+        self.stats.record_step(self._totals)
+        self._totals = StepTotals()
+        self.state.end_step()
+        if self.bucket_bytes is not None and (self.plan is None or set(exchanged) != self.plan.names):
+            in_order = sorted(exchanged, key=self.registration.__getitem__, reverse=True)
+            self.plan = BucketPlan(in_order, {n: self.sizes[n] for n in in_order}, self.bucket_bytes)

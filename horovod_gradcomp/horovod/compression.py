@@ -1,0 +1,123 @@
+"""The ``compression=`` object of every codec: Horovod's hooks in, results back to Horovod.
+
+Horovod calls ``compress(p.grad)`` from each gradient hook, allreduces what it returns, and
+in ``synchronize()`` (run by ``step()``) calls ``decompress(output, ctx)`` for every
+parameter, after every ``compress`` of the step (it submits the missing ones first). A
+packed payload cannot be summed by Horovod, so:
+
+1. ``compress`` does not encode: it finds the gradient's parameter name, hands the gradient
+   to the step engine (:mod:`horovod_gradcomp.exchange.engine`, which may already exchange
+   complete buckets from its communication thread) and returns a one-element float32
+   placeholder holding 1.0 for Horovod to allreduce.
+2. The first ``decompress`` of the step flushes the engine: every remaining bucket is
+   encoded (error feedback or DGC state), exchanged and decoded.
+3. Each ``decompress`` returns its tensor's mean over ranks times the reduced placeholder:
+   1 for ``op=hvd.Average``, K for ``op=hvd.Sum``.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+
+from ..codecs.base import Codec
+from ..exchange.communicator import MPICommunicator, default_communicator
+from ..exchange.engine import StepEngine
+from ..state.compression_state import CompressionState
+from ..state.error_feedback import ErrorFeedback
+from .param_index import ParamIndex
+
+
+def _placeholder_scale(output: torch.Tensor) -> float:
+    """What Horovod's reduction made of the placeholder 1.0 (1 for Average, K for Sum)."""
+    return float(output.reshape(-1)[0])
+
+
+class CodecCompression:
+    """Compressed exchange of every named parameter's gradient with one codec.
+
+    Fields:
+        codec: the :class:`~horovod_gradcomp.codecs.base.Codec` encoding each gradient.
+        state: this rank's :class:`~horovod_gradcomp.state.CompressionState` (``memory``:
+            error-feedback residuals or DGC's momentum and accumulation; the two-phase owner
+            residuals; the step counter). ``memory`` is a shortcut to ``state.memory``.
+        index: the :class:`~horovod_gradcomp.horovod.param_index.ParamIndex` naming each ``p.grad``.
+        engine: the :class:`~horovod_gradcomp.exchange.engine.StepEngine` (bucket plan, thread,
+            patterns, statistics).
+        communicator: where payloads travel (a duplicate of COMM_WORLD by default).
+    """
+
+    def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
+                 pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
+                 communicator: Optional[MPICommunicator] = None, check_agreement: bool = True):
+        owner = f"Compression.{codec.name}"
+        self.codec = codec
+        self.index = ParamIndex(named_parameters, owner=owner)
+        self.state = CompressionState(memory if memory is not None else ErrorFeedback(enabled=error_feedback))
+        self.communicator = communicator
+        sizes = {n: p.numel() * p.element_size() for n, p in zip(self.index.names, self.index.params)}
+        self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self._comm,
+                                 pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
+                                 check_agreement=check_agreement)
+        self._results: Dict[str, torch.Tensor] = {}
+
+    @property
+    def memory(self):
+        """This rank's worker memory (``state.memory``)."""
+        return self.state.memory
+
+    def _comm(self):
+        return self.communicator or default_communicator()
+
+    # -- Horovod's Compressor interface -------------------------------------------
+    def compress(self, tensor: torch.Tensor):
+        """Record ``tensor`` (a parameter's ``.grad``) for this step's exchange; return the
+        placeholder and the parameter's name (Horovod's ``ctx``)."""
+        name = self.index.name_of(tensor)
+        self.engine.submit(name, tensor)  # the mean is later written back into this buffer
+        return torch.ones(1, dtype=torch.float32, device=tensor.device), name
+
+    def decompress(self, output: torch.Tensor, name: str) -> torch.Tensor:
+        """The mean over ranks of ``name``'s decoded payloads, scaled as Horovod's op asks."""
+        if self.engine.pending:  # the first decompress of the step: every compress is in, flush
+            self._results = self.engine.finish()
+            self.index.end_step()
+        result = self._results.pop(name, None)
+        if result is None:
+            raise RuntimeError(f"Compression.{self.codec.name}: decompress({name!r}) without compress")
+        scale = _placeholder_scale(output)
+        return result if scale == 1.0 else result.mul_(scale)
+
+    def exchange(self, grads: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """One whole step without Horovod: ``grads`` (parameter name -> gradient, the same
+        names on every rank) -> name -> mean over ranks, each written into its gradient's
+        buffer when contiguous. For callers that drive the exchange themselves (the
+        double-buffered pipeline); not to be mixed with a step in progress through hooks."""
+        results = self.engine.exchange(grads)
+        self.index.end_step()
+        return results
+
+    # -- schedule, introspection and checkpoints ------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Tell the compression the training epoch (DGC's density warm-up by epoch); every
+        rank must call it with the same value, before the epoch's first step."""
+        if hasattr(self.memory, "set_epoch"):
+            self.memory.set_epoch(epoch)
+
+    def stats(self) -> dict:
+        """Cumulative counters for this rank (see :mod:`horovod_gradcomp.exchange.stats`)."""
+        return self.engine.stats.as_dict()
+
+    def state_dict(self) -> dict:
+        """This rank's state (residuals differ between ranks: save one file per rank)."""
+        return {"codec": repr(self.codec), **self.state.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("codec") != repr(self.codec):
+            raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}")
+        self.state.load_state_dict(state)
+
+    def __repr__(self) -> str:
+        e = self.engine
+        return (f"CodecCompression({self.codec!r}, memory={self.memory!r}, pattern={e.pattern!r}, "
+                f"bucket_bytes={e.bucket_bytes}, overlap={e.overlap})")

@@ -1,0 +1,60 @@
+"""Everything a compression object saves between steps, on this rank, owned in one place.
+
+:class:`CompressionState` holds
+
+* ``memory``: the worker memory that turns a gradient into a payload: error-feedback residuals
+  (:class:`~horovod_gradcomp.state.error_feedback.ErrorFeedback`) or DGC's velocity,
+  accumulation and warm-up clock (:class:`~horovod_gradcomp.state.dgc_memory.DGCMemory`),
+  keyed by parameter name;
+* ``owner_memory``: the two-phase pattern's owner residuals (the stripes this rank owns and
+  requantizes, keyed ``f"{name}[{rank}]"``), enabled iff the worker memory is error feedback;
+* ``step``: exchanges completed, which positions every stochastic codec's random stream.
+
+The exchange reads and updates them only through their methods; ``state_dict()`` saves them
+all. The state is this rank's: residuals differ between ranks, and so do owner stripes.
+"""
+from __future__ import annotations
+
+from typing import Union
+
+from .dgc_memory import DGCMemory
+from .error_feedback import ErrorFeedback
+
+Memory = Union[ErrorFeedback, DGCMemory]
+
+
+class CompressionState:
+    """The per-rank state of one compression object (see the module doc).
+
+    Fields:
+        memory: worker memory (error feedback or DGC), keyed by parameter name.
+        owner_memory: two-phase owner residuals (error feedback of the owned stripes).
+        step: exchanges completed on this rank (the same on every rank).
+    """
+
+    def __init__(self, memory: Memory):
+        self.memory = memory
+        self.owner_memory = ErrorFeedback(enabled=isinstance(memory, ErrorFeedback) and memory.enabled)
+        self.step = 0
+
+    def end_step(self) -> None:
+        """Close one exchange: advance the step and the memory's own clock."""
+        self.step += 1
+        self.memory.end_step()
+
+    def state_dict(self) -> dict:
+        """Copies of everything above (tensors cloned: the live state is updated in place)."""
+        return {"memory": repr(self.memory), "memory_state": self.memory.state_dict(),
+                "owner_memory": self.owner_memory.state_dict(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore from :meth:`state_dict` (raises ``ValueError`` when the memory's options differ)."""
+        if state.get("memory") != repr(self.memory):
+            raise ValueError(f"checkpoint was written with {state.get('memory')}, this compression has "
+                             f"{self.memory!r}")
+        self.memory.load_state_dict(state["memory_state"])
+        self.owner_memory.load_state_dict(state["owner_memory"])
+        self.step = int(state["step"])
+
+    def __repr__(self) -> str:
+        return f"CompressionState(memory={self.memory!r}, step={self.step})"

@@ -1,0 +1,5 @@
+"""Training-loop tools: the double-buffered half-minibatch step and minibatch-size selection."""
+from .double_buffering import DoubleBufferedStep, double_buffering_pays
+from .minibatch import select_minibatch_size
+
+__all__ = ["DoubleBufferedStep", "double_buffering_pays", "select_minibatch_size"]
