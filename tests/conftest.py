@@ -6,16 +6,13 @@ directly (``@pytest.mark.parametrize("dtype", [...])`` overrides the fixture).
 Helpers are fixtures returning functions (``make_grad``, ``stack_payloads``,
 ``assert_feedback_identity``), so test modules never import this file.
 
-MPI launching lives in tests/mpi_launch.py, not here. Keep this file free of side effects
+The MPI suites (tests/mpi/mpi_*.py) are launched by tests/test_mpi_suites.py. Keep this file free of side effects
 (no autouse fixtures, no seeding): it is also loaded by the pytest runs under tests/mpi.
 """
 from __future__ import annotations
 
 import pytest
 import torch
-
-# -- collection ------------------------------------------------------------------------
-# (collection rules go in this section)
 
 # -- axes ------------------------------------------------------------------------------
 

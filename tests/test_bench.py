@@ -42,8 +42,8 @@ def test_onebit_ratio_on_resnet50_from_layout():
     ratio = codecs_bench.layout_ratio(codec, shapes)
     bits = sum((math.prod(s) + 7) // 8 for s in shapes)
     scales = sum(codec.payload_nbytes(s, torch.float32) for s in shapes) - bits
-    # Two float32 reconstruction values per column of the [shape[0], -1] view (ALGORITHMS.md
-    # section 1) cost 440,304 bytes on ResNet-50, on top of 3,194,629 bytes of bits: 28.1x, not 32x.
+    # Two float32 reconstruction values per column of the [shape[0], -1] view (Seide et al.,
+    # per-column reconstruction) cost 440,304 bytes on ResNet-50, on top of 3,194,629 bytes of bits: 28.1x, not 32x.
     assert scales == 8 * sum(1 if len(s) <= 1 else math.prod(s[1:]) for s in shapes) == 440_304
     assert bits == 3_194_629
     assert ratio == pytest.approx(4 * 25_557_032 / (bits + scales))

@@ -55,6 +55,10 @@ class Codec:
     name: str = "codec"
     #: True when ``encode(tensor, residual=r)`` updates ``r`` itself (fused error feedback).
     fuses_feedback: bool = False
+    #: Whether the ``Compression`` factories keep an error-feedback residual for this codec
+    #: unless told otherwise (the method's own recipe: on for 1-bit SGD, off for the
+    #: unbiased stochastic quantizers, whose papers use none).
+    error_feedback_default: bool = True
 
     def __init__(self, impl: str = "native"):
         if impl not in ("native", "reference"):

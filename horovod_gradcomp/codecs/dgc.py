@@ -107,6 +107,7 @@ class DGCCodec(CounterStream, Codec):
     """DGC top-magnitude sparsifier: (indices, values) of about ``density * n`` values."""
 
     fuses_feedback = False
+    error_feedback_default = False
     variable_size = True
 
     def __init__(self, impl: str = "native", density: float = 0.001, sample: float = 0.01, seed: int = 0,

@@ -293,6 +293,7 @@ class QSGDCodec(CounterStream, Codec):
     """QSGD stochastic quantizer (s levels per bucket), fixed-width or Elias coding."""
 
     fuses_feedback = False
+    error_feedback_default = False
     variable_size = False
 
     def __init__(self, impl: str = "native", levels: Optional[int] = None, bits: Optional[int] = None,

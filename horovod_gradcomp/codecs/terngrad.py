@@ -97,6 +97,7 @@ class TernGradCodec(CounterStream, Codec):
     #: the adapter agrees on one scale per tensor (MAX of ``local_scale``) before ``encode``
     shared_scale = True
     fuses_feedback = False
+    error_feedback_default = False
 
     def __init__(self, impl: str = "native", seed: int = 0, rank_stream: int = 0,
                  clip: Optional[float] = None):

@@ -49,7 +49,7 @@ class Compression:
         return DenseCompression(torch.float16)
 
     @staticmethod
-    def codec(name: str, named_parameters: NamedParameters, *, error_feedback: bool = True, memory=None,
+    def codec(name: str, named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, memory=None,
               pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               **codec_options) -> CodecCompression:
@@ -61,8 +61,14 @@ class Compression:
         this many gradient bytes, from a communication thread during backward when
         ``overlap`` (None: one exchange per step at ``synchronize()``).
 
+        ``error_feedback``: keep a residual per parameter (None: the codec's own default,
+        ``error_feedback_default``: on for onebit, off for terngrad and qsgd, so that
+        ``Compression.codec("terngrad", ...)`` and ``Compression.terngrad(...)`` agree).
+
         Stochastic codecs (those taking ``rank_stream``) get this rank's number unless told
         otherwise, so each rank draws its own random stream."""
+        if error_feedback is None:
+            error_feedback = codec_class(name).error_feedback_default
         if "rank_stream" in inspect.signature(codec_class(name)).parameters and "rank_stream" not in codec_options:
             codec_options["rank_stream"] = (communicator or default_communicator()).rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
@@ -70,20 +76,20 @@ class Compression:
                                 communicator=communicator, check_agreement=check_agreement)
 
     @staticmethod
-    def onebit(named_parameters: NamedParameters, *, error_feedback: bool = True, impl: str = "native",
+    def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
                **options) -> CodecCompression:
         """1-bit SGD with per-column reconstruction values and error feedback (Seide et al.)."""
         return Compression.codec("onebit", named_parameters, error_feedback=error_feedback, impl=impl, **options)
 
     @staticmethod
-    def terngrad(named_parameters: NamedParameters, *, error_feedback: bool = False, impl: str = "native",
+    def terngrad(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
                  **options) -> CodecCompression:
         """TernGrad (Wen et al.): a scale shared by all ranks (one MAX-allreduce for all tensors per
         step), stochastic ternary values, 2 bits each. Options: seed, clip (c in c*sigma)."""
         return Compression.codec("terngrad", named_parameters, error_feedback=error_feedback, impl=impl, **options)
 
     @staticmethod
-    def qsgd(named_parameters: NamedParameters, *, error_feedback: bool = False, impl: str = "native",
+    def qsgd(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
              norm: str = "max", **options) -> CodecCompression:
         """QSGD (Alistarh et al.): s-level stochastic quantization per bucket. Options: bits or
         levels, bucket, norm, coding ("fixed" | "elias"), seed.

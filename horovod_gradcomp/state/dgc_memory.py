@@ -1,4 +1,4 @@
-"""Deep Gradient Compression's per-worker state (Lin et al., ICLR 2018; ALGORITHMS.md section 4).
+"""Deep Gradient Compression's per-worker state (Lin et al., ICLR 2018).
 
 The codec (:mod:`horovod_gradcomp.codecs.dgc`) only selects and packs. This memory holds,
 per parameter name and on this rank,
