@@ -68,7 +68,7 @@ def make_compression(name, model, options, momentum):
     if name == "onebit-noef":
         return hgc.Compression.onebit(model.named_parameters(), error_feedback=False, **options)
     if name == "dgc":  # DGC keeps the momentum itself (the optimizer below then has none)
-        options = {"momentum": momentum, "warmup_length": 4, **options}
+        options = {"momentum": momentum, "warmup_length": 4, "warmup_unit": "epoch", **options}
     factory = getattr(hgc.Compression, name, None)
     if factory is not None:
         return factory(model.named_parameters(), **options)

@@ -6,11 +6,13 @@ from ._version import __version__
 from .native import NativeUnavailableError, native_available, native_error, native_has_cuda
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .state import DensitySchedule, DGCMemory
-from .horovod import Compression, OptimizerMismatchError
+from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
+from .horovod.checkpoint import load_job_state, save_job_state
 from .training import DoubleBufferedStep, double_buffering_pays
 
 __all__ = [
     "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",
     "OptimizerMismatchError", "Payload", "available_codecs",
-    "double_buffering_pays", "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
+    "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
+    "native_error", "native_has_cuda", "register_codec", "save_job_state",
 ]

@@ -6,7 +6,6 @@ importing horovod_gradcomp does not initialize MPI.
 """
 from __future__ import annotations
 
-import hashlib
 from typing import Optional, Sequence
 
 import numpy as np
@@ -33,6 +32,12 @@ class MPICommunicator:
     @property
     def rank(self) -> int:
         return self.comm.Get_rank()
+
+    @property
+    def thread_multiple(self) -> bool:
+        """True when the MPI library granted MPI_THREAD_MULTIPLE (a communication thread is safe)."""
+        from mpi4py import MPI
+        return MPI.Query_thread() == MPI.THREAD_MULTIPLE
 
     @property
     def size(self) -> int:
@@ -102,21 +107,6 @@ class MPICommunicator:
         out = np.empty_like(mine)
         self.comm.Allreduce([mine, MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX)
         return out
-
-    def check_agreement(self, what: str, signature: Sequence[str]) -> None:
-        """Raise :class:`ExchangeMismatchError` on every rank unless all ranks pass the same
-        ``signature`` (a small list of strings). One 16-byte allgather."""
-        digest = hashlib.blake2b("\n".join(signature).encode(), digest_size=16).digest()
-        mine = np.frombuffer(digest, dtype=np.uint8).copy()
-        every = np.empty((self.size, 16), dtype=np.uint8)
-        from mpi4py import MPI
-        self.comm.Allgather([mine, MPI.BYTE], [every, MPI.BYTE])
-        differ = [r for r in range(self.size) if not np.array_equal(every[r], every[0])]
-        if differ:
-            raise ExchangeMismatchError(
-                f"{what}: ranks {differ} disagree with rank 0 on the tensors to exchange (names, shapes, dtypes or "
-                f"codec options). This rank has {len(signature)} entries: {list(signature)[:5]}... Every rank must "
-                "build the same model and pass the same named_parameters and compression options.")
 
 
 def _check_bytes(send: torch.Tensor, what: str) -> None:

@@ -10,11 +10,19 @@ shares (never hook order):
   names, :mod:`horovod_gradcomp.exchange.buckets`) and with ``overlap``, a communication
   thread exchanges bucket j as soon as its gradients are all in, while backward goes on.
 
-Each bucket: the agreement check (one 16-byte allgather: codec, memory, pattern, names,
-shapes, dtypes), then its pattern (:class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
+Each bucket, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`):
+the preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that
+the ranks agree and tells every rank whether any rank holds a non-finite gradient), then its
+pattern (:class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
 or :class:`~horovod_gradcomp.exchange.two_phase.TwoPhasePattern`), which encodes through the
 state's memory, exchanges and decodes the mean. Results are collected by name; the step closes
 with one ``stats`` record and ``state.end_step()``.
+
+Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encodes that
+bucket (its memory is untouched) and every result of the step is NaN on every rank, so every
+rank skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left earlier in the
+step are rolled back to the memory they had before it (the engine snapshots a bucket's memory
+before encoding it whenever a step has several buckets).
 
 ``pattern="auto"`` picks per bucket, identically on every rank, from the codec's layout:
 ``allgather`` for variable-size codecs, for K <= 2, and when the allgather would send less
@@ -25,6 +33,7 @@ allgather: K-1).
 from __future__ import annotations
 
 import threading
+import warnings
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -35,13 +44,16 @@ from ..state.error_feedback import ErrorFeedback
 from .allgather import AllgatherPattern
 from .bucket import Bucket
 from .buckets import BucketPlan
+from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
+from .stripes import stripe_key
 from .two_phase import TwoPhasePattern
+from .watchdog import default_watchdog, resolve_timeout
 
 PATTERNS = ("allgather", "two_phase", "auto")
 #: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
 AUTO_MIN_BYTES = 1 << 16
-AGREEMENT_BYTES = 16
+_warned_thread_level = False
 
 
 class StepEngine:
@@ -53,6 +65,7 @@ class StepEngine:
             bytes (the bucket plan's order and sizes).
         order: name -> index among the sorted names: the exchange order and stream positions.
         pattern, bucket_bytes, overlap, check_agreement: the options (see the factories).
+        timeout: seconds a bucket may wait before the job is aborted (0: no deadline).
         communicator: a callable returning the communicator (resolved at each bucket, so that
             the default one is created only when first needed).
         stats: this rank's :class:`~horovod_gradcomp.exchange.stats.ExchangeStats`.
@@ -62,7 +75,8 @@ class StepEngine:
 
     def __init__(self, codec: Codec, state: CompressionState, registration: Sequence[str], sizes: Mapping[str, int],
                  *, owner: str, communicator: Callable[[], object], pattern: str = "allgather",
-                 bucket_bytes: Optional[int] = None, overlap: bool = True, check_agreement: bool = True):
+                 bucket_bytes: Optional[int] = None, overlap: bool = True, check_agreement: bool = True,
+                 timeout: Optional[float] = None):
         if pattern not in PATTERNS:
             raise ValueError(f"{owner}: pattern must be one of {PATTERNS}, got {pattern!r}")
         variable = bool(getattr(codec, "variable_size", False))
@@ -80,6 +94,8 @@ class StepEngine:
         self.pattern, self.bucket_bytes = pattern, bucket_bytes
         self.overlap, self.check_agreement = bool(overlap), check_agreement
         self.communicator = communicator
+        self.timeout = resolve_timeout(timeout)
+        self.watchdog = default_watchdog()
         self.stats = ExchangeStats()
         self.plan: Optional[BucketPlan] = None
         self._patterns = {"allgather": AllgatherPattern(codec)}
@@ -92,6 +108,8 @@ class StepEngine:
         self._worker: Optional[threading.Thread] = None
         self._worker_error: Optional[BaseException] = None
         self._totals = StepTotals()
+        self._nonfinite = False
+        self._snapshots: List[tuple] = []
 
     # -- a step -------------------------------------------------------------------------
     @property
@@ -130,9 +148,22 @@ class StepEngine:
             exchanged = list(self._grads)
             self._worker, self._worker_error, self._flush = None, None, False
             self._grads = {}
+        if self._nonfinite:
+            self._skip_step()
+        self._snapshots = []
         self._close_step(exchanged)
         results, self._results = self._results, {}
         return results
+
+    def _skip_step(self) -> None:
+        """Some rank had a non-finite gradient: undo the memory updates of this step's earlier
+        buckets and make every result NaN (on every rank alike, so all skip the step)."""
+        for snapshot in reversed(self._snapshots):
+            self.state.restore(snapshot)
+        for r in self._results.values():
+            r.fill_(float("nan"))
+        self.stats.nonfinite_steps += 1
+        self._nonfinite = False
 
     def exchange(self, grads: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """One whole step at once: name -> mean over ranks (written into contiguous gradients)."""
@@ -147,7 +178,9 @@ class StepEngine:
     # -- buckets ------------------------------------------------------------------------
     def _can_overlap(self) -> bool:
         # DGC's clipping needs the whole step's gradient norm: nothing can leave before it.
-        return self.overlap and self.plan is not None and not self.state.memory.needs_all_grads
+        if not (self.overlap and self.plan is not None and not self.state.memory.needs_all_grads):
+            return False
+        return _threads_allowed(self.communicator())
 
     def _worker_main(self) -> None:
         try:
@@ -178,20 +211,33 @@ class StepEngine:
         with self._cv:
             grads = {n: self._grads[n] for n in names}
         pattern = self.choose_pattern(grads, comm.size)
-        if self.check_agreement:
+        others = [r for r in range(comm.size) if r != comm.rank]
+        what = (f"{self.owner}: step {self.state.step}, bucket {tag} ({len(names)} tensors, {pattern}), rank "
+                f"{comm.rank} waiting for ranks {others}")
+        with self.watchdog.guard(self.timeout, what):
+            signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
+                         f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
             with self.stats.timed("exchange_s"):
-                comm.check_agreement(self.owner, [
-                    self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}"] + [
-                    f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()])
-            self._totals.add(sent=allgather_wire_bytes(AGREEMENT_BYTES, comm.size))
-        if not names:
-            return
-        outs = {n: (g if g.is_contiguous() else None) for n, g in grads.items()}
-        bucket = Bucket(names, grads, self.state, self.order, outs)
-        outcome = self._patterns[pattern].exchange(comm, bucket, self.stats, self._totals)
+                nonfinite = bucket_preamble(comm, self.owner, signature, has_nonfinite(grads), self.check_agreement)
+            self._totals.add(sent=allgather_wire_bytes(PREAMBLE_BYTES, comm.size))
+            if not names:
+                return
+            outs = {n: (g if g.is_contiguous() else None) for n, g in grads.items()}
+            if nonfinite:  # nothing encoded: this bucket's memory stays as it was
+                self._nonfinite = True
+                results = {n: (outs[n] if outs[n] is not None else torch.empty_like(g)).fill_(float("nan"))
+                           for n, g in grads.items()}
+                payload = sent = 0
+            else:
+                if self.plan is not None:  # several buckets: keep what a skipped step must restore
+                    self._snapshots.append(self.state.snapshot(names, [stripe_key(n, comm.rank) for n in names]))
+                outcome = self._patterns[pattern].exchange(comm, Bucket(names, grads, self.state, self.order, outs),
+                                                           self.stats, self._totals)
+                results, payload, sent = outcome.results, outcome.payload, outcome.sent
         with self._cv:
-            self._results.update(outcome.results)
-        self._totals.add(tensors=len(names), payload=outcome.payload, numel=bucket.numel, sent=outcome.sent)
+            self._results.update(results)
+        self._totals.add(tensors=len(names), payload=payload, numel=sum(g.numel() for g in grads.values()),
+                         sent=sent)
         self._totals.k = comm.size
 
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
@@ -215,3 +261,16 @@ class StepEngine:
         if self.bucket_bytes is not None and (self.plan is None or set(exchanged) != self.plan.names):
             in_order = sorted(exchanged, key=self.registration.__getitem__, reverse=True)
             self.plan = BucketPlan(in_order, {n: self.sizes[n] for n in in_order}, self.bucket_bytes)
+
+
+def _threads_allowed(comm) -> bool:
+    """False (with one warning per process) when the MPI library did not grant
+    ``MPI_THREAD_MULTIPLE``: the exchange then runs on the main thread only."""
+    global _warned_thread_level
+    if getattr(comm, "thread_multiple", True):
+        return True
+    if not _warned_thread_level:
+        _warned_thread_level = True
+        warnings.warn("horovod_gradcomp: the MPI library did not grant MPI_THREAD_MULTIPLE; buckets are exchanged "
+                      "at synchronize() on the main thread (no overlap with backward)", RuntimeWarning, stacklevel=2)
+    return False

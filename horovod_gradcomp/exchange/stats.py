@@ -37,6 +37,7 @@ class ExchangeStats:
     encode_s: float = 0.0              # time in encode (and error feedback)
     exchange_s: float = 0.0            # time in collectives, packing included
     decode_s: float = 0.0              # time decoding / averaging
+    nonfinite_steps: int = 0           # steps skipped because some rank had a NaN or Inf gradient
 
     @contextmanager
     def timed(self, field: str):

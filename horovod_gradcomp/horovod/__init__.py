@@ -4,5 +4,6 @@ from .compression import CodecCompression
 from .dense import DenseCompression
 from .factories import Compression
 from .optimizer_check import OptimizerMismatchError
+from .options_check import UnsupportedHorovodOption
 
-__all__ = ["CodecCompression", "Compression", "DenseCompression", "OptimizerMismatchError"]
+__all__ = ["CodecCompression", "Compression", "DenseCompression", "OptimizerMismatchError", "UnsupportedHorovodOption"]

@@ -25,6 +25,7 @@ from ..exchange.communicator import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
+from .options_check import calling_optimizer, check_dense, check_horovod_options
 from .param_index import ParamIndex
 
 
@@ -49,7 +50,8 @@ class CodecCompression:
 
     def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
                  pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
-                 communicator: Optional[MPICommunicator] = None, check_agreement: bool = True):
+                 communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
+                 timeout: Optional[float] = None):
         owner = f"Compression.{codec.name}"
         self.codec = codec
         self.index = ParamIndex(named_parameters, owner=owner)
@@ -58,8 +60,9 @@ class CodecCompression:
         sizes = {n: p.numel() * p.element_size() for n, p in zip(self.index.names, self.index.params)}
         self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self._comm,
                                  pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
-                                 check_agreement=check_agreement)
+                                 check_agreement=check_agreement, timeout=timeout)
         self._results: Dict[str, torch.Tensor] = {}
+        self._options_checked = False
 
     @property
     def memory(self):
@@ -73,6 +76,10 @@ class CodecCompression:
     def compress(self, tensor: torch.Tensor):
         """Record ``tensor`` (a parameter's ``.grad``) for this step's exchange; return the
         placeholder and the parameter's name (Horovod's ``ctx``)."""
+        if not self._options_checked:
+            check_horovod_options(calling_optimizer(self), f"Compression.{self.codec.name}")
+            self._options_checked = True
+        check_dense(tensor, f"Compression.{self.codec.name}")
         name = self.index.name_of(tensor)
         self.engine.submit(name, tensor)  # the mean is later written back into this buffer
         return torch.ones(1, dtype=torch.float32, device=tensor.device), name
@@ -109,10 +116,24 @@ class CodecCompression:
         return self.engine.stats.as_dict()
 
     def state_dict(self) -> dict:
-        """This rank's state (residuals differ between ranks: save one file per rank)."""
-        return {"codec": repr(self.codec), **self.state.state_dict()}
+        """This rank's state, tagged with the rank and world size it belongs to (residuals and
+        owner stripes differ between ranks: save one per rank, or the whole job's at once with
+        :func:`~horovod_gradcomp.horovod.checkpoint.save_job_state`)."""
+        comm = self._comm()
+        return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size, **self.state.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` of this same rank and world size (``ValueError`` otherwise:
+        residuals cannot be redistributed to another number of ranks)."""
+        comm = self._comm()
+        if "world_size" in state and state["world_size"] != comm.size:
+            raise ValueError(f"Compression.{self.codec.name}: this checkpoint was written by a job of "
+                             f"{state['world_size']} ranks; this job has {comm.size}. The compression state (error "
+                             "feedback, owner stripes) cannot be redistributed: start it fresh instead (do not load it)")
+        if "rank" in state and state["rank"] != comm.rank:
+            raise ValueError(f"Compression.{self.codec.name}: this checkpoint holds rank {state['rank']}'s state; this "
+                             f"is rank {comm.rank}. The state is per rank: load each rank's own file, or use "
+                             "hgc.save_job_state / hgc.load_job_state for one file per job")
         if state.get("codec") != repr(self.codec):
             raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}")
         self.state.load_state_dict(state)

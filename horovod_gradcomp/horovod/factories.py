@@ -10,10 +10,10 @@ Interactions with DistributedOptimizer's other options:
   ``compress`` once on the sum; nothing special here.
 * ``op=hvd.Average`` gives the mean, ``op=hvd.Sum`` the sum; ``gradient_predivide_factor``
   cancels out as it does for dense gradients.
-* ``op=hvd.Adasum`` is not linear and is not supported; ``sparse_as_dense`` / sparse
-  gradients are not supported (a clear error is raised); ``groups`` works (grouped
-  allreduce of placeholders); ``process_set`` other than the global one is not supported
-  (the exchange runs over all of COMM_WORLD).
+* ``op=hvd.Adasum``, sparse gradients (``sparse_as_dense`` included) and a ``process_set``
+  other than the global one are refused at the first ``compress`` with an
+  :class:`~horovod_gradcomp.horovod.options_check.UnsupportedHorovodOption` naming the option;
+  ``groups`` works (grouped allreduce of placeholders).
 """
 from __future__ import annotations
 
@@ -52,7 +52,7 @@ class Compression:
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, memory=None,
               pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
-              **codec_options) -> CodecCompression:
+              timeout: Optional[float] = None, **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -60,6 +60,11 @@ class Compression:
         fixed-size codecs only) or "auto". ``bucket_bytes``: exchange in buckets of about
         this many gradient bytes, from a communication thread during backward when
         ``overlap`` (None: one exchange per step at ``synchronize()``).
+
+        ``timeout``: seconds any bucket may wait for the other ranks before the MPI job is
+        aborted with an error naming the step and bucket (None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT``
+        or 300; 0: no deadline). ``check_agreement``: compare what the ranks exchange before
+        each bucket (in the preamble collective, which runs anyway to share non-finite flags).
 
         ``error_feedback``: keep a residual per parameter (None: the codec's own default,
         ``error_feedback_default``: on for onebit, off for terngrad and qsgd, so that
@@ -73,7 +78,7 @@ class Compression:
             codec_options["rank_stream"] = (communicator or default_communicator()).rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
-                                communicator=communicator, check_agreement=check_agreement)
+                                communicator=communicator, check_agreement=check_agreement, timeout=timeout)
 
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
@@ -101,27 +106,37 @@ class Compression:
                                  **options)
 
     @staticmethod
-    def dgc(named_parameters: NamedParameters, *, density: float = 0.001, momentum: float = 0.9,
-            nesterov: bool = False, momentum_masking: bool = True, clip_norm: Optional[float] = None,
-            warmup_start: float = 0.25, warmup_length: int = 0, warmup_unit: str = "epoch",
+    def dgc(named_parameters: NamedParameters, *, density: float = 0.001, momentum: Optional[float] = None,
+            nesterov: Optional[bool] = None, momentum_masking: bool = True, clip_norm: Optional[float] = None,
+            warmup_start: float = 0.25, warmup_length: int = 0, warmup_unit: str = "step",
             check_optimizer: bool = True, impl: str = "native", communicator: Optional[MPICommunicator] = None,
-            check_agreement: bool = True, **options) -> CodecCompression:
+            check_agreement: bool = True, timeout: Optional[float] = None, **options) -> CodecCompression:
         """Deep Gradient Compression (Lin et al.): top-``density`` sparsification of the
         momentum-corrected accumulated velocity (see :mod:`horovod_gradcomp.state.dgc_memory`).
 
-        The momentum lives here: wrap a ``torch.optim.SGD`` with **momentum=0** (checked before
-        its first step unless ``check_optimizer=False``). ``clip_norm``: the single-worker
-        gradient-norm threshold; each rank clips its gradient to ``clip_norm / sqrt(K)``.
-        Warm-up: ``warmup_length`` epochs (or steps, ``warmup_unit="step"``) during which the
-        density falls exponentially from ``warmup_start`` to ``density``; by epoch, call
-        ``compression.set_epoch(epoch)`` at the start of each epoch. Codec options:
-        ``sample`` (fraction of values sampled for the threshold estimate), ``seed``."""
+        The momentum lives in the compression. ``momentum=None`` (the default) takes it from the
+        wrapped optimizer before its first step: a ``torch.optim.SGD(momentum=m, nesterov=b)``
+        hands ``m`` and ``b`` to the compression and keeps none itself (its param groups are set
+        to momentum 0, with one log line), so a plain-SGD script stays plain SGD and a
+        momentum-SGD script gets DGC's momentum correction without edits. An explicit
+        ``momentum=`` requires the wrapped SGD to have momentum 0 (checked before its first step
+        unless ``check_optimizer=False``). ``clip_norm``: the single-worker gradient-norm
+        threshold; each rank clips its gradient to ``clip_norm / sqrt(K)``. Warm-up:
+        ``warmup_length`` steps (or epochs with ``warmup_unit="epoch"``, then call
+        ``compression.set_epoch(epoch)`` at the start of each epoch) during which the density
+        falls exponentially from ``warmup_start`` to ``density``. Codec options: ``sample``
+        (fraction of values sampled for the threshold estimate), ``seed``."""
         named = list(named_parameters)
         schedule = DensitySchedule(density, start=warmup_start, length=warmup_length, unit=warmup_unit)
-        memory = DGCMemory(schedule, momentum=momentum, nesterov=nesterov, momentum_masking=momentum_masking,
-                           clip_norm=clip_norm)
+        adopt = momentum is None
+        if adopt and not check_optimizer:
+            raise ValueError("Compression.dgc: momentum=None takes the momentum from the wrapped optimizer, which "
+                             "needs check_optimizer=True; pass momentum= explicitly with check_optimizer=False")
+        memory = DGCMemory(schedule, momentum=0.0 if adopt else momentum, nesterov=bool(nesterov),
+                           momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt)
         comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
-                                 check_agreement=check_agreement, memory=memory, **options)
+                                 check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
         if check_optimizer:
-            comp.optimizer_guard = PlainSGDGuard([p for _, p in named], owner="Compression.dgc")
+            comp.optimizer_guard = PlainSGDGuard([p for _, p in named], owner="Compression.dgc",
+                                                 adopt_momentum=memory.adopt_momentum if adopt else None)
         return comp

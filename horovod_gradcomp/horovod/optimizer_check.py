@@ -14,6 +14,7 @@ same error. What cannot be detected: an optimizer whose step is never called thr
 """
 from __future__ import annotations
 
+import logging
 import warnings
 import weakref
 from typing import Iterable
@@ -52,12 +53,42 @@ def check_plain_sgd(optimizer: torch.optim.Optimizer, params: Iterable[torch.Ten
                           "the loss if the momentum should carry it.", stacklevel=3)
 
 
-class PlainSGDGuard:
-    """Runs :func:`check_plain_sgd` once per optimizer, before its first ``step()``."""
+def take_momentum(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], owner: str):
+    """``(momentum, nesterov)`` of the SGD groups holding ``params``, which are then set to
+    momentum 0 (the compression applies the momentum instead). Raises
+    :class:`OptimizerMismatchError` when the optimizer is not SGD or its groups disagree;
+    ``None`` when it holds none of ``params``."""
+    ours = {id(p) for p in params}
+    groups = [g for g in optimizer.param_groups if any(id(p) in ours for p in g["params"])]
+    if not groups:
+        return None
+    if not isinstance(optimizer, torch.optim.SGD):
+        raise OptimizerMismatchError(
+            f"{owner} applies the momentum itself, so it wraps torch.optim.SGD; got {type(optimizer).__name__}. "
+            "Pass check_optimizer=False and an explicit momentum= to combine DGC with another optimizer knowingly.")
+    found = {(float(g.get("momentum", 0.0)), bool(g.get("nesterov", False))) for g in groups}
+    if len(found) > 1:
+        raise OptimizerMismatchError(f"{owner}: the SGD param groups holding the compressed parameters have different "
+                                     f"momentum settings {sorted(found)}; pass momentum= explicitly")
+    momentum, nesterov = found.pop()
+    for g in groups:
+        g["momentum"], g["nesterov"] = 0.0, False
+    if momentum:
+        logging.getLogger("horovod_gradcomp").warning(
+            "%s: took momentum=%s nesterov=%s from the wrapped SGD, which now runs with momentum 0 (DGC's momentum "
+            "correction applies it)", owner, momentum, nesterov)
+    return momentum, nesterov
 
-    def __init__(self, params: Iterable[torch.Tensor], owner: str):
+
+class PlainSGDGuard:
+    """Before the first ``step()`` of each optimizer holding the compressed parameters: hand
+    its momentum to ``adopt_momentum(momentum, nesterov)`` when given (:func:`take_momentum`),
+    else run :func:`check_plain_sgd`."""
+
+    def __init__(self, params: Iterable[torch.Tensor], owner: str, adopt_momentum=None):
         self._params = [p for p in params]
         self._owner = owner
+        self._adopt = adopt_momentum
         self._checked = weakref.WeakSet()
         # The global hook must not keep the guard (and its compression) alive.
         guard = weakref.ref(self)
@@ -72,9 +103,15 @@ class PlainSGDGuard:
         weakref.finalize(self, self._handle.remove)
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
-        if optimizer not in self._checked:
+        if optimizer in self._checked:
+            return
+        if self._adopt is None:
             check_plain_sgd(optimizer, self._params, self._owner)
-            self._checked.add(optimizer)
+        else:
+            taken = take_momentum(optimizer, self._params, self._owner)
+            if taken is not None:
+                self._adopt(*taken)
+        self._checked.add(optimizer)
 
     def remove(self) -> None:
         self._handle.remove()

@@ -37,6 +37,10 @@ class ParamIndex:
         else:
             i = next((j for j, p in enumerate(self.params) if p.grad is tensor), None)
             if i is None:
+                if any(p.grad is not None and p.grad.is_sparse and p.shape == tensor.shape for p in self.params):
+                    raise LookupError(f"{self.owner}: sparse gradients are not supported, sparse_as_dense=True "
+                                      "included (the dense copy is not any parameter's .grad); use dense "
+                                      "embeddings (sparse=False)")
                 raise LookupError(
                     f"{self.owner}: compress() received a tensor that is not the .grad of any parameter given to it "
                     f"(shape {tuple(tensor.shape)}). Pass the same model.named_parameters() to the compression and to "

@@ -42,6 +42,17 @@ class CompressionState:
         self.step += 1
         self.memory.end_step()
 
+    def snapshot(self, names, owner_keys) -> tuple:
+        """Copies of the worker memory of ``names`` and of the owner residuals ``owner_keys``:
+        what an exchange of those tensors may change (for :meth:`restore` after a skipped step)."""
+        return self.memory.snapshot(names), self.owner_memory.snapshot(owner_keys)
+
+    def restore(self, snapshot: tuple) -> None:
+        """Undo the exchange that followed :meth:`snapshot` (a step skipped for non-finite values)."""
+        worker, owner = snapshot
+        self.memory.restore(worker)
+        self.owner_memory.restore(owner)
+
     def state_dict(self) -> dict:
         """Copies of everything above (tensors cloned: the live state is updated in place)."""
         return {"memory": repr(self.memory), "memory_state": self.memory.state_dict(),

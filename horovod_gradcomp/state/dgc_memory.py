@@ -98,12 +98,16 @@ class DGCMemory:
         velocities: name -> ``u``; accumulations: name -> ``v`` (both the gradient's shape
             and dtype, created as zeros on first use).
         epoch, step: the warm-up clock (``set_epoch``; ``end_step`` counts exchanges).
+        momentum_from_optimizer: ``momentum``/``nesterov`` are taken from the wrapped optimizer
+            (:meth:`adopt_momentum`) rather than given; they are then saved in checkpoints and
+            left out of the options compared on load.
     """
 
     enabled = True
 
     def __init__(self, schedule: DensitySchedule, momentum: float = 0.9, nesterov: bool = False,
-                 momentum_masking: bool = True, clip_norm: Optional[float] = None):
+                 momentum_masking: bool = True, clip_norm: Optional[float] = None,
+                 momentum_from_optimizer: bool = False):
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"dgc: momentum must be a number in [0, 1), got {momentum!r}")
         if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
@@ -113,6 +117,7 @@ class DGCMemory:
         self.momentum = float(momentum)
         self.nesterov = bool(nesterov)
         self.momentum_masking = bool(momentum_masking)
+        self.momentum_from_optimizer = bool(momentum_from_optimizer)
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.velocities: Dict[str, torch.Tensor] = {}
         self.accumulations: Dict[str, torch.Tensor] = {}
@@ -127,8 +132,8 @@ class DGCMemory:
         return self.clip_norm is not None
 
     def agreement_key(self) -> str:
-        """What every rank must agree on: the options and this step's density."""
-        return f"{self!r} density={self.current_density()!r}"
+        """What every rank must agree on: the options, the momentum in use and this step's density."""
+        return f"{self!r} momentum={self.momentum} nesterov={self.nesterov} density={self.current_density()!r}"
 
     def begin_step(self, grads: Mapping[str, torch.Tensor], world_size: int) -> None:
         """Compute this step's clipping coefficient from all of this rank's gradients."""
@@ -141,6 +146,12 @@ class DGCMemory:
     def end_step(self) -> None:
         self.step += 1
         self._clip_coef = 1.0
+
+    def adopt_momentum(self, momentum: float, nesterov: bool) -> None:
+        """Take the wrapped optimizer's momentum (``Compression.dgc(momentum=None)``)."""
+        if isinstance(momentum, bool) or not 0.0 <= float(momentum) < 1.0:
+            raise ValueError(f"dgc: the optimizer's momentum must be in [0, 1), got {momentum!r}")
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
 
     def set_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
@@ -172,17 +183,36 @@ class DGCMemory:
             u.view(-1).index_fill_(0, sent, 0)
         return payload
 
+    def snapshot(self, names) -> dict:
+        """Copies of the velocity and accumulation of ``names``, for :meth:`restore`."""
+        return {n: tuple(store[n].clone() if n in store else None for store in (self.velocities, self.accumulations))
+                for n in names}
+
+    def restore(self, snapshot: dict) -> None:
+        """Put back what :meth:`snapshot` copied."""
+        for n, saved in snapshot.items():
+            for store, t in zip((self.velocities, self.accumulations), saved):
+                if t is None:
+                    store.pop(n, None)
+                else:
+                    store[n].copy_(t)
+
     # -- checkpoints ------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {"velocities": {k: t.detach().clone() for k, t in self.velocities.items()},
                 "accumulations": {k: t.detach().clone() for k, t in self.accumulations.items()},
-                "epoch": self.epoch, "step": self.step}
+                "epoch": self.epoch, "step": self.step, "momentum": self.momentum, "nesterov": self.nesterov}
 
     def load_state_dict(self, state: dict) -> None:
         self.velocities = {k: t.clone() for k, t in dict(state["velocities"]).items()}
         self.accumulations = {k: t.clone() for k, t in dict(state["accumulations"]).items()}
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        if self.momentum_from_optimizer and "momentum" in state:
+            self.adopt_momentum(state["momentum"], state["nesterov"])
 
     def __repr__(self) -> str:
+        if self.momentum_from_optimizer:
+            return (f"DGCMemory(momentum=from optimizer, momentum_masking={self.momentum_masking}, "
+                    f"clip_norm={self.clip_norm}, schedule={self.schedule!r})")
         return (f"DGCMemory(momentum={self.momentum}, nesterov={self.nesterov}, "
                 f"momentum_masking={self.momentum_masking}, clip_norm={self.clip_norm}, schedule={self.schedule!r})")

@@ -79,6 +79,18 @@ class ErrorFeedback:
         return encode_with_residual(codec, grad, self.residual(name, grad) if self.enabled else None,
                                     **encode_options)
 
+    def snapshot(self, names) -> dict:
+        """Copies of the residuals of ``names`` (None where there is none yet), for :meth:`restore`."""
+        return {n: (self.residuals[n].clone() if n in self.residuals else None) for n in names}
+
+    def restore(self, snapshot: dict) -> None:
+        """Put back what :meth:`snapshot` copied (in place, so views stay valid)."""
+        for n, saved in snapshot.items():
+            if saved is None:
+                self.residuals.pop(n, None)
+            else:
+                self.residuals[n].copy_(saved)
+
     def __repr__(self) -> str:
         return f"ErrorFeedback(enabled={self.enabled})"
 

@@ -135,7 +135,7 @@ def test_sparse_dgc_with_clipping_masking_and_warmup_matches_an_independent_loop
 def test_parameters_identical_across_ranks_with_native_selection():
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(40, 64), torch.nn.ReLU(), torch.nn.Linear(64, 5))
-    comp = hgc.Compression.dgc(model.named_parameters(), density=0.01, warmup_length=2)
+    comp = hgc.Compression.dgc(model.named_parameters(), density=0.01, warmup_length=2, warmup_unit="epoch")
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=comp)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -153,7 +153,7 @@ def test_parameters_identical_across_ranks_with_native_selection():
 @needs_peers
 def test_ranks_in_different_epochs_raise_on_every_rank():
     params = {n: torch.nn.Parameter(t.clone()) for n, t in initial_params().items()}
-    comp = hgc.Compression.dgc(list(params.items()), density=0.1, warmup_length=4)
+    comp = hgc.Compression.dgc(list(params.items()), density=0.1, warmup_length=4, warmup_unit="epoch")
     comp.set_epoch(RANK % 2)  # ranks 0 and 1 disagree on the warm-up density
     for n, p in params.items():
         p.grad = grad_for(RANK, 0, n)
@@ -162,10 +162,35 @@ def test_ranks_in_different_epochs_raise_on_every_rank():
         comp.decompress(torch.ones(1), names[0])
 
 
-def test_momentum_in_the_wrapped_optimizer_raises_before_the_first_step():
+def test_explicit_momentum_with_momentum_in_the_wrapped_optimizer_raises_before_the_first_step():
     params = {n: torch.nn.Parameter(t.clone()) for n, t in initial_params().items()}
-    comp = hgc.Compression.dgc(list(params.items()), density=0.5)
+    comp = hgc.Compression.dgc(list(params.items()), density=0.5, momentum=0.9)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(params.values(), lr=0.1, momentum=0.9),
                                    named_parameters=list(params.items()), compression=comp)
     with pytest.raises(OptimizerMismatchError, match="momentum=0"):
         opt.step()  # raised by the pre-step check, before any exchange, on every rank
+
+
+@needs_peers
+def test_default_momentum_is_taken_from_the_wrapped_optimizer():
+    """momentum=None: SGD(momentum=m) hands m to the compression and keeps none itself, which
+    gives bitwise what the explicit form gives; plain SGD stays plain SGD."""
+    def run(momentum_in_sgd, dgc_momentum):
+        params = {n: torch.nn.Parameter(t.clone()) for n, t in initial_params().items()}
+        comp = hgc.Compression.dgc(list(params.items()), density=1.0, momentum_masking=False,
+                                   **({} if dgc_momentum is None else {"momentum": dgc_momentum}))
+        sgd = torch.optim.SGD(params.values(), lr=LR, momentum=momentum_in_sgd)
+        opt = hvd.DistributedOptimizer(sgd, named_parameters=list(params.items()), compression=comp)
+        for step in range(STEPS):
+            opt.zero_grad()
+            sum((p * grad_for(RANK, step, n)).sum() for n, p in params.items()).backward()
+            opt.step()
+        return params, comp, sgd
+
+    adopted, comp, sgd = run(MOMENTUM, None)
+    explicit, _, _ = run(0.0, MOMENTUM)
+    assert comp.memory.momentum == MOMENTUM and all(g["momentum"] == 0 for g in sgd.param_groups)
+    for n in adopted:
+        assert torch.equal(adopted[n], explicit[n]), n
+    _, plain, _ = run(0.0, None)
+    assert plain.memory.momentum == 0.0

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
+from horovod_gradcomp.exchange.preamble import PREAMBLE_BYTES
 from horovod_gradcomp.exchange.communicator import ExchangeMismatchError
 
 from .mpi_helpers import (assert_identical_across_ranks, init, needs_peers, reference_mean_of_decoded)
@@ -157,7 +158,7 @@ def test_stats_count_what_was_sent():
     assert s["steps"] == 3 and s["tensors"] == 3 * len(list(model.parameters()))
     assert payload <= s["bytes_payload"] / 3 < payload + 8          # fused buffer padded to 8 bytes
     assert s["bytes_payload_dense"] == 3 * 4 * numel
-    assert s["bytes_sent"] == 3 * (SIZE - 1) * (s["bytes_payload"] / 3 + 16)  # allgather, agreement check
+    assert s["bytes_sent"] == 3 * (SIZE - 1) * (s["bytes_payload"] / 3 + PREAMBLE_BYTES)  # allgather, preamble
     assert s["bytes_dense"] == pytest.approx(3 * 2 * (SIZE - 1) / SIZE * 4 * numel)
 
 

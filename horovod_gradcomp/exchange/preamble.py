@@ -1,0 +1,56 @@
+"""The first collective of every bucket: do the ranks agree, and is every gradient finite?
+
+One allgather of ``PREAMBLE_BYTES`` per rank carries a 16-byte digest of what this rank is
+about to exchange (codec options, memory options, pattern, world size, every name, shape and
+dtype) and one flag byte: "some gradient of this bucket is NaN or Inf here". It comes before
+any collective whose sizes or meaning depend on those things (shared scales, payloads), so
+ranks that disagree fail on every rank with :class:`ExchangeMismatchError` instead of pairing
+the wrong buffers or hanging, and a non-finite gradient on one rank is known to all.
+"""
+from __future__ import annotations
+
+import hashlib
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from .communicator import ExchangeMismatchError
+
+DIGEST_BYTES = 16
+PREAMBLE_BYTES = 24  # digest, flag byte, padding to 8
+
+
+def has_nonfinite(grads: Mapping[str, torch.Tensor]) -> bool:
+    """True when any value of any gradient is NaN or +-Inf (one reduction per tensor, one sync).
+
+    A NaN or Inf makes the tensor's sum non-finite; a sum of finite values overflows only past
+    the accumulation type's range (float32 for narrow dtypes), which a gradient does not reach."""
+    sums = [g.sum(dtype=torch.float64 if g.dtype == torch.float64 else torch.float32).reshape(1)
+            for g in grads.values() if g.numel()]
+    if not sums:
+        return False
+    return not bool(torch.isfinite(torch.cat([s.to(sums[0].device, torch.float64) for s in sums])).all())
+
+
+def bucket_preamble(comm, what: str, signature: Sequence[str], nonfinite: bool, check: bool = True) -> bool:
+    """Run the preamble collective; return True when any rank flagged non-finite gradients.
+
+    Raises :class:`ExchangeMismatchError` on every rank when ``check`` and the ranks' signatures
+    differ (every rank sees every digest, so every rank raises)."""
+    mine = np.zeros(PREAMBLE_BYTES, dtype=np.uint8)
+    if check:
+        digest = hashlib.blake2b("\n".join(signature).encode(), digest_size=DIGEST_BYTES).digest()
+        mine[:DIGEST_BYTES] = np.frombuffer(digest, dtype=np.uint8)
+    mine[DIGEST_BYTES] = 1 if nonfinite else 0
+    every = comm.allgather(torch.from_numpy(mine)).numpy() if comm.size > 1 else mine[None, :]
+    if check:
+        differ = [r for r in range(every.shape[0])
+                  if not np.array_equal(every[r, :DIGEST_BYTES], every[0, :DIGEST_BYTES])]
+        if differ:
+            raise ExchangeMismatchError(
+                f"{what}: ranks {differ} disagree with rank 0 on what to exchange (world size, names, shapes, "
+                f"dtypes, codec or memory options, pattern). This rank has {len(signature)} entries: "
+                f"{list(signature)[:5]}... Every rank must build the same model and pass the same "
+                "named_parameters and compression options.")
+    return bool(every[:, DIGEST_BYTES].any())

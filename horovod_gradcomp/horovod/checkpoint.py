@@ -1,0 +1,74 @@
+"""A whole job's compression state in one file.
+
+``compression.state_dict()`` is one rank's state (residuals differ between ranks). These two
+helpers save every rank's into one file written by rank 0, and give each rank its own part
+back, through the compression's own communicator (the same one its exchange uses):
+
+    hgc.save_job_state(compression, "ckpt/compression.pt")     # every rank calls it
+    hgc.load_job_state(compression, "ckpt/compression.pt")     # every rank calls it
+
+The file holds ``{"world_size": K, "ranks": [state of rank 0, ..., state of rank K-1]}``.
+Loading into a job of another size raises ``ValueError`` naming both sizes on every rank.
+"""
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import torch
+
+
+def _to_bytes(obj) -> torch.Tensor:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+
+
+def _from_bytes(data: torch.Tensor):
+    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+
+
+def save_job_state(compression, path: str) -> None:
+    """Gather every rank's ``compression.state_dict()`` and write them to ``path`` on rank 0.
+    A collective: every rank calls it."""
+    comm = compression._comm()
+    parts = comm.allgatherv(_to_bytes(compression.state_dict())) if comm.size > 1 else [
+        _to_bytes(compression.state_dict())]
+    if comm.rank == 0:
+        job = {"world_size": comm.size, "ranks": [_from_bytes(p) for p in parts]}
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        torch.save(job, path)
+
+
+def load_job_state(compression, path: str) -> None:
+    """Read ``path`` on rank 0 and load each rank's own part into its ``compression``.
+    A collective: every rank calls it."""
+    comm = compression._comm()
+    k, rank = comm.size, comm.rank
+    header, parts, failure = np.zeros(k + 1, dtype=np.int64), [], None
+    if rank == 0:
+        try:  # a failure here must reach every rank, not leave them waiting in the collective
+            job = torch.load(path, weights_only=False)
+            header[0] = job["world_size"]
+            if job["world_size"] == k:
+                parts = [_to_bytes(s) for s in job["ranks"]]
+                header[1:] = [p.numel() for p in parts]
+        except Exception as exc:  # noqa: BLE001 - reported on every rank below
+            failure, header[0] = exc, -1
+    # rank 0's header (saved size, then each rank's byte count) to everyone
+    headers = comm.allgather(torch.from_numpy(header).view(torch.uint8)) if k > 1 else torch.from_numpy(header).view(
+        torch.uint8)[None]
+    header = headers[0].view(torch.int64).numpy()
+    if int(header[0]) == -1:
+        raise RuntimeError(f"load_job_state({path!r}): rank 0 could not read the file: {failure}")
+    if int(header[0]) != k:
+        raise ValueError(f"load_job_state({path!r}): the file holds the compression state of {int(header[0])} ranks; "
+                         f"this job has {k}. The state cannot be redistributed to another number of ranks")
+    counts = [int(c) for c in header[1:]]
+    if k > 1:
+        send = torch.cat(parts) if rank == 0 else torch.empty(0, dtype=torch.uint8)
+        mine = comm.alltoallv(send, counts if rank == 0 else [0] * k, [counts[rank]] + [0] * (k - 1))
+    else:
+        mine = parts[0]
+    compression.load_state_dict(_from_bytes(mine))

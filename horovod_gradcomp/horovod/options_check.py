@@ -1,0 +1,59 @@
+"""Horovod options the codecs cannot honour, found at the first ``compress`` instead of later.
+
+``hvd.DistributedOptimizer`` never shows its options to the compression, but it calls
+``compress`` from its own methods: the first call looks up the calling optimizer on the stack
+(the frame whose ``self`` holds this compression as ``_compression``) and checks it once:
+
+* ``op=hvd.Adasum``: not a linear reduction of gradients; the codecs exchange means.
+* ``process_set`` other than the global one: the exchange would run on all ranks while only
+  the set's ranks step (ranks outside it would never join).
+* sparse gradients (``sparse_as_dense=True`` too): a sparse gradient has no dense payload.
+
+``op=hvd.Sum`` and ``gradient_predivide_factor`` work (the placeholder that Horovod reduces
+carries the scaling); ``backward_passes_per_step`` and ``groups`` need nothing special.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import torch
+
+
+class UnsupportedHorovodOption(ValueError):
+    """A ``hvd.DistributedOptimizer`` option that the compressed exchange cannot honour."""
+
+
+def calling_optimizer(compression, depth: int = 6) -> Optional[object]:
+    """The object whose method called ``compression.compress`` (Horovod's optimizer), if any."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and getattr(owner, "_compression", None) is compression:
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def check_horovod_options(optimizer, owner: str) -> None:
+    """Raise :class:`UnsupportedHorovodOption` naming the first option the exchange cannot honour."""
+    if optimizer is None:
+        return
+    import horovod.torch as hvd
+    if getattr(optimizer, "op", None) == hvd.Adasum or hasattr(optimizer, "_starting_models"):  # Adasum's class
+        raise UnsupportedHorovodOption(f"{owner}: op=hvd.Adasum is not supported (it is not a linear reduction; the "
+                                       "codecs exchange means): use op=hvd.Average or hvd.Sum")
+    process_set = getattr(optimizer, "process_set", None)
+    if process_set is not None and getattr(process_set, "process_set_id", 0) not in (0, None):
+        raise UnsupportedHorovodOption(
+            f"{owner}: process_set={process_set} is not supported: the compressed exchange runs on every rank of "
+            "its communicator, and ranks outside the set would never join it. Use the global process set.")
+
+
+def check_dense(tensor: torch.Tensor, owner: str) -> None:
+    """Raise :class:`UnsupportedHorovodOption` for a sparse gradient."""
+    if tensor.is_sparse:
+        raise UnsupportedHorovodOption(f"{owner}: sparse gradients are not supported (no codec encodes them); use "
+                                       "dense embeddings (sparse=False)")
