@@ -76,7 +76,7 @@ at::Tensor onebit_decode_sum_cuda(const at::Tensor& bits, const at::Tensor& scal
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
   HGC_CUDA_OK(hgc_cuda::onebit_decode_sum(cuda_dtype(dtype), bits.data_ptr<uint8_t>(), bits.stride(0),
                                           scales.data_ptr<float>(), scales.stride(0), bits.size(0), n, cols,
-                                          static_cast<float>(scale), out.data_ptr(),
+                                          scale, out.data_ptr(),
                                           at::cuda::getCurrentCUDAStream()));
   return out;
 }
