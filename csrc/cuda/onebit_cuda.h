@@ -5,10 +5,9 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-namespace hgc_cuda {
+#include "dtype_cuda.h"
 
-// Element types of gradients and outputs.
-enum class DType : int { kHalf = 0, kBFloat16 = 1, kFloat = 2, kDouble = 3 };
+namespace hgc_cuda {
 
 // Bytes of device scratch memory onebit_encode needs for `cols` columns.
 size_t onebit_encode_workspace_bytes(int64_t cols);
