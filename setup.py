@@ -54,7 +54,8 @@ def extension():
     cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", std, "-fopenmp", "-Wno-c++20-extensions"]
     link = ["-fopenmp"]
     if _want_cuda():
-        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        # csrc/cuda/*.cu: the kernels (no PyTorch headers); csrc/cuda/*.cpp: their torch ops.
+        sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
         return cpp_extension.CUDAExtension(
             "horovod_gradcomp._C", sources, define_macros=[("WITH_CUDA", None)],
             extra_compile_args={"cxx": cxx, "nvcc": NVCC_FLAGS + [std]}, extra_link_args=link)

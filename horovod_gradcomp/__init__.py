@@ -3,7 +3,8 @@
 A thin facade: everything is defined in the submodules and re-exported here.
 """
 from ._version import __version__
-from .native import NativeUnavailableError, native_available, native_error, native_has_cuda
+from .native import (NativeUnavailableError, native_available, native_cuda_status, native_error,
+                     native_has_cuda)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .dgc_memory import DensitySchedule, DGCMemory
 from .horovod_adapter import Compression
@@ -13,5 +14,5 @@ from .pipeline import DoubleBufferedStep, double_buffering_pays
 __all__ = [
     "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",
     "OptimizerMismatchError", "Payload", "available_codecs",
-    "double_buffering_pays", "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
+    "double_buffering_pays", "get_codec", "native_available", "native_cuda_status", "native_error", "native_has_cuda", "register_codec",
 ]

@@ -42,7 +42,8 @@ final density over ``length`` epochs (or steps), ``density(t) = start * (final/s
 calls ``compression.set_epoch(epoch)``; with ``unit="step"`` the exchanges are counted.
 
 With the native codec, the momentum correction and accumulation of fp32 / fp64 CPU
-gradients is one native pass (``_C.dgc_accumulate_``); other dtypes and devices use the
+gradients is one native pass (``_C.dgc_accumulate_``; CUDA gradients too when ``_C`` has its
+CUDA kernels); other dtypes and devices use the
 same operations as torch ops. Both round every product and sum separately.
 """
 from __future__ import annotations
@@ -166,7 +167,9 @@ class DGCMemory:
         """Fold ``grad`` into ``name``'s momentum and accumulation, select, mask; return the payload."""
         u = self._buffer(self.velocities, name, grad)
         v = self._buffer(self.accumulations, name, grad)
-        if getattr(codec, "impl", None) == "native" and grad.device.type == "cpu" and grad.dtype in NATIVE_DTYPES:
+        on_native_device = getattr(codec, "impl", None) == "native" and (
+            grad.device.type == "cpu" or (grad.is_cuda and bool(codec._C.has_cuda())))
+        if on_native_device and grad.dtype in NATIVE_DTYPES:
             # One native pass instead of three torch ops over the whole tensor (same roundings).
             codec._C.dgc_accumulate_(u, v, grad.contiguous(), self.momentum, self.nesterov, self._clip_coef)
         else:

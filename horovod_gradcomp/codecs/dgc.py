@@ -61,7 +61,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..native import require_native
+from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, CounterStream, Payload
 from .qsgd import stream_key
 from .registry import register_codec
@@ -148,8 +148,7 @@ class DGCCodec(CounterStream, Codec):
         n = flat.numel()
         k = target_count(n, self.density)
         if self.impl == "native":
-            if tensor.is_cuda:
-                raise ValueError("dgc: the native kernels are CPU-only; use impl='reference' for CUDA tensors")
+            require_native_device(tensor.device, "dgc")
             idx, vals, t, path = self._C.dgc_select(flat.contiguous(), k, sample_count(n, self.density,
                                                                                       self.sample), key)
         else:
@@ -170,7 +169,7 @@ class DGCCodec(CounterStream, Codec):
         decoding them back from the payload's index code (for the caller's masking)."""
         idx, vals = self.select(tensor)
         n = tensor.numel()
-        if self.impl == "native" and idx.device.type == "cpu":
+        if self.impl == "native":
             code = self._C.dgc_index_encode(idx, n)
         else:
             code = reference_index_encode(idx, n)
@@ -181,7 +180,7 @@ class DGCCodec(CounterStream, Codec):
         numel >= 2^31), strictly increasing (checked)."""
         self._check_payload(payload)
         code, count = payload.buffers["indices"], payload.buffers["values"].numel()
-        if self.impl == "native" and code.device.type == "cpu":
+        if self.impl == "native":
             return self._C.dgc_index_decode(code, count, payload.numel)
         return reference_index_decode(code, count, payload.numel)
 
@@ -211,7 +210,7 @@ class DGCCodec(CounterStream, Codec):
                 raise ValueError("dgc: decode_many needs payloads of one shape, dtype and device")
         scale = 1.0 / len(payloads) if scale is None else float(scale)
         indices = [self.indices_of(p) for p in payloads]
-        if self.impl == "native" and first.device.type == "cpu":
+        if self.impl == "native":
             flat = self._C.dgc_scatter_sum(indices,
                                            [p.buffers["values"] for p in payloads], first.numel, first.dtype,
                                            scale, self.flat_out(out, first))
