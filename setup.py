@@ -19,6 +19,11 @@ def _version():
     return scope["__version__"]
 
 
+# --fmad=false: no fused multiply-add in the kernels either, so that CUDA and CPU round alike
+# (the wire format and decoded values are bit-for-bit those of the CPU kernels).
+NVCC_FLAGS = ["-O3", "--fmad=false"]
+
+
 def _want_cuda():
     flag = os.environ.get("HGC_WITH_CUDA")
     available = cpp_extension.CUDA_HOME is not None and __import__("torch").version.cuda is not None
@@ -27,18 +32,33 @@ def _want_cuda():
     return available if flag is None else flag == "1"
 
 
+def cxx_standard(torch_version=None):
+    """The C++ standard the installed PyTorch's headers need: "c++20" from torch 2.14 on
+    (its headers stop with "#error C++20 or later compatible compiler is required"), else
+    "c++17". HGC_CXX_STD (e.g. "c++20") overrides."""
+    forced = os.environ.get("HGC_CXX_STD")
+    if forced:
+        return forced
+    if torch_version is None:
+        torch_version = __import__("torch").__version__
+    major, minor = (int(p) for p in torch_version.split("+")[0].split(".")[:2])
+    return "c++20" if (major, minor) >= (2, 14) else "c++17"
+
+
 def extension():
     sources = ["csrc/binding.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -fno-trapping-math lets gcc turn the kernels' float selects into vector blends.
     # -ffp-contract=off: no fused multiply-add, so native and reference round alike everywhere.
     # -Wno-c++20-extensions: torch 2.13 headers use C++20 bit-field initializers (noise only).
-    cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", "-std=c++17", "-fopenmp", "-Wno-c++20-extensions"]
+    std = "-std=" + cxx_standard()
+    cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", std, "-fopenmp", "-Wno-c++20-extensions"]
     link = ["-fopenmp"]
     if _want_cuda():
-        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        # csrc/cuda/*.cu: the kernels (no PyTorch headers); csrc/cuda/*.cpp: their torch ops.
+        sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
         return cpp_extension.CUDAExtension(
             "horovod_gradcomp._C", sources, define_macros=[("WITH_CUDA", None)],
-            extra_compile_args={"cxx": cxx, "nvcc": ["-O3", "-std=c++17"]}, extra_link_args=link)
+            extra_compile_args={"cxx": cxx, "nvcc": NVCC_FLAGS + [std]}, extra_link_args=link)
     return cpp_extension.CppExtension("horovod_gradcomp._C", sources,
                                       extra_compile_args={"cxx": cxx}, extra_link_args=link)
 

@@ -2,25 +2,26 @@
 # Builds a Horovod wheel (PyTorch + MPI, no TensorFlow/MXNet) into the folder $1.
 # Horovod 0.28.1 predates two things on these machines, fixed here without patching its source:
 #  - cmake >= 4 rejects its old cmake_minimum_required: CMAKE_POLICY_VERSION_MINIMUM=3.5;
-#  - its CMake pins -std=c++14 for the torch module, torch 2.x headers need C++17:
-#    a compiler wrapper rewrites the flag.
+#  - its CMake pins -std=c++14 for the torch module, torch 2.x headers need C++17 (C++20
+#    from torch 2.14 on): a compiler wrapper rewrites the flag to what the torch needs.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 out="$1"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 cxx_real=$(command -v "${CXX:-g++}")
-cat > "$work/cxx17" <<WRAP
+std=$("$PY" -c "import torch; v = tuple(int(p) for p in torch.__version__.split('+')[0].split('.')[:2]); print('c++20' if v >= (2, 14) else 'c++17')")
+cat > "$work/cxxstd" <<WRAP
 #!/usr/bin/env bash
 args=()
 for a in "\$@"; do
-    case "\$a" in -std=c++14|-std=gnu++14) a=-std=c++17;; esac
+    case "\$a" in -std=c++14|-std=gnu++14|-std=c++17|-std=gnu++17) a=-std=$std;; esac
     args+=("\$a")
 done
 exec "$cxx_real" "\${args[@]}"
 WRAP
-chmod +x "$work/cxx17"
-export CXX="$work/cxx17" CMAKE_POLICY_VERSION_MINIMUM=3.5
+chmod +x "$work/cxxstd"
+export CXX="$work/cxxstd" CMAKE_POLICY_VERSION_MINIMUM=3.5
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
        HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_CPU_OPERATIONS=MPI
 export MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="${HOROVOD_BUILD_ARCH_FLAGS:-}"

@@ -3,7 +3,8 @@
 A thin facade: everything is defined in the subpackages and re-exported here.
 """
 from ._version import __version__
-from .native import NativeUnavailableError, native_available, native_error, native_has_cuda
+from .native import (NativeUnavailableError, native_available, native_cuda_status, native_error,
+                     native_has_cuda)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .state import DensitySchedule, DGCMemory
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
@@ -14,5 +15,5 @@ __all__ = [
     "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",
     "OptimizerMismatchError", "Payload", "available_codecs",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
-    "native_error", "native_has_cuda", "register_codec", "save_job_state",
+    "native_cuda_status", "native_error", "native_has_cuda", "register_codec", "save_job_state",
 ]

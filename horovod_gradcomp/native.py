@@ -20,9 +20,41 @@ class NativeUnavailableError(RuntimeError):
     """The native extension is required but did not load."""
 
 
-def native_available() -> bool:
-    """True when ``horovod_gradcomp._C`` was imported."""
-    return _C is not None
+def native_available(device: str | None = None) -> bool:
+    """True when ``horovod_gradcomp._C`` was imported; with ``device="cuda"``, when it also
+    runs the codecs on CUDA tensors (built with its CUDA kernels and a GPU is visible).
+    :func:`native_cuda_status` says why not."""
+    if device is None or str(device).split(":")[0] == "cpu":
+        return _C is not None
+    if str(device).split(":")[0] != "cuda":
+        raise ValueError(f"native_available: device must be 'cpu' or 'cuda', got {device!r}")
+    return native_cuda_status()[0]
+
+
+def native_cuda_status() -> tuple:
+    """``(usable, reason)``: whether the native codecs run on CUDA tensors, and a sentence
+    saying which path CUDA gradients take and why (nothing falls back silently: without
+    the CUDA kernels, ``impl="native"`` codecs raise on CUDA tensors)."""
+    if _C is None:
+        return False, f"the native extension did not load ({_error}); CUDA tensors need impl='reference'"
+    if not bool(_C.has_cuda()):
+        return False, ("horovod_gradcomp._C was built without its CUDA kernels (at build time PyTorch had no "
+                       "CUDA, nvcc was not found, or HGC_WITH_CUDA=0); rebuild with CUDA, or use "
+                       "impl='reference' for CUDA tensors")
+    import torch
+
+    if not torch.cuda.is_available():
+        return False, "horovod_gradcomp._C has its CUDA kernels, but torch.cuda.is_available() is False"
+    return True, f"native CUDA kernels of horovod_gradcomp._C ({torch.cuda.get_device_name()})"
+
+
+def require_native_device(device, who: str) -> None:
+    """Raise :class:`NativeUnavailableError` (naming ``who`` and the reason) when the native
+    kernels cannot take tensors on ``device``; a no-op for CPU tensors."""
+    if getattr(device, "type", str(device).split(":")[0]) == "cpu":
+        return
+    if _C is None or not bool(_C.has_cuda()):
+        raise NativeUnavailableError(f"{who}: got tensors on {device}, but {native_cuda_status()[1]}")
 
 
 def native_error() -> str | None:

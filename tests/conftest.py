@@ -14,6 +14,21 @@ from __future__ import annotations
 import pytest
 import torch
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "requires_cuda: needs a CUDA device; skipped when torch sees none")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``requires_cuda`` are skipped (with the reason) when there is no GPU."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="CUDA is not available (torch.cuda.is_available() is False)")
+    for item in items:
+        if "requires_cuda" in item.keywords:
+            item.add_marker(skip)
+
+
 # -- axes ------------------------------------------------------------------------------
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]

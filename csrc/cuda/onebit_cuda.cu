@@ -12,8 +12,8 @@
 //      fixed order -> scales. Deterministic: no atomics anywhere.
 //   3. pack: one thread per output byte turns 8 values into a byte and, in the same pass,
 //      rewrites the residual with v - decoded.
-// Decode-sum: one thread per output byte adds the K payloads' reconstructions in float
-// (same order as the CPU kernel) and writes the 8 outputs once.
+// Decode-sum: one thread per output byte adds the K payloads' reconstructions in float (double
+// for fp64 outputs; same order as the CPU kernel) and writes the 8 outputs once.
 #include "onebit_cuda.h"
 
 #include <cuda_bf16.h>
@@ -223,12 +223,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Decode-sum: thread per output byte; K payloads summed in float, in payload order.
+// Decode-sum: thread per output byte; K payloads summed in payload order, in float (in double
+// with a double scale for double outputs, as the CPU kernel does).
 template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     onebit_decode_sum_kernel(const uint8_t* __restrict__ bits, int64_t bits_stride,
                              const float* __restrict__ scales, int64_t scales_stride, int64_t K, int64_t n,
-                             int64_t cols, float scale, T* __restrict__ out) {
+                             int64_t cols, typename Num<T>::acc scale, T* __restrict__ out) {
+  using acc_t = typename Num<T>::acc;
   const int64_t nbytes = (n + 7) / 8;
   const int64_t full = n / 8;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -245,20 +247,20 @@ __global__ void __launch_bounds__(kThreads)
         if (++j == cols) j = 0;
       }
     }
-    float acc[8];
+    acc_t acc[8];
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[e] = 0.f;
+    for (int e = 0; e < 8; ++e) acc[e] = acc_t(0);
     for (int64_t k = 0; k < K; ++k) {
       const unsigned byte = __ldg(bits + k * bits_stride + b);
       const float* ap = scales + k * scales_stride;
       const float* an = ap + cols;
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] += __ldg((((byte >> e) & 1u) ? ap : an) + jj[e]);
+      for (int e = 0; e < 8; ++e) acc[e] += static_cast<acc_t>(__ldg((((byte >> e) & 1u) ? ap : an) + jj[e]));
     }
     T ov[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const float y = acc[e] * scale;
+      const acc_t y = acc[e] * scale;
       ov[e] = Num<T>::store(y);
     }
     if (kVec && cnt == 8) {
@@ -356,15 +358,16 @@ cudaError_t encode_dispatch(const void* grad, void* residual, int64_t n, int64_t
 
 template <typename T>
 cudaError_t decode_dispatch(const uint8_t* bits, int64_t bits_stride, const float* scales, int64_t scales_stride,
-                            int64_t K, int64_t n, int64_t cols, float scale, void* out, cudaStream_t stream) {
+                            int64_t K, int64_t n, int64_t cols, double scale, void* out, cudaStream_t stream) {
   T* o = static_cast<T*>(out);
+  const auto sc = static_cast<typename Num<T>::acc>(scale);
   const unsigned grid = grid_for((n + 7) / 8);
   if (aligned16(o)) {
     onebit_decode_sum_kernel<T, true>
-        <<<grid, kThreads, 0, stream>>>(bits, bits_stride, scales, scales_stride, K, n, cols, scale, o);
+        <<<grid, kThreads, 0, stream>>>(bits, bits_stride, scales, scales_stride, K, n, cols, sc, o);
   } else {
     onebit_decode_sum_kernel<T, false>
-        <<<grid, kThreads, 0, stream>>>(bits, bits_stride, scales, scales_stride, K, n, cols, scale, o);
+        <<<grid, kThreads, 0, stream>>>(bits, bits_stride, scales, scales_stride, K, n, cols, sc, o);
   }
   return cudaGetLastError();
 }
@@ -402,7 +405,7 @@ cudaError_t onebit_encode(DType dtype, const void* grad, void* residual, int64_t
 }
 
 cudaError_t onebit_decode_sum(DType dtype, const uint8_t* bits, int64_t bits_stride, const float* scales,
-                              int64_t scales_stride, int64_t K, int64_t n, int64_t cols, float scale, void* out,
+                              int64_t scales_stride, int64_t K, int64_t n, int64_t cols, double scale, void* out,
                               cudaStream_t stream) {
   if (bad_shape(n, cols) || K < 0) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;

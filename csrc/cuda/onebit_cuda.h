@@ -5,10 +5,9 @@
 #include <cstdint>
 #include <cuda_runtime.h>
 
-namespace hgc_cuda {
+#include "dtype_cuda.h"
 
-// Element types of gradients and outputs.
-enum class DType : int { kHalf = 0, kBFloat16 = 1, kFloat = 2, kDouble = 3 };
+namespace hgc_cuda {
 
 // Bytes of device scratch memory onebit_encode needs for `cols` columns.
 size_t onebit_encode_workspace_bytes(int64_t cols);
@@ -21,8 +20,9 @@ cudaError_t onebit_encode(DType dtype, const void* grad, void* residual, int64_t
 
 // out[i] = scale * sum_{k<K} (bit_k(i) ? a+_k[col(i)] : a-_k[col(i)]); payload k's bits start at
 // bits + k*bits_stride, its scales at scales + k*scales_stride. `out` has n values of `dtype`.
+// Summed in float and scaled by float(scale); in double with the double scale for kDouble.
 cudaError_t onebit_decode_sum(DType dtype, const uint8_t* bits, int64_t bits_stride, const float* scales,
-                              int64_t scales_stride, int64_t K, int64_t n, int64_t cols, float scale, void* out,
+                              int64_t scales_stride, int64_t K, int64_t n, int64_t cols, double scale, void* out,
                               cudaStream_t stream);
 
 }  // namespace hgc_cuda

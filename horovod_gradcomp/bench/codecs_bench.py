@@ -12,6 +12,11 @@ What is measured, per (codec, impl):
   into the gradient's own buffer);
 * ``bytes``: summed ``payload.nbytes`` (exact wire bytes); ``ratio = 4 * numel / bytes``.
 
+``--device cuda``: the same gradients are moved to the GPU first and every pass is bracketed
+by ``torch.cuda.synchronize()``; rows get ``"device": "cuda"`` and a ``copy`` row (impl
+``torch``: a device-to-device copy of the same set, ``clone()`` / ``copy_()``) is timed in
+the same run as the memory-bandwidth floor to compare the codecs with.
+
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
 call on the first tensor. The pure-torch reference impl is slow, so it runs
 ``--reference-repeat`` passes (default: ``min(repeat, 2)``).
@@ -35,7 +40,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import available_codecs, get_codec, native_available, native_error
+from .. import available_codecs, get_codec, native_available, native_cuda_status, native_error
 from ..codecs import Payload
 from ..native import NativeUnavailableError
 from .shapes import Shape, resnet50_shapes, total_numel
@@ -67,12 +72,29 @@ class Fp16Baseline:
         return half.to(payload.dtype) if out is None else out.copy_(half)
 
 
+class DeviceCopy:
+    """Codec-shaped "copy the gradient": encode is ``clone()``, decode ``out.copy_()`` (the
+    device-to-device copy a codec's passes are compared with)."""
+
+    name = "copy"
+    impl = "torch"
+    fuses_feedback = False
+
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
+        return Payload({"copy": tensor.clone()}, tensor.shape, tensor.dtype, tensor.device)
+
+    def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        buf = payload.buffers["copy"]
+        return buf.clone() if out is None else out.copy_(buf)
+
+
 # -- inputs ------------------------------------------------------------------------
 
-def make_gradients(shapes: Sequence[Shape], seed: int = 0) -> List[torch.Tensor]:
-    """One contiguous fp32 N(0, 1) tensor per shape, identical for a given ``seed``."""
+def make_gradients(shapes: Sequence[Shape], seed: int = 0, device: str = "cpu") -> List[torch.Tensor]:
+    """One contiguous fp32 N(0, 1) tensor per shape, identical for a given ``seed`` (drawn on
+    the CPU, then moved to ``device``)."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(s, generator=gen, dtype=torch.float32) for s in shapes]
+    return [torch.randn(s, generator=gen, dtype=torch.float32).to(device) for s in shapes]
 
 
 def parse_codec_spec(text: str) -> CodecSpec:
@@ -110,13 +132,18 @@ def default_specs() -> List[CodecSpec]:
 
 # -- timing ------------------------------------------------------------------------
 
-def _timed_ms(fn: Callable[[], object]) -> Tuple[float, object]:
-    """Run ``fn`` once with the garbage collector paused; return (milliseconds, result)."""
+def _timed_ms(fn: Callable[[], object], cuda: bool = False) -> Tuple[float, object]:
+    """Run ``fn`` once with the garbage collector paused; return (milliseconds, result).
+    ``cuda``: the device is synchronized before the start and before the stop."""
     gc.collect()
     gc.disable()
     try:
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         out = fn()
+        if cuda:
+            torch.cuda.synchronize()
         return (time.perf_counter() - t0) * 1e3, out
     finally:
         gc.enable()
@@ -153,15 +180,16 @@ def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int) -> Dict[str, f
     pass, so every pass encodes the same inputs."""
     residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
     outs = [torch.zeros_like(g) for g in grads]
+    cuda = grads[0].is_cuda
     _warm_up(codec, grads[0])
     enc, dec, nbytes = [], [], 0
     for _ in range(max(1, repeat)):
         if residuals is not None:
             for r in residuals:
                 r.zero_()
-        ms, payloads = _timed_ms(lambda: _encode_all(codec, grads, residuals))
+        ms, payloads = _timed_ms(lambda: _encode_all(codec, grads, residuals), cuda)
         enc.append(ms)
-        dec.append(_timed_ms(lambda: _decode_all(codec, payloads, outs))[0])
+        dec.append(_timed_ms(lambda: _decode_all(codec, payloads, outs), cuda)[0])
         nbytes = sum(p.nbytes for p in payloads)
     return {"encode_ms": statistics.median(enc), "decode_ms": statistics.median(dec), "bytes": nbytes}
 
@@ -182,12 +210,17 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _usable_impls(impls: Iterable[str]) -> List[str]:
-    """``impls`` minus ``native`` when the extension did not load (said loudly on stderr)."""
+def _usable_impls(impls: Iterable[str], device: str = "cpu") -> List[str]:
+    """``impls`` minus ``native`` when the extension did not load, or (``device="cuda"``) has
+    no CUDA kernels (said loudly on stderr)."""
     impls = list(impls)
     for impl in impls:
         if impl not in IMPLS:
             raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if device == "cuda" and "native" in impls and native_available() and not native_available("cuda"):
+        _log("!" * 78 + f"\n!! WARNING: {native_cuda_status()[1]}\n!! The 'native' rows are MISSING from "
+             "these results; only the slow reference impl was timed.\n" + "!" * 78)
+        impls.remove("native")
     if "native" in impls and not native_available():
         _log("!" * 78 + "\n!! WARNING: the native extension horovod_gradcomp._C is not available: "
              f"{native_error()}\n!! The 'native' rows are MISSING from these results; only the "
@@ -209,16 +242,19 @@ def _build(name: str, impl: str, options: Dict[str, object]):
 
 def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] = IMPLS, repeat: int = 3,
               reference_repeat: Optional[int] = None, limit_tensors: Optional[int] = None,
-              seed: int = 0) -> List[dict]:
+              seed: int = 0, device: str = "cpu") -> List[dict]:
     """Time every (codec, impl) of ``specs`` (default: baseline + all registered codecs)
     on ResNet-50's gradients (the first ``limit_tensors`` only, when given) and return one
     row per pair; the baseline is timed once, as impl ``torch``."""
     specs = default_specs() if specs is None else list(specs)
-    impls = _usable_impls(impls)
+    impls = _usable_impls(impls, device)
     shapes = resnet50_shapes()[:limit_tensors] if limit_tensors else resnet50_shapes()
-    grads, numel = make_gradients(shapes, seed), total_numel(shapes)
+    grads, numel = make_gradients(shapes, seed, device), total_numel(shapes)
     ref_repeat = min(repeat, 2) if reference_repeat is None else reference_repeat
     rows = []
+    if device != "cpu":  # the device-to-device copy of the same set, as the floor
+        _log(f"timing {DeviceCopy.name}/torch on {len(shapes)} tensors ({device}), {repeat} pass(es)")
+        rows.append(make_row(DeviceCopy.name, "torch", {}, numel, time_codec(DeviceCopy(), grads, repeat)))
     for name, options in specs:
         for impl in (["torch"] if name == BASELINE else impls):
             codec = _build(name, impl, options)
@@ -228,6 +264,9 @@ def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] 
             _log(f"timing {name}/{impl}{' ' + str(options) if options else ''} on {len(shapes)} tensors, "
                  f"{n} pass(es)")
             rows.append(make_row(name, impl, options, numel, time_codec(codec, grads, n)))
+    if device != "cpu":
+        for row in rows:
+            row["device"] = device
     return rows
 
 
@@ -235,15 +274,16 @@ SELECTION = "dgc.select"
 
 
 def selection_rows(density: float = 0.001, repeat: int = 3, impls: Sequence[str] = IMPLS, seed: int = 0,
-                   numel: Optional[int] = None) -> List[dict]:
+                   numel: Optional[int] = None, device: str = "cpu") -> List[dict]:
     """DGC's threshold selection alone on ONE flat fp32 tensor of ResNet-50's size
     (25,557,032 values unless ``numel``): native (sampled threshold) against the reference
     (exact ``torch.topk``). Rows are named ``dgc.select``; ``encode_ms`` is the selection
     time, median of ``repeat`` after one warm-up call."""
     n = numel or total_numel(resnet50_shapes())
-    flat = torch.randn(n, generator=torch.Generator().manual_seed(seed))
+    flat = torch.randn(n, generator=torch.Generator().manual_seed(seed)).to(device)
+    cuda = flat.is_cuda
     rows = []
-    for impl in _usable_impls(impls):
+    for impl in _usable_impls(impls, device):
         codec = _build("dgc", impl, {"density": density})
         if codec is None:
             continue
@@ -251,11 +291,13 @@ def selection_rows(density: float = 0.001, repeat: int = 3, impls: Sequence[str]
         codec.select(flat)
         times, picked = [], None
         for _ in range(repeat):
-            ms, picked = _timed_ms(lambda: codec.select(flat))
+            ms, picked = _timed_ms(lambda: codec.select(flat), cuda)
             times.append(ms)
         nbytes = int(picked[0].numel() * picked[0].element_size() + picked[1].numel() * picked[1].element_size())
         rows.append(make_row(SELECTION, impl, {"density": density}, n,
                              {"encode_ms": statistics.median(times), "decode_ms": 0.0, "bytes": nbytes}))
+        if device != "cpu":
+            rows[-1]["device"] = device
     return rows
 
 
@@ -310,6 +352,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default: {BASELINE} + all registered)")
     parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated impls (native,reference)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (torch.set_num_threads)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="where the gradients live (cuda: synchronized timings and a device copy row)")
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--no-selection", dest="selection", action="store_false",
                         help=f"skip the {SELECTION} rows (dgc's selection on one 25.6M-value tensor)")
@@ -325,21 +369,25 @@ def run(args: argparse.Namespace) -> int:
     _log(f"torch {torch.__version__}, {torch.get_num_threads()} intra-op threads, "
          f"native extension {'loaded' if native_available() else 'NOT loaded'}")
     impls = [s.strip() for s in args.impls.split(",") if s.strip()]
+    device = getattr(args, "device", "cpu")
     specs = None
     try:
         if args.codecs is not None:
             specs = [parse_codec_spec(s) for s in args.codecs.split(",") if s.strip()]
             check_specs(specs)
         bad = [i for i in impls if i not in IMPLS]
+        if device == "cuda" and not torch.cuda.is_available():
+            raise ValueError("--device cuda: torch.cuda.is_available() is False")
         if bad:
             raise ValueError(f"unknown impl(s) {', '.join(bad)}; expected some of {', '.join(IMPLS)}")
     except ValueError as exc:
         _log(f"error: {exc}")
         return 2
-    rows = run_bench(specs, impls, args.repeat, args.reference_repeat, args.limit_tensors, args.seed)
+    rows = run_bench(specs, impls, args.repeat, args.reference_repeat, args.limit_tensors, args.seed,
+                     device)
     if args.selection and any(name == "dgc" for name, _ in (specs or default_specs())):
         rows += selection_rows(repeat=args.repeat, impls=impls, seed=args.seed,
-                               numel=args.selection_numel)
+                               numel=args.selection_numel, device=device)
     if args.json:
         print(json.dumps(rows))
     else:

@@ -61,7 +61,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..native import require_native
+from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import check_float
 from .registry import register_codec
@@ -152,8 +152,7 @@ class DGCCodec(CounterStream, Codec):
         n = flat.numel()
         k = target_count(n, density)
         if self.impl == "native":
-            if tensor.is_cuda:
-                raise ValueError("dgc: the native kernels are CPU-only; use impl='reference' for CUDA tensors")
+            require_native_device(tensor.device, "dgc")
             idx, vals, t, path = self._C.dgc_select(flat.contiguous(), k, sample_count(n, density, self.sample), key)
         else:
             idx, vals, t = reference_select(flat, k)
@@ -175,7 +174,7 @@ class DGCCodec(CounterStream, Codec):
         decoding them back from the payload's index code (for the caller's masking)."""
         idx, vals = self.select(tensor, density=density)
         n = tensor.numel()
-        if self.impl == "native" and idx.device.type == "cpu":
+        if self.impl == "native":
             code = self._C.dgc_index_encode(idx, n)
         else:
             code = reference_index_encode(idx, n)
@@ -184,9 +183,11 @@ class DGCCodec(CounterStream, Codec):
     def accumulate_(self, u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, momentum: float, nesterov: bool,
                     coef: float = 1.0) -> None:
         """DGC's momentum correction in place: ``u <- m u + c g``; ``v <- v + u`` (nesterov:
-        ``v <- v + c g + m u``). One native pass for fp32/fp64 CPU tensors, torch ops
+        ``v <- v + c g + m u``). One native pass for fp32/fp64 tensors (CPU, and CUDA when
+        ``_C`` has its CUDA kernels), torch ops
         otherwise; both round every product and sum separately, so they agree bitwise."""
-        if self.impl == "native" and g.device.type == "cpu" and g.dtype in NATIVE_ACCUMULATE_DTYPES:
+        native_device = g.device.type == "cpu" or (g.is_cuda and bool(self._C.has_cuda()))
+        if self.impl == "native" and native_device and g.dtype in NATIVE_ACCUMULATE_DTYPES:
             self._C.dgc_accumulate_(u, v, g.contiguous(), momentum, nesterov, coef)
             return
         g = g if coef == 1.0 else g * coef
@@ -201,7 +202,7 @@ class DGCCodec(CounterStream, Codec):
         numel >= 2^31), strictly increasing (checked)."""
         self._check_payload(payload)
         code, count = payload.buffers["indices"], payload.buffers["values"].numel()
-        if self.impl == "native" and code.device.type == "cpu":
+        if self.impl == "native":
             return self._C.dgc_index_decode(code, count, payload.numel)
         return reference_index_decode(code, count, payload.numel)
 
@@ -231,7 +232,7 @@ class DGCCodec(CounterStream, Codec):
                 raise ValueError("dgc: decode_mean_list needs payloads of one shape, dtype and device")
         scale = 1.0 / len(payloads) if scale is None else float(scale)
         indices = [self.indices_of(p) for p in payloads]
-        if self.impl == "native" and first.device.type == "cpu":
+        if self.impl == "native":
             flat = self._C.dgc_scatter_sum(indices,
                                            [p.buffers["values"] for p in payloads], first.numel, first.dtype,
                                            scale, self.flat_out(out, first))

@@ -45,7 +45,8 @@ Wire formats (``Payload.buffers``, in this order); ``w = 1 + bit_length(s)`` bit
   ``nbytes = 4*num_buckets + 8*num_groups + sum_g ceil(nbits[g]/8)``; ``layout`` raises.
 
 QSGD is used without error feedback here (``fuses_feedback = False``; ``encode`` refuses a
-residual). The native kernels are CPU-only; ``impl="reference"`` runs on any device.
+residual). The native kernels run on CPU and (when ``_C`` has its CUDA kernels) CUDA tensors,
+with identical norms, codes and decoded values; ``impl="reference"`` runs on any device.
 """
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..native import require_native
+from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
@@ -358,8 +359,7 @@ class QSGDCodec(CounterStream, Codec):
         flat = tensor.reshape(-1)
         max_norm = self.norm == "max"
         if self.impl == "native":
-            if tensor.is_cuda:
-                raise ValueError("qsgd: the native kernels are CPU-only; use impl='reference' for CUDA tensors")
+            require_native_device(tensor.device, "qsgd")
             x = flat.contiguous()
             if self.coding == "fixed":
                 norms, packed = self._C.qsgd_encode_fixed(x, self.s, self.bucket, max_norm, key)

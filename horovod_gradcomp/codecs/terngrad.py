@@ -41,6 +41,9 @@ Decoding: ``decode_mean_stacked`` of K stacked payloads sums the K codes per ele
 multiplies once by ``s * scale`` (one pass, no K dense intermediates). If the K scales are not
 all equal (the caller did not share ``s``), it falls back to the weighted sum
 ``scale * sum_k s_k * v_k`` (still exact in meaning, just no longer one integer sum).
+
+Devices: the native kernels take CPU and (when ``_C`` has its CUDA kernels) CUDA tensors,
+with identical codes and decoded values on both.
 """
 from __future__ import annotations
 
@@ -49,7 +52,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..native import require_native
+from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import accumulation_dtype, check_float
 from .registry import register_codec
@@ -127,9 +130,8 @@ class TernGradCodec(CounterStream, Codec):
         check_float("terngrad", tensor)
         if tensor.numel() > _MAX_VALUES:
             raise ValueError(f"terngrad: at most 2^32 values per tensor, got {tensor.numel()}")
-        if self.impl == "native" and tensor.device.type != "cpu":
-            raise RuntimeError("terngrad: horovod_gradcomp._C was built without CUDA kernels for terngrad; "
-                               f"got a {tensor.device.type} tensor (use impl='reference')")
+        if self.impl == "native":
+            require_native_device(tensor.device, "terngrad")
 
     def _clip_threshold(self, flat: torch.Tensor) -> Optional[float]:
         """t = clip * sigma (float32-rounded unless fp64), None without clipping or when sigma is 0."""
@@ -230,9 +232,7 @@ class TernGradCodec(CounterStream, Codec):
         scale = 1.0 / k if scale is None else float(scale)
         flat_out = self.flat_out(out, stacked)
         if self.impl == "native":
-            if codes.device.type != "cpu" or scales.device.type != "cpu":
-                raise RuntimeError("terngrad: horovod_gradcomp._C was built without CUDA kernels for terngrad; "
-                                   "got CUDA payloads (use impl='reference')")
+            require_native_device(codes.device, "terngrad")
             flat = self._C.terngrad_decode_sum(codes, scales, n, stacked.dtype, scale, flat_out)
             return flat.view(stacked.shape)
         flat = self._reference_decode_sum(codes, scales, n, stacked.dtype, scale)

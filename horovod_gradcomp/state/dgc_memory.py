@@ -42,7 +42,7 @@ final density over ``length`` epochs (or steps), ``density(t) = start * (final/s
 calls ``compression.set_epoch(epoch)``; with ``unit="step"`` the exchanges are counted.
 
 The momentum correction and accumulation is the codec's ``accumulate_`` (one native pass
-for fp32 / fp64 CPU gradients).
+for fp32 / fp64 gradients on the CPU, and on CUDA when ``_C`` has its CUDA kernels).
 """
 from __future__ import annotations
 

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# CPU CI's check of the CUDA build (no GPU needed): in a separate venv ($VENV_CUDA, default
+# .venv-cuda) with a CUDA PyTorch ($CUDA_TORCH_SPEC, default torch==2.14.1, i.e. 2.14.1+cu130,
+# the CUDA of this machine's nvcc), build horovod_gradcomp._C WITH the CUDA kernels into
+# $CUDA_BUILD (default build-cuda/, outside the source package: the CPU venv's
+# horovod_gradcomp/_C*.so is never touched), import it, check has_cuda(), then run the
+# single-process CPU tests against that build. A compile error in csrc/cuda/*.cu fails this.
+# Idempotent: the venv and ninja's objects are reused; only changed sources are recompiled.
+set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
+log() { echo "[ci/cuda_build_check] $*"; }
+
+VENV_CUDA="${VENV_CUDA:-$HGC_ROOT/.venv-cuda}"
+CUDA_BUILD="${CUDA_BUILD:-$HGC_ROOT/build-cuda}"
+CUDA_TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}"
+export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
+# No GPU to detect the architecture from: name it (sm_90 = H100/H200).
+export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-9.0}"
+export MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+PYC="$VENV_CUDA/bin/python"
+
+[ -x "$CUDA_HOME/bin/nvcc" ] || { log "no nvcc under CUDA_HOME=$CUDA_HOME"; exit 1; }
+[ -x "$PYC" ] || { log "creating $VENV_CUDA"; "$PYTHON_BOOT" -m venv "$VENV_CUDA"; }
+if ! "$PYC" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
+    log "installing $CUDA_TORCH_SPEC (CUDA wheel)"
+    "$PYC" -m pip install -q "$CUDA_TORCH_SPEC"
+fi
+"$PYC" -m pip install -q "setuptools>=68" wheel ninja numpy packaging pytest pytest-timeout
+site=$("$PYC" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+# cusparse.h and friends, which torch's CUDA headers include, ship in the nvidia wheels.
+for inc in "$site"/nvidia/cu13/include "$site"/nvidia/*/include; do
+    [ -d "$inc" ] && CPATH="${CPATH:+$CPATH:}$inc"
+done
+export CPATH
+"$PYC" -c "import torch; print('[ci/cuda_build_check] torch', torch.__version__, 'CUDA', torch.version.cuda)"
+
+log "building _C with CUDA into $CUDA_BUILD (TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST)"
+start=$(date +%s)
+(cd "$HGC_ROOT" && HGC_WITH_CUDA=1 "$PYC" setup.py -q build_ext --build-lib "$CUDA_BUILD/lib" \
+    --build-temp "$CUDA_BUILD/tmp")
+log "build took $(( $(date +%s) - start )) s"
+
+# An import tree: the package's Python files (symlinks to the sources) + the CUDA _C.
+pkg="$CUDA_BUILD/pkg"
+rm -rf "$pkg"
+mkdir -p "$pkg"
+cp -rs "$HGC_ROOT/horovod_gradcomp" "$pkg/"
+find "$pkg/horovod_gradcomp" -name '_C*.so' -delete
+find "$pkg/horovod_gradcomp" -name '__pycache__' -prune -exec rm -rf {} +
+cp "$CUDA_BUILD"/lib/horovod_gradcomp/_C*.so "$pkg/horovod_gradcomp/"
+
+export PYTHONPATH="$pkg"
+(cd "$CUDA_BUILD" && "$PYC" - <<'PY'
+import horovod_gradcomp as hgc
+assert hgc.native_available(), hgc.native_error()
+assert hgc.native_has_cuda(), "the CUDA build of _C reports has_cuda() == False"
+from horovod_gradcomp import _C
+print("[ci/cuda_build_check] imported", _C.__file__, "has_cuda() =", _C.has_cuda())
+PY
+)
+
+# The single-process CPU tests against this build (python -P: the current directory, the
+# source tree with its CPU _C, is not put on sys.path; the MPI/Horovod tests are left to
+# `make test`, which runs them against the CPU build).
+log "single-process tests against the CUDA build"
+cd "$HGC_ROOT"
+"$PYC" -P -m pytest tests -q --color=no -p no:cacheprovider \
+    --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py --ignore=tests/mpi \
+    --ignore=tests/test_examples.py --ignore=tests/test_examples_pipeline.py "$@"
+"$PYC" -P -c "import horovod_gradcomp as h, os; f = h.native.__file__; \
+assert f.startswith(os.environ['PYTHONPATH']), f'not the CUDA build: {f}'"
+log "OK"

@@ -1,0 +1,40 @@
+// The CUDA ops of horovod_gradcomp._C (defined in ops_cuda.cpp, built only with CUDA): the
+// same signatures and checks as the CPU ops, for tensors on a CUDA device. The binding
+// dispatches to them by device.
+#pragma once
+#include <torch/extension.h>
+
+#include <tuple>
+#include <vector>
+
+std::tuple<at::Tensor, at::Tensor> onebit_encode_cuda(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
+                                                      int64_t cols);
+at::Tensor onebit_decode_sum_cuda(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
+                                  at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
+
+double terngrad_max_abs_cuda(const at::Tensor& grad);
+std::tuple<at::Tensor, at::Tensor> terngrad_encode_cuda(const at::Tensor& grad, double scale, double clip, int64_t key0,
+                                                        int64_t key1);
+at::Tensor terngrad_decode_sum_cuda(const at::Tensor& codes, const at::Tensor& scales, int64_t n, at::ScalarType dtype,
+                                    double scale, const c10::optional<at::Tensor>& out);
+
+std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed_cuda(const at::Tensor& x, int64_t s, int64_t bucket, bool max_norm,
+                                                          int64_t key);
+at::Tensor qsgd_decode_fixed_cuda(const at::Tensor& norms, const at::Tensor& packed, int64_t n, int64_t s,
+                                  int64_t bucket, at::ScalarType dtype, double scale,
+                                  const c10::optional<at::Tensor>& out);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias_cuda(const at::Tensor& x, int64_t s, int64_t bucket,
+                                                                      bool max_norm, int64_t key,
+                                                                      int64_t group_buckets);
+at::Tensor qsgd_decode_elias_cuda(const at::Tensor& norms, const at::Tensor& nbits, const at::Tensor& stream, int64_t n,
+                                  int64_t s, int64_t bucket, int64_t group_buckets, at::ScalarType dtype,
+                                  const c10::optional<at::Tensor>& out);
+
+std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cuda(const at::Tensor& x, int64_t k,
+                                                                    int64_t sample_count, int64_t key);
+at::Tensor dgc_scatter_sum_cuda(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values, int64_t n,
+                                at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
+at::Tensor dgc_index_encode_cuda(const at::Tensor& idx, int64_t n);
+at::Tensor dgc_index_decode_cuda(const at::Tensor& code, int64_t count, int64_t n);
+void dgc_accumulate_cuda(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov,
+                         double coef);
