@@ -126,10 +126,9 @@ class Codec:
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payloads[k])`` for payloads that may differ in size
         (variable-size codecs); ``scale`` defaults to 1/K."""
-        if not payloads:
-            raise ValueError(f"{self.name}: decode_many needs at least one payload")
-        scale = 1.0 / len(payloads) if scale is None else scale
-        first = payloads[0]
+        from .payload_checks import check_payload_list  # (imports this module)
+        first, k = check_payload_list(self.name, payloads)
+        scale = 1.0 / k if scale is None else scale
         self.check_out(out, first)
         acc = torch.zeros(first.shape, dtype=torch.float64 if first.dtype == torch.float64 else torch.float32,
                           device=first.device)
