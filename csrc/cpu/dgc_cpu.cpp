@@ -29,6 +29,7 @@
 #include <mutex>
 
 #include "../checks.h"
+#include "payload_checks.h"
 
 namespace {
 
@@ -367,9 +368,9 @@ std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cpu(const at::Ten
 at::Tensor dgc_scatter_sum_cpu(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values,
                                int64_t n, at::ScalarType dtype, double scale,
                                const c10::optional<at::Tensor>& out_opt) {
-  TORCH_CHECK(n >= 0, "dgc_decode: negative size");
-  TORCH_CHECK(dtype == at::kHalf || dtype == at::kBFloat16 || dtype == at::kFloat || dtype == at::kDouble,
-              "dgc_decode: dtype must be fp16, bf16, fp32 or fp64, got ", dtype);
+  constexpr const char* op = "dgc_decode";
+  hgc::check_decode_count(n, op);
+  hgc::check_decode_dtype(dtype, op);
   TORCH_CHECK(indices.size() == values.size(), "dgc_decode: ", indices.size(), " index buffers but ",
               values.size(), " value buffers");
   TORCH_CHECK(!indices.empty(), "dgc_decode: no payloads");
@@ -379,6 +380,7 @@ at::Tensor dgc_scatter_sum_cpu(const std::vector<at::Tensor>& indices, const std
   std::vector<at::Tensor> ix(K), vx(K);
   std::vector<int64_t> cnt(K);
   for (int64_t r = 0; r < K; ++r) {
+    TORCH_CHECK(indices[r].defined() && values[r].defined(), op, ": payload ", r, " has an undefined buffer");
     HGC_CHECK_CPU(indices[r]);
     HGC_CHECK_CPU(values[r]);
     TORCH_CHECK(indices[r].dim() == 1 && values[r].dim() == 1 && indices[r].numel() == values[r].numel(),

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "../checks.h"
+#include "payload_checks.h"
 
 namespace {
 
@@ -77,10 +78,12 @@ at::Tensor dgc_index_encode_cpu(const at::Tensor& idx, int64_t n) {
 }
 
 at::Tensor dgc_index_decode_cpu(const at::Tensor& code, int64_t count, int64_t n) {
-  HGC_CHECK_CPU(code);
-  TORCH_CHECK(n >= 0 && count >= 0, "dgc_index_decode: negative size");
-  TORCH_CHECK(code.dim() == 1 && code.scalar_type() == at::kByte, "dgc_index_decode: the index code must be 1-D "
-              "uint8, got ", code.dim(), "-D ", code.scalar_type());
+  constexpr const char* op = "dgc_index_decode";
+  hgc::check_decode_count(n, op);
+  hgc::check_cpu_buffer(code, at::kByte, op, "the index code");
+  TORCH_CHECK(code.dim() == 1, op, ": the index code must be 1-D uint8, got ", code.dim(), "-D");
+  // Strictly increasing indices in [0, n): at most n of them (this also bounds count * 8).
+  TORCH_CHECK(count >= 0 && count <= n, op, ": ", count, " indices cannot be distinct and in [0, ", n, ")");
   const bool wide = wide_indices(n);
   const int64_t abs_w = wide ? 8 : 4;
   const int64_t len = code.numel();

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "payload_checks.h"
 #include "simd.h"
 
 namespace {
@@ -306,19 +307,18 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
 
 at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                  at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
-  HGC_CHECK_CPU(bits);
-  HGC_CHECK_CPU(scales);
-  TORCH_CHECK(bits.scalar_type() == at::kByte, "onebit_decode: bits must be uint8, got ", bits.scalar_type());
-  TORCH_CHECK(scales.scalar_type() == at::kFloat, "onebit_decode: scales must be float32, got ",
-              scales.scalar_type());
-  TORCH_CHECK(bits.dim() == 2 && scales.dim() == 2 && bits.size(0) == scales.size(0),
-              "onebit_decode_sum: expected bits [K, nbytes] and scales [K, 2*cols] with the same K");
-  TORCH_CHECK(bits.stride(1) == 1 && scales.stride(1) == 1, "onebit_decode_sum: rows must be contiguous");
-  TORCH_CHECK(bits.size(1) >= (n + 7) / 8, "onebit_decode: ", bits.size(1), " bytes of bits cannot hold ", n,
-              " values");
-  TORCH_CHECK(scales.size(1) == 2 * cols, "onebit_decode: expected ", 2 * cols, " scales, got ", scales.size(1));
-  TORCH_CHECK(cols >= 0 && (n == 0 || (cols > 0 && n % cols == 0)), "onebit_decode: ", n,
-              " values do not split into columns of ", cols);
+  constexpr const char* op = "onebit_decode";
+  hgc::check_decode_count(n, op);
+  hgc::check_decode_count(cols, op, "the column count");
+  hgc::check_decode_dtype(dtype, op);
+  hgc::check_stacked_buffer(bits, at::kByte, op, "bits");
+  hgc::check_stacked_buffer(scales, at::kFloat, op, "scales");
+  hgc::check_same_k(bits, scales, op, "bits", "scales");
+  TORCH_CHECK(n == 0 || (cols > 0 && n % cols == 0), op, ": ", n, " values do not split into columns of ",
+                    cols);
+  TORCH_CHECK(bits.size(1) >= (n + 7) / 8, op, ": ", bits.size(1), " bytes of bits cannot hold ", n,
+                    " values");
+  TORCH_CHECK(scales.size(1) == 2 * cols, op, ": expected ", 2 * cols, " scales, got ", scales.size(1));
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
   const int64_t K = bits.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "onebit_decode_sum_cpu", [&] {

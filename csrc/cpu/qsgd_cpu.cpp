@@ -35,6 +35,7 @@
 #endif
 
 #include "../checks.h"
+#include "payload_checks.h"
 
 namespace {
 
@@ -661,16 +662,19 @@ at::Tensor qsgd_decode_fixed_cpu(const at::Tensor& norms, const at::Tensor& pack
                                  const c10::optional<at::Tensor>& out_opt) {
   TORCH_CHECK(!norms.is_cuda() && !packed.is_cuda(),
               "qsgd_decode: the native QSGD kernels are CPU-only; use impl='reference' for CUDA payloads");
+  constexpr const char* op = "qsgd_decode";
+  hgc::check_decode_count(n, op);
   check_common(s, bucket, n);
   check_dtype(dtype);
-  TORCH_CHECK(norms.scalar_type() == at::kFloat && packed.scalar_type() == at::kByte,
-              "qsgd_decode: norms must be float32 and packed uint8");
+  // One payload as flat buffers, or K stacked as [K, length].
+  TORCH_CHECK(norms.dim() == packed.dim() && (norms.dim() == 1 || norms.dim() == 2), op,
+              ": expected flat norms and packed, or both stacked as [K, length], got ", norms.dim(), "-D and ",
+              packed.dim(), "-D");
   at::Tensor nr = norms.dim() == 1 ? norms.unsqueeze(0) : norms;
   at::Tensor pk = packed.dim() == 1 ? packed.unsqueeze(0) : packed;
-  TORCH_CHECK(nr.dim() == 2 && pk.dim() == 2 && nr.size(0) == pk.size(0),
-              "qsgd_decode: expected norms [K, buckets] and packed [K, bytes]");
-  TORCH_CHECK((nr.size(1) <= 1 || nr.stride(1) == 1) && (pk.size(1) <= 1 || pk.stride(1) == 1),
-              "qsgd_decode: rows must be contiguous");
+  hgc::check_stacked_buffer(nr, at::kFloat, op, "norms");
+  hgc::check_stacked_buffer(pk, at::kByte, op, "packed");
+  TORCH_CHECK(nr.size(0) == pk.size(0), op, ": norms stack ", nr.size(0), " payloads, packed ", pk.size(0));
   const int64_t nbytes = (n * code_width(s) + 7) / 8;
   TORCH_CHECK(nr.size(1) == num_buckets(n, bucket), "qsgd_decode: expected ", num_buckets(n, bucket),
               " norms, got ", nr.size(1));
@@ -727,27 +731,37 @@ at::Tensor qsgd_decode_elias_cpu(const at::Tensor& norms, const at::Tensor& nbit
                                  at::ScalarType dtype, const c10::optional<at::Tensor>& out_opt) {
   TORCH_CHECK(!norms.is_cuda() && !nbits.is_cuda() && !stream.is_cuda(),
               "qsgd_decode: the native QSGD kernels are CPU-only; use impl='reference' for CUDA payloads");
+  constexpr const char* op = "qsgd_decode_elias";
+  hgc::check_decode_count(n, op);
   check_common(s, bucket, n);
   check_dtype(dtype);
-  TORCH_CHECK(group_buckets >= 1, "qsgd_decode: group_buckets must be >= 1");
-  TORCH_CHECK(norms.scalar_type() == at::kFloat && nbits.scalar_type() == at::kLong &&
-                  stream.scalar_type() == at::kByte,
-              "qsgd_decode: expected norms float32, nbits int64, stream uint8");
-  TORCH_CHECK(norms.dim() == 1 && nbits.dim() == 1 && stream.dim() == 1, "qsgd_decode: expected flat buffers");
+  TORCH_CHECK(group_buckets >= 1 && group_buckets < (int64_t(1) << 31), op, ": group_buckets must be in [1, 2^31), got ",
+              group_buckets);
+  hgc::check_cpu_buffer(norms, at::kFloat, op, "norms");
+  hgc::check_cpu_buffer(nbits, at::kLong, op, "nbits");
+  hgc::check_cpu_buffer(stream, at::kByte, op, "stream");
+  TORCH_CHECK(norms.dim() == 1 && nbits.dim() == 1 && stream.dim() == 1, op, ": expected flat buffers, got ",
+              norms.dim(), "-D norms, ", nbits.dim(), "-D nbits, ", stream.dim(), "-D stream");
   const int64_t B = num_buckets(n, bucket);
   const int64_t G = std::max<int64_t>(1, (B + group_buckets - 1) / group_buckets);
-  TORCH_CHECK(norms.numel() == B, "qsgd_decode: expected ", B, " norms, got ", norms.numel());
-  TORCH_CHECK(nbits.numel() == G, "qsgd_decode: expected ", G, " group bit counts, got ", nbits.numel());
+  TORCH_CHECK(norms.numel() == B, op, ": expected ", B, " norms, got ", norms.numel());
+  TORCH_CHECK(nbits.numel() == G, op, ": expected ", G, " group bit counts, got ", nbits.numel());
   auto nb_c = nbits.contiguous();
   auto norms_c = norms.contiguous();
   auto stream_c = stream.contiguous();
   const int64_t* nb = nb_c.data_ptr<int64_t>();
+  // The header: every group's bit count fits in the stream (checked before it is summed, so
+  // that no corrupt count can overflow the offsets), and the byte counts add up to its length.
+  const int64_t stream_bits = stream.numel() * 8;
   std::vector<int64_t> start(G + 1, 0);
   for (int64_t g = 0; g < G; ++g) {
-    TORCH_CHECK(nb[g] >= 0, "qsgd_decode: negative bit count");
+    TORCH_CHECK(nb[g] >= 0 && nb[g] <= stream_bits, op, ": group ", g, " claims ", nb[g], " bits, the stream holds ",
+                stream_bits);
     start[g + 1] = start[g] + (nb[g] + 7) / 8;
+    TORCH_CHECK(start[g + 1] <= stream.numel(), op, ": the groups' bit counts run past the stream's ",
+                stream.numel(), " bytes");
   }
-  TORCH_CHECK(stream.numel() == start[G], "qsgd_decode: the stream holds ", stream.numel(), " bytes, the header says ",
+  TORCH_CHECK(stream.numel() == start[G], op, ": the stream holds ", stream.numel(), " bytes, the header says ",
               start[G]);
   at::Tensor out = make_out(out_opt, n, dtype, "qsgd_decode");
   if (n == 0) return out;
@@ -756,6 +770,7 @@ at::Tensor qsgd_decode_elias_cpu(const at::Tensor& norms, const at::Tensor& nbit
     decode_elias_impl<scalar_t>(norms_c.data_ptr<float>(), nb, stream_c.data_ptr<uint8_t>(), start, n, bucket, s,
                                 group_buckets, G, out.data_ptr<scalar_t>(), &bad);
   });
-  TORCH_CHECK(!bad.load(), "qsgd_decode: malformed Elias stream");
+  TORCH_CHECK(!bad.load(), op, ": malformed Elias stream (a code runs past its group's bit count, out of its "
+              "bucket or above the levels)");
   return out;
 }

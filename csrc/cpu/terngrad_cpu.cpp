@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "payload_checks.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -353,18 +354,14 @@ at::Tensor terngrad_decode_sum_cpu(const at::Tensor& codes, const at::Tensor& sc
                                    at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
   HGC_TG_CHECK_NOT_CUDA(codes);
   HGC_TG_CHECK_NOT_CUDA(scales);
-  TORCH_CHECK(codes.scalar_type() == at::kByte, "terngrad_decode: codes must be uint8, got ", codes.scalar_type());
-  TORCH_CHECK(scales.scalar_type() == at::kFloat, "terngrad_decode: scales must be float32, got ",
-              scales.scalar_type());
-  TORCH_CHECK(codes.dim() == 2 && scales.dim() == 2 && codes.size(0) == scales.size(0),
-              "terngrad_decode_sum: expected codes [K, nbytes] and scales [K, 1] with the same K");
-  TORCH_CHECK(codes.size(1) <= 1 || codes.stride(1) == 1, "terngrad_decode_sum: code rows must be contiguous");
-  TORCH_CHECK(n >= 0 && codes.size(1) >= (n + 3) / 4 && scales.size(1) >= 1,
-              "terngrad_decode: payload too small for ", n, " values");
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
-              "terngrad_decode: dtype must be fp16, bf16, fp32 or fp64, got ", dtype);
-  const int64_t K = codes.size(0);
-  TORCH_CHECK(K >= 1, "terngrad_decode_sum: needs at least one payload");
+  constexpr const char* op = "terngrad_decode";
+  hgc::check_decode_count(n, op);
+  hgc::check_decode_dtype(dtype, op);
+  hgc::check_stacked_buffer(codes, at::kByte, op, "codes");
+  hgc::check_stacked_buffer(scales, at::kFloat, op, "scales");
+  const int64_t K = hgc::check_same_k(codes, scales, op, "codes", "scales");
+  TORCH_CHECK(codes.size(1) >= (n + 3) / 4, op, ": ", codes.size(1), " bytes of codes cannot hold ", n, " values");
+  TORCH_CHECK(scales.size(1) >= 1, op, ": every payload needs its scale");
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, codes.device(), "terngrad_decode");
   if (n == 0) return out;
   const float* sp = scales.data_ptr<float>();

@@ -132,10 +132,9 @@ class Codec:
         """``scale * sum_k decode(payloads[k])`` of a *list* of K payloads that may differ in
         size (variable-size codecs: DGC, QSGD's Elias coding); ``scale`` defaults to 1/K.
         See :meth:`decode_mean_stacked` for K payloads of one size stacked in one buffer."""
-        if not payloads:
-            raise ValueError(f"{self.name}: decode_mean_list needs at least one payload")
-        scale = 1.0 / len(payloads) if scale is None else scale
-        first = payloads[0]
+        from .payload_checks import check_payload_list  # (imports this module)
+        first, k = check_payload_list(self.name, payloads)
+        scale = 1.0 / k if scale is None else scale
         self.check_out(out, first)
         acc = torch.zeros(first.shape, dtype=torch.float64 if first.dtype == torch.float64 else torch.float32,
                           device=first.device)

@@ -64,6 +64,7 @@ import torch
 from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import check_float
+from .payload_checks import check_buffers, check_payload_list
 from .registry import register_codec
 from .streams import CounterStream, stream_key
 
@@ -211,12 +212,9 @@ class DGCCodec(CounterStream, Codec):
         return self.indices_of(payload).long()
 
     def _check_payload(self, payload: Payload) -> None:
-        if tuple(payload.buffers) != ("indices", "values"):
-            raise ValueError(f"dgc: a payload has buffers ('indices', 'values'), got {tuple(payload.buffers)}")
-        code, vals = payload.buffers["indices"], payload.buffers["values"]
-        if code.dtype != torch.uint8 or code.dim() != 1 or vals.dtype != payload.dtype or vals.dim() != 1:
-            raise ValueError(f"dgc: expected an index code uint8[w*c] and values {payload.dtype}[c], got "
-                             f"{code.dtype}{list(code.shape)} and {vals.dtype}{list(vals.shape)}")
+        """An index code uint8[w*c] and values [c] of the payload's dtype, on its device (the
+        code's length against c, and the indices, are checked as the code is decoded)."""
+        check_buffers(self.name, payload, [("indices", torch.uint8, None), ("values", payload.dtype, None)])
 
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         return self.decode_mean_list([payload], 1.0, out)
@@ -224,12 +222,7 @@ class DGCCodec(CounterStream, Codec):
     def decode_mean_list(self, payloads: Sequence[Payload], scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payloads[k])`` (``scale`` defaults to 1/K) in one pass."""
-        if not payloads:
-            raise ValueError("dgc: decode_mean_list needs at least one payload")
-        first = payloads[0]
-        for p in payloads:  # buffers are checked by indices_of below
-            if p.shape != first.shape or p.dtype != first.dtype or p.device != first.device:
-                raise ValueError("dgc: decode_mean_list needs payloads of one shape, dtype and device")
+        first, _ = check_payload_list(self.name, payloads)  # buffers: checked by indices_of below
         scale = 1.0 / len(payloads) if scale is None else float(scale)
         indices = [self.indices_of(p) for p in payloads]
         if self.impl == "native":

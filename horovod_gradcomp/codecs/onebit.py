@@ -29,6 +29,7 @@ from ..native import require_native
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
+from .payload_checks import check_fixed
 from .registry import register_codec
 
 def onebit_columns(shape: Sequence[int]) -> int:
@@ -100,6 +101,7 @@ class OneBitCodec(Codec):
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits
         (written into ``out`` when given: contiguous, same shape and dtype)."""
+        check_fixed(self, payload)
         n, cols = payload.numel, onebit_columns(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
         if self.impl == "native":
@@ -118,10 +120,10 @@ class OneBitCodec(Codec):
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
         intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
+        k = check_fixed(self, stacked, stacked=True)
         if self.impl != "native":
             return super().decode_mean_stacked(stacked, scale, out)
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
-        k = bits.shape[0]
         scale = 1.0 / k if scale is None else scale
         flat = self._C.onebit_decode_sum(bits, scales, stacked.numel, onebit_columns(stacked.shape),
                                          stacked.dtype, float(scale), self.flat_out(out, stacked))

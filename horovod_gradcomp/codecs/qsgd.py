@@ -59,6 +59,7 @@ from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
+from .payload_checks import check_buffers, check_fixed
 from .registry import register_codec
 from .streams import CounterStream, stream_key, uniforms
 
@@ -380,16 +381,21 @@ class QSGDCodec(CounterStream, Codec):
 
     def levels_of(self, payload: Payload) -> torch.Tensor:
         """int64[n] signed levels a payload carries (reference decoding of either coding)."""
+        self._check_payload(payload)
         if self.coding == "fixed":
             return reference_unpack_fixed(payload.buffers["packed"], payload.numel, self.s)
         return reference_elias_decode(payload.buffers["nbits"], payload.buffers["stream"], payload.numel,
                                       self.s, self.bucket)
 
     # -- decode -------------------------------------------------------------------
-    def _check_payload(self, payload: Payload) -> None:
-        want = ("norms", "packed") if self.coding == "fixed" else ("norms", "nbits", "stream")
-        if tuple(payload.buffers) != want:
-            raise ValueError(f"qsgd: a {self.coding} payload has buffers {want}, got {tuple(payload.buffers)}")
+    def _check_payload(self, payload: Payload, stacked: bool = False) -> int:
+        """Buffers, dtypes and lengths (the Elias stream's length: by the decoders); returns K."""
+        if self.coding == "fixed":
+            return check_fixed(self, payload, stacked)
+        n = payload.numel
+        specs = [("norms", torch.float32, num_buckets(n, self.bucket)),
+                 ("nbits", torch.int64, num_groups(n, self.bucket)), ("stream", torch.uint8, None)]
+        return check_buffers(self.name, payload, specs, stacked)
 
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         self._check_payload(payload)
@@ -404,8 +410,7 @@ class QSGDCodec(CounterStream, Codec):
                 flat = self._C.qsgd_decode_elias(norms, payload.buffers["nbits"], payload.buffers["stream"], n,
                                                  self.s, self.bucket, group_buckets(self.bucket), payload.dtype, fo)
             return flat.view(payload.shape)
-        if norms.numel() != num_buckets(n, self.bucket):
-            raise ValueError(f"qsgd: expected {num_buckets(n, self.bucket)} norms, got {norms.numel()}")
+        self.check_out(out, payload)
         q = self.levels_of(payload).to(norms.device)
         flat = reference_values(q, norms, self.s, self.bucket, payload.dtype)
         if out is not None:
@@ -416,11 +421,10 @@ class QSGDCodec(CounterStream, Codec):
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``scale * sum_k decode(payload_k)`` (fixed coding, native: one fused pass over the
         K payloads; otherwise the base class's loop). ``scale`` defaults to 1/K."""
+        k = self._check_payload(stacked, stacked=True)
         if self.impl != "native" or self.coding != "fixed":
             return super().decode_mean_stacked(stacked, scale, out)
-        self._check_payload(stacked)
         norms, packed = stacked.buffers["norms"], stacked.buffers["packed"]
-        k = packed.shape[0]
         scale = 1.0 / k if scale is None else scale
         flat = self._C.qsgd_decode_fixed(norms, packed, stacked.numel, self.s, self.bucket, stacked.dtype,
                                          float(scale), self.flat_out(out, stacked))

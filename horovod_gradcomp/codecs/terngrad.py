@@ -55,6 +55,7 @@ import torch
 from ..native import require_native, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import accumulation_dtype, check_float
+from .payload_checks import check_fixed
 from .registry import register_codec
 from .streams import CounterStream, stream_keys32, uniform_bits
 
@@ -214,6 +215,7 @@ class TernGradCodec(CounterStream, Codec):
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The tensor ``s * v`` (v in {-1, 0, +1}) of the payload's shape and dtype, written
         into ``out`` when given (contiguous, same shape and dtype)."""
+        check_fixed(self, payload)
         stacked = Payload({k: b.unsqueeze(0) for k, b in payload.buffers.items()}, payload.shape, payload.dtype,
                           payload.device)
         return self.decode_mean_stacked(stacked, 1.0, out)
@@ -223,12 +225,8 @@ class TernGradCodec(CounterStream, Codec):
         """``scale * sum_k decode(payload_k)`` (``scale`` defaults to 1/K) in one pass over the
         K payloads: ``(sum_k v_k) * s * scale`` when all K scales are equal (the shared-scale
         case), else ``scale * sum_k s_k * v_k``. Written into ``out`` when given."""
+        k, n = check_fixed(self, stacked, stacked=True), stacked.numel
         codes, scales = stacked.buffers["codes"], stacked.buffers["scale"]
-        if codes.dim() != 2 or scales.dim() != 2 or codes.shape[0] != scales.shape[0]:
-            raise ValueError("terngrad: decode_mean_stacked expects buffers stacked as [K, ...]")
-        k, n = codes.shape[0], stacked.numel
-        if k == 0:
-            raise ValueError("terngrad: decode_mean_stacked needs at least one payload")
         scale = 1.0 / k if scale is None else float(scale)
         flat_out = self.flat_out(out, stacked)
         if self.impl == "native":

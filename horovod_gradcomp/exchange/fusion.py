@@ -107,9 +107,19 @@ def pack_variable(names: Sequence[str], payloads: Dict[str, Payload]) -> torch.T
 
 def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[str, Payload]) -> Dict[str, Payload]:
     """Inverse of :func:`pack_variable` for one rank's part; ``templates`` (this rank's own
-    payloads) give each buffer's name and dtype and each tensor's shape, dtype and device."""
+    payloads) give each buffer's name and dtype and each tensor's shape, dtype and device.
+
+    The part comes from another rank: its header is checked before anything is cut (every
+    length >= 0, a multiple of its buffer's element size, inside the part, the padded buffers
+    ending exactly at the part's end); a malformed part raises ValueError."""
     count = sum(len(templates[n].buffers) for n in names)
-    lengths = part[:8 * count].view(torch.int64).tolist()
+    if not isinstance(part, torch.Tensor) or part.dtype != torch.uint8 or part.dim() != 1:
+        raise ValueError(f"unpack_variable: a part must be a flat uint8 tensor, got "
+                         f"{getattr(part, 'dtype', type(part).__name__)} {tuple(getattr(part, 'shape', ()))}")
+    size = part.numel()
+    if size < 8 * count:
+        raise ValueError(f"unpack_variable: a part of {size} bytes cannot hold the {count} buffer lengths")
+    lengths = part[:8 * count].clone().view(torch.int64).tolist()
     offset, i, out = 8 * count, 0, {}
     for n in names:
         t = templates[n]
@@ -117,8 +127,14 @@ def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[st
         for b, ref in t.buffers.items():
             nbytes = lengths[i]
             i += 1
+            item = ref.element_size()
+            if nbytes < 0 or nbytes % item or nbytes > size - offset:
+                raise ValueError(f"unpack_variable: buffer {n}/{b} claims {nbytes} bytes; {size - offset} remain "
+                                 f"in the part and its {ref.dtype} elements take {item} bytes each")
             view = part[offset:offset + nbytes].view(ref.dtype)
             bufs[b] = view if t.device.type == "cpu" else view.to(t.device)
             offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
         out[n] = Payload(bufs, t.shape, t.dtype, t.device)
+    if offset != size:
+        raise ValueError(f"unpack_variable: the buffers end at byte {offset} of a {size}-byte part")
     return out
