@@ -9,6 +9,7 @@ from .dgc_memory import DensitySchedule, DGCMemory
 from .horovod_adapter import Compression
 from .optimizer_check import OptimizerMismatchError
 from .pipeline import DoubleBufferedStep, double_buffering_pays
+from .training.schemes import ADAG, EASGD, Downpour, ModelAveraging, Scheme
 
 __all__ = [
     "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",

@@ -1,0 +1,1 @@
+"""Training-loop tools: the double-buffered pipeline, minibatch selection, averaging and asynchronous schemes."""
