@@ -202,3 +202,51 @@ def test_sync_state_dict_round_trip_continues_identically():
         trainer.finish()
         return trainer.get_flat()
     torch.testing.assert_close(run(split=3), run(split=-1), rtol=0, atol=0)
+
+
+# -- synchronous schemes through a codec (onebit with error feedback) ------------------------
+def onebit_with_feedback(codec, residuals, key, v):
+    """(decoded, new residual) of ``v + residual`` through the codec (error feedback by hand)."""
+    comp = v + residuals.get(key, torch.zeros_like(v))
+    decoded = codec.decode(codec.encode(comp.clone()))
+    residuals[key] = comp - decoded
+    return decoded
+
+
+@pytest.mark.parametrize("kind", ["model_averaging", "easgd"])
+def test_sync_schemes_with_onebit_match_float64_loop(kind):
+    period, alpha, steps = 2, 0.2, 7
+    codec = hgc.get_codec("onebit", impl="reference")
+    model = initial_params(seed=RANK + 21)
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    if kind == "model_averaging":
+        trainer = hgc.ModelAveraging(model, opt, period=period, codec=codec)
+    else:
+        trainer = hgc.EASGD(model, opt, period=period, alpha=alpha, codec=codec)
+    train_loop(trainer, model, opt, steps)
+    w0, b0 = rank0_start(21)
+    ws, bs = [w0.clone() for _ in range(SIZE)], [b0.clone() for _ in range(SIZE)]
+    aw, ab = w0.clone(), b0.clone()  # the anchor (averaging) or the center (EASGD)
+    res = [dict() for _ in range(SIZE)]
+    for t in range(steps):
+        for k in range(SIZE):
+            ws[k], bs[k] = oracle_local_step(ws[k], bs[k], k, t)
+        due = (t + 1) % period == 0 or (kind == "model_averaging" and t == steps - 1)
+        if not due:
+            continue
+        dw = [onebit_with_feedback(codec, res[k], "w", ws[k] - aw) for k in range(SIZE)]
+        db = [onebit_with_feedback(codec, res[k], "b", bs[k] - ab) for k in range(SIZE)]
+        if kind == "model_averaging":
+            aw, ab = aw + sum(dw) / SIZE, ab + sum(db) / SIZE
+            ws, bs = [aw.clone() for _ in range(SIZE)], [ab.clone() for _ in range(SIZE)]
+        else:
+            ws = [w - alpha * d for w, d in zip(ws, dw)]
+            bs = [b - alpha * d for b, d in zip(bs, db)]
+            aw, ab = aw + alpha * sum(dw), ab + alpha * sum(db)
+    torch.testing.assert_close(model.weight.detach(), aw, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(model.bias.detach(), ab, rtol=1e-9, atol=1e-10)
+    assert_same_everywhere(model)
+    s = trainer.stats()
+    dense = (SIZE - 1) * 2 * (D_IN * D_OUT + D_OUT) * 8 * s["exchanges"]
+    if SIZE > 1:
+        assert 0 < s["bytes_sent"] < dense  # encoded: fewer bytes than dense float64 (headers included)
