@@ -10,10 +10,11 @@ from .state import DensitySchedule, DGCMemory
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
 from .horovod.checkpoint import load_job_state, save_job_state
 from .training import DoubleBufferedStep, double_buffering_pays
+from .training.schemes import ADAG, EASGD, Downpour, ModelAveraging, Scheme
 
 __all__ = [
-    "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",
-    "OptimizerMismatchError", "Payload", "available_codecs",
+    "__version__", "ADAG", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "Downpour",
+    "EASGD", "ModelAveraging", "NativeUnavailableError", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
     "native_cuda_status", "native_error", "native_has_cuda", "register_codec", "save_job_state",
 ]

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "horovod_gradcomp.bench.exchange_bench",
     "horovod_gradcomp.bench.pipeline_bench",
     "horovod_gradcomp.bench.overlap_bench",
+    "horovod_gradcomp.bench.schemes_bench",
 )
 
 
