@@ -11,8 +11,8 @@ Interactions with DistributedOptimizer's other options:
   cancels out as it does for dense gradients.
 * ``op=hvd.Adasum`` is not linear and is not supported; ``sparse_as_dense`` / sparse
   gradients are not supported (a clear error is raised); ``groups`` works (grouped
-  allreduce of placeholders); ``process_set`` other than the global one is not supported
-  (the exchange runs over all of COMM_WORLD).
+  allreduce of placeholders); ``process_set``: pass the same set to the factory
+  (``process_set=``), whose exchange then runs on the set's ranks through Horovod.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from .comm import MPICommunicator, default_communicator
 from .dgc_memory import DensitySchedule, DGCMemory
 from .optimizer_check import PlainSGDGuard
 from .stats import ExchangeStats, allreduce_wire_bytes
+from .transports import select_communicator
 
 __all__ = ["CodecCompression", "Compression", "DenseCompression"]
 
@@ -114,7 +115,7 @@ class Compression:
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: bool = True, memory=None,
               pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
-              **codec_options) -> CodecCompression:
+              transport: str = "auto", process_set=None, **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -123,10 +124,18 @@ class Compression:
         this many gradient bytes, from a communication thread during backward when
         ``overlap`` (None: one exchange per step at ``synchronize()``).
 
+        ``transport`` ("auto" | "mpi" | "horovod") and ``process_set``: where the payloads
+        travel, when no ``communicator`` is given (rule in :mod:`horovod_gradcomp.transports.select`:
+        Horovod's collectives on Gloo or a process set, else mpi4py).
+
         Stochastic codecs (those taking ``rank_stream``) get this rank's number unless told
         otherwise, so each rank draws its own random stream."""
+        if communicator is None:
+            communicator = select_communicator(transport, process_set, owner=f"Compression.{name}")
+        elif transport != "auto" or process_set is not None:
+            raise ValueError(f"Compression.{name}: pass either communicator= or transport=/process_set=, not both")
         if "rank_stream" in inspect.signature(codec_class(name)).parameters and "rank_stream" not in codec_options:
-            codec_options["rank_stream"] = (communicator or default_communicator()).rank
+            codec_options["rank_stream"] = communicator.rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
                                 communicator=communicator, check_agreement=check_agreement)
