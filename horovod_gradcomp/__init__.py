@@ -9,9 +9,10 @@ from .dgc_memory import DensitySchedule, DGCMemory
 from .horovod_adapter import Compression
 from .optimizer_check import OptimizerMismatchError
 from .pipeline import DoubleBufferedStep, double_buffering_pays
+from . import ddp, elastic  # noqa: E402  (hgc.ddp.register: DDP comm hook; hgc.elastic.TorchState)
 
 __all__ = [
     "__version__", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "NativeUnavailableError",
-    "OptimizerMismatchError", "Payload", "available_codecs",
+    "OptimizerMismatchError", "Payload", "available_codecs", "ddp", "elastic",
     "double_buffering_pays", "get_codec", "native_available", "native_error", "native_has_cuda", "register_codec",
 ]
