@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from .launchers import BIN, last_json, run
+from launchers import BIN, last_json, run
 
 EPOCHS = 10
 TIMEOUT = 400
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(2 * TIMEOUT + 60)
 
 
 def elastic(*extra):
-    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "10")  # a dead peer is noticed within 10 s
+    os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "20")  # a dead peer is noticed within 20 s
     cmd = [str(BIN / "horovodrun"), "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", "examples/discover_hosts.sh", str(BIN / "python"), "examples/train_elastic.py",
            "--codec", "onebit", "--epochs", str(EPOCHS), "--json", "--no-progress", *extra]

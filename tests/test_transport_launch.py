@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from .launchers import horovodrun_gloo, last_json, mpirun, run, torchrun
+from launchers import horovodrun_gloo, last_json, mpirun, run, torchrun
 
 EPOCHS = 10
 TIMEOUT = 300
