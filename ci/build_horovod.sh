@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Builds a Horovod wheel (PyTorch + MPI, no TensorFlow/MXNet) into the folder $1.
+# Builds a Horovod wheel (PyTorch with MPI and Gloo, no TensorFlow/MXNet) into the folder $1.
+# Gloo (horovodrun --gloo, Horovod elastic) needs cmake: Debian's, from ci/install_system.sh.
 # Horovod 0.28.1 predates two things on these machines, fixed here without patching its source:
 #  - cmake >= 4 rejects its old cmake_minimum_required: CMAKE_POLICY_VERSION_MINIMUM=3.5;
 #  - its CMake pins -std=c++14 for the torch module, torch 2.x headers need C++17 (C++20
@@ -23,6 +24,8 @@ WRAP
 chmod +x "$work/cxxstd"
 export CXX="$work/cxxstd" CMAKE_POLICY_VERSION_MINIMUM=3.5
 export HOROVOD_WITH_PYTORCH=1 HOROVOD_WITH_MPI=1 HOROVOD_WITHOUT_TENSORFLOW=1 \
-       HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_GLOO=1 HOROVOD_CPU_OPERATIONS=MPI
+       HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITH_GLOO=1
 export MAKEFLAGS="-j$(nproc)" HOROVOD_BUILD_ARCH_FLAGS="${HOROVOD_BUILD_ARCH_FLAGS:-}"
-"$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$out" "horovod==$HOROVOD_VERSION"
+# --no-cache-dir: pip caches wheels built from an sdist by version only, blind to the
+# HOROVOD_* switches above; a cached MPI-only build must not come back as this one.
+"$PY" -m pip wheel -q --no-cache-dir --no-build-isolation --no-deps -w "$out" "horovod==$HOROVOD_VERSION"

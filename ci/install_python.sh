@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates $VENV and installs, idempotently: torch (pinned, overridable by TORCH_SPEC),
-# mpi4py, Horovod built with PyTorch + MPI, the test/example dependencies, and
+# mpi4py, Horovod built with PyTorch + MPI + Gloo, the test/example dependencies, and
 # horovod_gradcomp itself with its native extension (editable install via setup.py).
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
@@ -24,11 +24,13 @@ import horovod, horovod.torch as hvd
 from horovod.common.util import mpi_built
 assert horovod.__version__ == __import__("os").environ["HOROVOD_VERSION"]
 assert hvd.mpi_built(), "Horovod lacks MPI"
+assert hvd.gloo_built(), "Horovod lacks Gloo"
 PY
 }
 export HOROVOD_VERSION
 if ! horovod_ok; then
-    wheel_dir="$HGC_CACHE/wheels/horovod-$HOROVOD_VERSION-torch-$TORCH_VERSION"
+    # "-mpi-gloo": wheels from before Gloo was built in (MPI only) are not reused.
+    wheel_dir="$HGC_CACHE/wheels/horovod-$HOROVOD_VERSION-mpi-gloo-torch-$TORCH_VERSION"
     if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
         log "building Horovod $HOROVOD_VERSION against torch $TORCH_VERSION (takes a few minutes)"
         mkdir -p "$wheel_dir"
@@ -36,7 +38,7 @@ if ! horovod_ok; then
     fi
     log "installing Horovod from $wheel_dir"
     pipi --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
-    horovod_ok || { log "Horovod installed but not usable with MPI"; exit 1; }
+    horovod_ok || { log "Horovod installed but lacks MPI or Gloo"; exit 1; }
 fi
 
 # horovod_gradcomp itself; setup.py builds horovod_gradcomp._C. Rebuilt when it does not

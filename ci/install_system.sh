@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Installs the system packages horovod_gradcomp needs: Open MPI (runtime and headers,
-# from Debian's packages) and iproute2 (network namespaces for the slow-network bench).
+# from Debian's packages), cmake (Horovod's Gloo build) and iproute2 (network namespaces
+# for the slow-network bench).
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
 
-pkgs=(libopenmpi-dev openmpi-bin iproute2)
+pkgs=(libopenmpi-dev openmpi-bin cmake iproute2)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

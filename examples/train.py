@@ -176,7 +176,8 @@ def main(argv=None):
                 "codec": label, "ranks": size, "epochs": args.epochs, "test_accuracy": acc,
                 "train_loss": train_loss, "bytes_sent_per_step": sent, "bytes_dense_per_step": dense,
                 "wire_ratio": stats["wire_ratio"], "payload_ratio": stats["payload_ratio"],
-                "seconds": seconds, "params_identical": identical,
+                "seconds": seconds, "params_identical": identical, "params_digest": digests[0],
+                "transport": type(getattr(compression, "communicator", None)).__name__,
                 "steps": stats["steps"], "batch_size": args.batch_size, "lr": args.lr,
                 "momentum": args.momentum, "seed": args.seed,
             }), flush=True)

@@ -11,10 +11,11 @@ from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOpti
 from .horovod.checkpoint import load_job_state, save_job_state
 from .training import DoubleBufferedStep, double_buffering_pays
 from .training.schemes import ADAG, EASGD, Downpour, ModelAveraging, Scheme
+from . import ddp, elastic  # noqa: E402  (hgc.ddp.register: DDP comm hook; hgc.elastic.TorchState)
 
 __all__ = [
     "__version__", "ADAG", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "Downpour",
-    "EASGD", "ModelAveraging", "NativeUnavailableError", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs",
+    "EASGD", "ModelAveraging", "NativeUnavailableError", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
     "native_cuda_status", "native_error", "native_has_cuda", "register_codec", "save_job_state",
 ]

@@ -155,6 +155,18 @@ class StepEngine:
         results, self._results = self._results, {}
         return results
 
+    def abort_step(self) -> None:
+        """Forget a step interrupted by a failed collective (Horovod elastic): pending gradients,
+        partial results and totals; the thread, if any, is joined (up to 60 s)."""
+        with self._cv:
+            self._flush = True
+            self._cv.notify_all()
+        if self._worker is not None:
+            self._worker.join(timeout=60)
+        self._grads, self._worker, self._worker_error, self._flush = {}, None, None, False
+        self._results.clear()
+        self._totals, self._nonfinite, self._snapshots = StepTotals(), False, []
+
     def _skip_step(self) -> None:
         """Some rank had a non-finite gradient: undo the memory updates of this step's earlier
         buckets and make every result NaN (on every rank alike, so all skip the step)."""

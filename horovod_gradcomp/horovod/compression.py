@@ -77,7 +77,7 @@ class CodecCompression:
         """Record ``tensor`` (a parameter's ``.grad``) for this step's exchange; return the
         placeholder and the parameter's name (Horovod's ``ctx``)."""
         if not self._options_checked:
-            check_horovod_options(calling_optimizer(self), f"Compression.{self.codec.name}")
+            check_horovod_options(calling_optimizer(self), f"Compression.{self.codec.name}", self._comm())
             self._options_checked = True
         check_dense(tensor, f"Compression.{self.codec.name}")
         name = self.index.name_of(tensor)
@@ -103,6 +103,12 @@ class CodecCompression:
         results = self.engine.exchange(grads)
         self.index.end_step()
         return results
+
+    def abort_step(self) -> None:
+        """Drop a step interrupted by a failed collective (its gradients and partial results)."""
+        self.engine.abort_step()
+        self._results.clear()
+        self.index.end_step()
 
     # -- schedule, introspection and checkpoints ------------------------------------
     def set_epoch(self, epoch: int) -> None:

@@ -10,10 +10,11 @@ Interactions with DistributedOptimizer's other options:
   ``compress`` once on the sum; nothing special here.
 * ``op=hvd.Average`` gives the mean, ``op=hvd.Sum`` the sum; ``gradient_predivide_factor``
   cancels out as it does for dense gradients.
-* ``op=hvd.Adasum``, sparse gradients (``sparse_as_dense`` included) and a ``process_set``
-  other than the global one are refused at the first ``compress`` with an
-  :class:`~horovod_gradcomp.horovod.options_check.UnsupportedHorovodOption` naming the option;
-  ``groups`` works (grouped allreduce of placeholders).
+* ``op=hvd.Adasum`` and sparse gradients (``sparse_as_dense`` included) are refused at the
+  first ``compress`` with an :class:`~horovod_gradcomp.horovod.options_check.UnsupportedHorovodOption`
+  naming the option; ``groups`` works (grouped allreduce of placeholders); ``process_set``:
+  pass the same set to the factory (``process_set=``), whose exchange then runs on the set's
+  ranks through Horovod (a set the optimizer uses but the factory was not given is refused).
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from ..state.dgc_memory import DensitySchedule, DGCMemory
 from .compression import CodecCompression
 from .dense import DenseCompression
 from .optimizer_check import PlainSGDGuard
+from ..transports import select_communicator
 
 __all__ = ["CodecCompression", "Compression", "DenseCompression"]
 
@@ -52,7 +54,8 @@ class Compression:
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, memory=None,
               pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
-              timeout: Optional[float] = None, **codec_options) -> CodecCompression:
+              timeout: Optional[float] = None, transport: str = "auto", process_set=None,
+              **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -70,12 +73,20 @@ class Compression:
         ``error_feedback_default``: on for onebit, off for terngrad and qsgd, so that
         ``Compression.codec("terngrad", ...)`` and ``Compression.terngrad(...)`` agree).
 
+        ``transport`` ("auto" | "mpi" | "horovod") and ``process_set``: where the payloads
+        travel, when no ``communicator`` is given (rule in :mod:`horovod_gradcomp.transports.select`:
+        Horovod's collectives on Gloo or a process set, else mpi4py).
+
         Stochastic codecs (those taking ``rank_stream``) get this rank's number unless told
         otherwise, so each rank draws its own random stream."""
         if error_feedback is None:
             error_feedback = codec_class(name).error_feedback_default
+        if communicator is None:
+            communicator = select_communicator(transport, process_set, owner=f"Compression.{name}")
+        elif transport != "auto" or process_set is not None:
+            raise ValueError(f"Compression.{name}: pass either communicator= or transport=/process_set=, not both")
         if "rank_stream" in inspect.signature(codec_class(name)).parameters and "rank_stream" not in codec_options:
-            codec_options["rank_stream"] = (communicator or default_communicator()).rank
+            codec_options["rank_stream"] = communicator.rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
                                 communicator=communicator, check_agreement=check_agreement, timeout=timeout)

@@ -5,8 +5,8 @@
 (the frame whose ``self`` holds this compression as ``_compression``) and checks it once:
 
 * ``op=hvd.Adasum``: not a linear reduction of gradients; the codecs exchange means.
-* ``process_set`` other than the global one: the exchange would run on all ranks while only
-  the set's ranks step (ranks outside it would never join).
+* a ``process_set`` other than the global one that the compression was not built for (pass
+  the same ``process_set=`` to the factory: its exchange then runs on the set's ranks).
 * sparse gradients (``sparse_as_dense=True`` too): a sparse gradient has no dense payload.
 
 ``op=hvd.Sum`` and ``gradient_predivide_factor`` work (the placeholder that Horovod reduces
@@ -37,7 +37,7 @@ def calling_optimizer(compression, depth: int = 6) -> Optional[object]:
     return None
 
 
-def check_horovod_options(optimizer, owner: str) -> None:
+def check_horovod_options(optimizer, owner: str, communicator=None) -> None:
     """Raise :class:`UnsupportedHorovodOption` naming the first option the exchange cannot honour."""
     if optimizer is None:
         return
@@ -47,9 +47,12 @@ def check_horovod_options(optimizer, owner: str) -> None:
                                        "codecs exchange means): use op=hvd.Average or hvd.Sum")
     process_set = getattr(optimizer, "process_set", None)
     if process_set is not None and getattr(process_set, "process_set_id", 0) not in (0, None):
-        raise UnsupportedHorovodOption(
-            f"{owner}: process_set={process_set} is not supported: the compressed exchange runs on every rank of "
-            "its communicator, and ranks outside the set would never join it. Use the global process set.")
+        ours = getattr(communicator, "process_set", None)
+        if ours is None or getattr(ours, "process_set_id", None) != process_set.process_set_id:
+            raise UnsupportedHorovodOption(
+                f"{owner}: the optimizer uses process_set={process_set}, but the compression exchanges over "
+                f"{communicator!r}: ranks outside the set would never join. Pass the same process_set= to the "
+                "hgc.Compression factory")
 
 
 def check_dense(tensor: torch.Tensor, owner: str) -> None:

@@ -1,0 +1,144 @@
+"""The communicator seam over Horovod's own collectives (works on MPI and on Gloo).
+
+:class:`HorovodCommunicator` has the interface of :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator`
+and moves the same uint8 buffers through ``hvd.allgather`` (uneven first dimensions),
+``hvd.alltoall`` (with splits) and ``hvd.allreduce(op=hvd.Max)``, on the global process set
+or on one ``process_set``. It is what ``horovodrun --gloo`` and Horovod elastic need (no MPI
+there) and what confines an exchange to a process set.
+
+Every collective carries an explicit name, ``hgc.<prefix>.<call number>.<what>``: Horovod
+pairs operations across ranks by name, and its automatic names number every Horovod op of
+the process, so an op issued by another thread (a barrier, the optimizer's placeholders,
+an exchange thread) would shift them differently on each rank. The call numbers are this
+object's own, so every rank of the set must construct its communicators in the same order
+(or pass the same ``prefix``) and issue their collectives in the same order, as with MPI.
+
+Rank and size are the process set's (``process_set.rank()``, ``process_set.size()``).
+"""
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..exchange.communicator import ExchangeMismatchError, _check_bytes, _counts
+
+
+class HorovodCommunicator:
+    """Collectives on uint8 CPU tensors through ``horovod.torch`` (call ``hvd.init()`` first).
+
+    Args:
+        process_set: a ``hvd.ProcessSet`` (None: the global one). Only its ranks may use
+            this object; the others must never call it (Horovod would reject the op).
+        prefix: the name prefix of this object's collectives (default ``c<N>`` for the N-th
+            HorovodCommunicator of the process); the same on every rank of the set.
+    """
+
+    _instances = itertools.count()
+
+    def __init__(self, process_set=None, prefix: Optional[str] = None):
+        import horovod.torch as hvd
+        if not hvd.is_initialized():
+            raise RuntimeError("HorovodCommunicator: call hvd.init() first")
+        self._hvd = hvd
+        self.process_set = process_set if process_set is not None else hvd.global_process_set
+        if self.process_set.process_set_id is None:
+            raise ValueError(f"HorovodCommunicator: {self.process_set} is not registered with Horovod "
+                             "(pass it to hvd.init(process_sets=...) or hvd.add_process_set first)")
+        if self.process_set.ranks is not None and hvd.rank() not in self.process_set.ranks:
+            raise ValueError(f"HorovodCommunicator: rank {hvd.rank()} is not in {self.process_set}; only the set's "
+                             "ranks may exchange on it")
+        self.prefix = prefix if prefix is not None else f"c{next(HorovodCommunicator._instances)}"
+        self._calls = itertools.count()
+        self._lock = threading.Lock()
+
+    @property
+    def rank(self) -> int:
+        return int(self.process_set.rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.process_set.size())
+
+    def restart(self) -> None:
+        """Number the collectives from zero again (every rank of the set at once: after a
+        Horovod elastic reset, when ranks may have issued different numbers of calls)."""
+        with self._lock:
+            self._calls = itertools.count()
+
+    def _name(self, what: str) -> str:
+        with self._lock:
+            return f"hgc.{self.prefix}.{next(self._calls)}.{what}"
+
+    def _gather_rows(self, rows: torch.Tensor, name: str) -> torch.Tensor:
+        """Horovod allgather along dim 0 (first dims may differ between ranks)."""
+        return self._hvd.allgather(rows, name=name, process_set=self.process_set)
+
+    def _sizes(self, n: int, name: str) -> np.ndarray:
+        """Every rank's n (one allgather of an int64)."""
+        return self._gather_rows(torch.tensor([n], dtype=torch.int64), name).numpy()
+
+    # -- the MPICommunicator interface ------------------------------------------------------
+    def allgather(self, send: torch.Tensor) -> torch.Tensor:
+        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
+        _check_bytes(send, "allgather")
+        out = self._gather_rows(send.reshape(1, -1), self._name("allgather"))
+        if out.shape != (self.size, send.numel()):
+            raise ExchangeMismatchError(f"allgather: ranks sent different sizes (got {tuple(out.shape)} for "
+                                        f"{self.size} ranks of {send.numel()} bytes)")
+        return out
+
+    def allgatherv(self, send: torch.Tensor) -> list:
+        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
+        One allgather of the sizes, then one allgather of the data."""
+        _check_bytes(send, "allgatherv")
+        call = self._name("allgatherv")
+        sizes = self._sizes(send.numel(), call + ".sizes")
+        return _split(self._gather_rows(send, call), sizes)
+
+    def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
+        """Personalized exchange (see :meth:`MPICommunicator.alltoallv`): ``send_counts[j]``
+        bytes to rank j, ``recv_counts[j]`` bytes from rank j, one ``hvd.alltoall``. The
+        received splits are checked against ``recv_counts``."""
+        _check_bytes(send, "alltoallv")
+        k = self.size
+        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
+        if int(sc.sum()) != send.numel():
+            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
+        out, received = self._hvd.alltoall(send, splits=torch.from_numpy(sc.astype(np.int32)),
+                                           name=self._name("alltoallv"), process_set=self.process_set)
+        if not np.array_equal(received.numpy().astype(np.int64), rc):
+            raise ExchangeMismatchError(f"alltoallv: rank {self.rank} expected {rc.tolist()} bytes from the ranks, "
+                                        f"received {received.tolist()}")
+        return out
+
+    def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
+        """Allgather of parts whose sizes every rank knows (see
+        :meth:`MPICommunicator.allgatherv_known`): one allgather, no size exchange."""
+        _check_bytes(send, "allgatherv_known")
+        c = _counts(counts, self.size, "counts")
+        if send.numel() != int(c[self.rank]):
+            raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
+                             f"{int(c[self.rank])}")
+        recv = self._gather_rows(send, self._name("allgatherv_known"))
+        if recv.numel() != int(c.sum()):
+            raise ExchangeMismatchError(f"allgatherv_known: received {recv.numel()} bytes, counts sum to {int(c.sum())}")
+        return _split(recv, c)
+
+    def allreduce_max(self, values: np.ndarray) -> np.ndarray:
+        """Elementwise maximum over ranks of a float64 vector (one ``hvd.allreduce``, ``op=hvd.Max``)."""
+        mine = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1))
+        out = self._hvd.allreduce(mine, op=self._hvd.Max, name=self._name("max"), process_set=self.process_set)
+        return out.numpy().reshape(np.shape(values))
+
+    def __repr__(self) -> str:
+        return f"HorovodCommunicator(process_set={self.process_set}, prefix={self.prefix!r})"
+
+
+def _split(flat: torch.Tensor, sizes: np.ndarray) -> list:
+    """Views of ``flat`` cut into back-to-back parts of the given sizes."""
+    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    return [flat[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]
