@@ -26,7 +26,7 @@ import torch
 from .codec_compression import CodecCompression
 from .codecs import get_codec
 from .codecs.registry import codec_class
-from .comm import MPICommunicator, default_communicator
+from .comm import MPICommunicator
 from .dgc_memory import DensitySchedule, DGCMemory
 from .optimizer_check import PlainSGDGuard
 from .stats import ExchangeStats, allreduce_wire_bytes
