@@ -15,14 +15,14 @@ from launchers import BIN, last_json, run
 
 EPOCHS = 10
 TIMEOUT = 400
-pytestmark = pytest.mark.timeout(2 * TIMEOUT + 60)
+pytestmark = pytest.mark.timeout(2 * TIMEOUT + 60)  # per test
 
 
-def elastic(*extra):
+def elastic(*extra, epochs=EPOCHS):
     os.environ.setdefault("HOROVOD_GLOO_TIMEOUT_SECONDS", "20")  # a dead peer is noticed within 20 s
     cmd = [str(BIN / "horovodrun"), "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", "examples/discover_hosts.sh", str(BIN / "python"), "examples/train_elastic.py",
-           "--codec", "onebit", "--epochs", str(EPOCHS), "--json", "--no-progress", *extra]
+           "--codec", "onebit", "--epochs", str(epochs), "--json", "--no-progress", *extra]
     return last_json(run(cmd, TIMEOUT))
 
 
@@ -34,3 +34,11 @@ def test_kill_one_of_three_workers():
     assert whole["sizes"] == [3] and whole["params_identical"] is True, whole
     assert whole["test_accuracy"] > 0.9, whole
     assert abs(killed["test_accuracy"] - whole["test_accuracy"]) <= 0.01, (killed, whole)
+
+
+def test_kill_with_two_phase_replans():
+    """The two-phase pattern's stripes depend on K: after the kill the survivors re-plan for
+    K=2 (owner residuals of the old stripes dropped) and still agree bitwise."""
+    killed = elastic("--kill-host", "127.0.0.1", "--kill-epoch", "2", "--codec-opt", "pattern=two_phase", epochs=4)
+    assert killed["sizes"] == [3, 2] and killed["params_identical"] is True, killed
+    assert killed["test_accuracy"] > 0.85, killed

@@ -12,9 +12,9 @@ a hook that, per backward pass:
    writes each mean over ranks into its view of the bucket, and completes every future.
 
 One exchange per step makes the stream positions, residuals and results exactly those of the
-Horovod path with one bucket, so both can be checked against the same oracles. DDP itself
-only waits for the futures at the end of backward, so deferring the early buckets costs no
-overlap that the codecs' exchange could have used (it runs after the last gradient).
+Horovod path with one bucket, so both can be checked against the same oracles. The price:
+no bucket's exchange overlaps the rest of backward (as on the Horovod path without
+``bucket_bytes``); a per-bucket exchange is not offered yet.
 Works with DDP on gloo (CPU) or NCCL: the payloads travel on a separate gloo group.
 """
 from __future__ import annotations

@@ -25,7 +25,7 @@ import torch
 
 from ..codecs import get_codec
 from ..codecs.registry import codec_class
-from ..exchange.communicator import MPICommunicator, default_communicator
+from ..exchange.communicator import MPICommunicator
 from ..state.dgc_memory import DensitySchedule, DGCMemory
 from .compression import CodecCompression
 from .dense import DenseCompression
