@@ -3,8 +3,8 @@
 Builds ``csrc/binding.cpp`` + ``csrc/cpu/*.cpp`` once with ``-fsanitize=address
 -fno-omit-frame-pointer`` into a temporary directory (never the in-tree ``_C``), then runs a
 reduced fuzz corpus (``tests/fuzz_decoders.py``, native decoders only) against that build in
-subprocesses started with ``LD_PRELOAD=$(gcc -print-file-name=libasan.so)`` and
-``ASAN_OPTIONS=detect_leaks=0``. Any AddressSanitizer report (an out-of-bounds read or
+subprocesses started with ``LD_PRELOAD="$(gcc -print-file-name=libasan.so)
+$(gcc -print-file-name=libstdc++.so)"`` and ``ASAN_OPTIONS=detect_leaks=0``. Any AddressSanitizer report (an out-of-bounds read or
 write, a use after free) fails the test.
 
 The build takes a few minutes on 2 cores (over 15 under a heavily shared machine), so the
@@ -61,9 +61,17 @@ def libasan() -> str | None:
     return path if os.path.isabs(path) and os.path.exists(path) else None
 
 
+def libstdcxx() -> str:
+    """The compiler's libstdc++.so (preloaded after libasan: the python binary does not link
+    it, and ASan's ``__cxa_throw`` interceptor must find the real one at start-up, else the
+    first C++ exception - every TORCH_CHECK - dies in "CHECK failed ... real___cxa_throw")."""
+    path = subprocess.run(["gcc", "-print-file-name=libstdc++.so"], capture_output=True, text=True).stdout.strip()
+    return path if os.path.isabs(path) and os.path.exists(path) else ""
+
+
 def asan_env(lib: str) -> dict:
     env = dict(os.environ)
-    env.update(LD_PRELOAD=lib, ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
+    env.update(LD_PRELOAD=f"{lib} {libstdcxx()}".strip(), ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:halt_on_error=1",
                MAX_JOBS=env.get("MAX_JOBS", "2"), OMP_NUM_THREADS="2")
     return env
 
