@@ -29,13 +29,13 @@ def _fail(codec: str, msg: str) -> None:
 
 def check_buffers(codec: str, payload: Payload, specs: Sequence[BufferSpec], stacked: bool = False) -> int:
     """Check ``payload.buffers`` against ``specs`` ((name, dtype, length) in wire order):
-    the same names in that order, each buffer a tensor of its dtype on the payload's device,
+    the same names (in any order: a fused layout cuts them by element size), each buffer a tensor of its dtype on the payload's device,
     1-D (``stacked=False``) or 2-D ``[K, length]`` with one K >= 1 for all (``stacked=True``),
     of exactly its length (any length where it is None: the variable-size parts of a format,
     whose decoders check them). Returns K (1 when not stacked)."""
     bufs = payload.buffers
     names = tuple(name for name, _, _ in specs)
-    if not isinstance(bufs, dict) or tuple(bufs) != names:
+    if not isinstance(bufs, dict) or len(bufs) != len(names) or set(bufs) != set(names):
         got = tuple(bufs) if isinstance(bufs, dict) else type(bufs).__name__
         _fail(codec, f"expected buffers {names}, got {got}")
     k = None
