@@ -28,7 +28,7 @@ SEED = int(os.environ.get("HGC_FUZZ_SEED", "11"))
 SCALE = float(os.environ.get("HGC_FUZZ_SCALE", "1"))
 
 # (target, cases): 4,200 cases in all (about 10,000 decoder calls: a codec case calls decode and
-# decode_mean or decode_many), ~35 s of CPU on the project's 2-core machine.
+# decode_mean_stacked or decode_mean_list), ~35 s of CPU on the project's 2-core machine.
 TARGETS = [("onebit", 600), ("terngrad", 500), ("qsgd_fixed", 500), ("qsgd_elias", 400), ("dgc", 600),
            ("raw", 1000), ("unpack_variable", 600)]
 
