@@ -59,12 +59,12 @@ print("[ci/cuda_build_check] imported", _C.__file__, "has_cuda() =", _C.has_cuda
 PY
 )
 
-# The single-process CPU tests against this build (python -P: the current directory, the
-# source tree with its CPU _C, is not put on sys.path; the MPI/Horovod tests are left to
-# `make test`, which runs them against the CPU build).
+# The single-process CPU tests against this build (PYTHONSAFEPATH: the current directory, the
+# source tree with its CPU _C, is not put on sys.path, in subprocesses either; the
+# MPI/Horovod tests are left to `make test`, which runs them against the CPU build).
 log "single-process tests against the CUDA build"
 cd "$HGC_ROOT"
-"$PYC" -P -m pytest tests -q --color=no -p no:cacheprovider \
+PYTHONSAFEPATH=1 "$PYC" -m pytest tests -q --color=no -p no:cacheprovider \
     --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py --ignore=tests/mpi \
     --ignore=tests/test_examples.py --ignore=tests/test_examples_pipeline.py "$@"
 "$PYC" -P -c "import horovod_gradcomp as h, os; f = h.native.__file__; \
