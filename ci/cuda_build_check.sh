@@ -62,7 +62,8 @@ PY
 
 # The single-process CPU tests against this build (PYTHONSAFEPATH: the current directory, the
 # source tree with its CPU _C, is not put on sys.path, in subprocesses either; the
-# MPI/Horovod tests are left to `make test`, which runs them against the CPU build).
+# tests that start mpirun or need Horovod / mpi4py, which this venv lacks, are left to
+# `make test`, which runs them against the CPU build).
 log "single-process tests against the CUDA build"
 cd "$HGC_ROOT"
 PYTHONSAFEPATH=1 "$PYC" -m pytest tests -q --color=no -p no:cacheprovider \
