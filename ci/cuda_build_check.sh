@@ -25,7 +25,8 @@ if ! "$PYC" -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/
     log "installing $CUDA_TORCH_SPEC (CUDA wheel)"
     "$PYC" -m pip install -q "$CUDA_TORCH_SPEC"
 fi
-"$PYC" -m pip install -q "setuptools>=68" wheel ninja numpy packaging pytest pytest-timeout
+"$PYC" -m pip install -q "setuptools>=68" wheel ninja numpy packaging pytest pytest-timeout scikit-learn tqdm \
+    matplotlib
 site=$("$PYC" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 # cusparse.h and friends, which torch's CUDA headers include, ship in the nvidia wheels.
 for inc in "$site"/nvidia/cu13/include "$site"/nvidia/*/include; do
@@ -59,14 +60,18 @@ print("[ci/cuda_build_check] imported", _C.__file__, "has_cuda() =", _C.has_cuda
 PY
 )
 
-# The single-process CPU tests against this build (python -P: the current directory, the
-# source tree with its CPU _C, is not put on sys.path; the MPI/Horovod tests are left to
+# The single-process CPU tests against this build (PYTHONSAFEPATH: the current directory, the
+# source tree with its CPU _C, is not put on sys.path, in subprocesses either; the
+# tests that start mpirun or need Horovod / mpi4py, which this venv lacks, are left to
 # `make test`, which runs them against the CPU build).
 log "single-process tests against the CUDA build"
 cd "$HGC_ROOT"
-"$PYC" -P -m pytest tests -q --color=no -p no:cacheprovider \
+PYTHONSAFEPATH=1 "$PYC" -m pytest tests -q --color=no -p no:cacheprovider \
     --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py --ignore=tests/mpi \
-    --ignore=tests/test_examples.py --ignore=tests/test_examples_pipeline.py "$@"
+    --ignore=tests/test_examples.py --ignore=tests/test_examples_pipeline.py \
+    --deselect tests/test_exchange_bench.py::test_tiny_run_under_mpirun \
+    --deselect tests/test_minibatch.py::test_example_prints_the_choice_and_the_evidence \
+    --deselect tests/test_pipeline_bench.py::test_tiny_run_prints_the_json_last "$@"
 "$PYC" -P -c "import horovod_gradcomp as h, os; f = h.native.__file__; \
 assert f.startswith(os.environ['PYTHONPATH']), f'not the CUDA build: {f}'"
 log "OK"

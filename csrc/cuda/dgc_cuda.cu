@@ -115,11 +115,18 @@ cudaError_t count_at(const U* p, int64_t n, U t, int64_t* count, cudaStream_t st
   return err;
 }
 
-// max(k-th largest key of all n, 1).
+// The CPU's exact threshold: 1 when at most k keys are nonzero, else the k-th largest key.
 template <typename U>
 cudaError_t exact_threshold(const U* p, int64_t n, int64_t k, U* t, cudaStream_t stream) {
+  int64_t nonzero = 0;
+  cudaError_t err = count_at<U>(p, n, U(1), &nonzero, stream);
+  if (err != cudaSuccess) return err;
+  if (nonzero <= k) {
+    *t = U(1);
+    return cudaSuccess;
+  }
   Scratch keys(stream);
-  cudaError_t err = keys.get(sizeof(U) * n);
+  err = keys.get(sizeof(U) * n);
   if (err != cudaSuccess) return err;
   keys_kernel<U><<<grid_for(n), kThreads, 0, stream>>>(p, n, static_cast<U*>(keys.ptr));
   if ((err = cudaGetLastError()) != cudaSuccess) return err;
