@@ -3,11 +3,8 @@
 
 #include "checks.h"
 #include "cpu/onebit_cpu.h"
-// @terngrad-includes
 #include "cpu/terngrad_cpu.h"
-// @qsgd-includes
 #include "cpu/qsgd_cpu.h"
-// @dgc-includes
 #include "cpu/dgc_cpu.h"
 #include "cpu/dgc_index_cpu.h"
 #include "cpu/dgc_memory_cpu.h"
@@ -150,14 +147,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("onebit_decode_sum", &onebit_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
-  // @terngrad-defs
   m.def("terngrad_max_abs", &terngrad_max_abs, HGC_RELEASE_GIL, "max |grad| (NaN if any)", py::arg("grad"));
   m.def("terngrad_encode", &terngrad_encode, HGC_RELEASE_GIL, "TernGrad stochastic ternarize + pack -> (codes, scale)",
         py::arg("grad"), py::arg("scale"), py::arg("clip"), py::arg("key0"), py::arg("key1"));
   m.def("terngrad_decode_sum", &terngrad_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded TernGrad payloads",
         py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
-  // @qsgd-defs
   m.def("qsgd_encode_fixed", &qsgd_encode_fixed, HGC_RELEASE_GIL, "QSGD encode, fixed-width coding -> (norms, packed)",
         py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"));
   m.def("qsgd_decode_fixed", &qsgd_decode_fixed, HGC_RELEASE_GIL, "scale * sum of K fixed-width QSGD payloads",
@@ -169,7 +164,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qsgd_decode_elias", &qsgd_decode_elias, HGC_RELEASE_GIL, "QSGD decode of one Elias-coded payload", py::arg("norms"),
         py::arg("nbits"), py::arg("stream"), py::arg("n"), py::arg("s"), py::arg("bucket"),
         py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
-  // @dgc-defs
   m.def("dgc_select", &dgc_select, HGC_RELEASE_GIL, "DGC selection of about k values by magnitude -> (indices, values, "
         "threshold, path)", py::arg("x"), py::arg("k"), py::arg("sample_count"), py::arg("key"));
   m.def("dgc_scatter_sum", &dgc_scatter_sum, HGC_RELEASE_GIL, "scale * sum of K scattered DGC payloads", py::arg("indices"),

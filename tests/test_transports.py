@@ -82,4 +82,4 @@ def test_ddp_register_world_of_one(gloo_world_of_one):
             residual[n] = v - want
             torch.testing.assert_close(p.grad, want, rtol=1e-6, atol=1e-6)
     assert state.stats()["steps"] == 2
-    assert set(state.state_dict()["feedback"]["residuals"]) == {n for n, _ in model.named_parameters()}
+    assert set(state.state_dict()["memory_state"]["residuals"]) == {n for n, _ in model.named_parameters()}
