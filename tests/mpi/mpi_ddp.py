@@ -33,7 +33,7 @@ CASES = {  # id: (codec, options)
     "terngrad": ("terngrad", {"seed": 1}),
     "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 32, "seed": 2, "pattern": "two_phase"}),
     "qsgd-elias": ("qsgd", {"bits": 4, "coding": "elias", "seed": 3}),
-    "dgc": ("dgc", {"density": 0.1, "seed": 4}),
+    "dgc": ("dgc", {"density": 0.1, "seed": 4, "momentum": 0.9}),
 }
 
 

@@ -35,7 +35,7 @@ CASES = {  # id: (factory, options)
     "qsgd-allgather": ("qsgd", {"bits": 4, "bucket": 16, "seed": 5}),
     "qsgd-two_phase": ("qsgd", {"bits": 2, "bucket": 8, "seed": 6, "pattern": "two_phase"}),
     "qsgd-elias": ("qsgd", {"bits": 4, "coding": "elias", "seed": 7}),
-    "dgc": ("dgc", {"density": 0.05, "check_optimizer": False, "seed": 8}),
+    "dgc": ("dgc", {"density": 0.05, "momentum": 0.9, "check_optimizer": False, "seed": 8}),
     "auto-pattern": ("onebit", {"pattern": "auto"}),
 }
 
