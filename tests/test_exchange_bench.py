@@ -39,7 +39,8 @@ def test_default_configs_follow_the_adapter(monkeypatch):
     assert configs[:2] == ["none", "fp16"] and not left_out
     assert {"onebit", "terngrad", "qsgd:bits=4", "dgc:density=0.001"} | two_phase <= set(configs)
     assert not any(c.startswith("dgc") and "pattern" in c for c in configs)   # variable-size: allgather only
-    assert len(configs) == 2 + len(hgc.available_codecs()) + len(two_phase)
+    ddp = len(eb.ddp_rows.DEFAULT_ROWS) if eb.ddp_rows.available() else 0    # DDP + PowerSGD rows
+    assert len(configs) == 2 + len(hgc.available_codecs()) + len(two_phase) + ddp
     monkeypatch.setattr(eb, "adapter_accepts", lambda option: False)
     configs, left_out = eb.default_configs()
     assert not any("pattern" in c for c in configs) and len(left_out) == len(two_phase)
