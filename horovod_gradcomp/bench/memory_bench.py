@@ -10,8 +10,8 @@ the syntax of ``bench exchange``) every rank builds the compression for ResNet-5
   attributes, dicts, lists and tuples), storages counted once, the parameters' own tensors
   left out; split by where it lives: ``residuals`` (error feedback), ``dgc_velocity``,
   ``dgc_accumulation``, ``owner_residuals`` (two-phase), ``other`` (caches);
-* allocated per step (the step's peak is at most their sum): the payloads the memory encodes
-  (recorded from ``memory.encode``'s results) and the fused send and receive buffers of every
+* allocated per step (the step's peak is at most their sum): the payloads the codec encodes
+  (recorded from the results of ``codec.encode`` / ``encode_with_indices``) and the fused send and receive buffers of every
   collective (recorded from the communicator's arguments and results), as the largest step's
   sums of the actual tensors' bytes.
 
@@ -108,14 +108,25 @@ def _nbytes(obj) -> int:
     return 0
 
 
-def _record_memory(memory, rec: _Recorder) -> None:
-    encode = memory.encode
+def _record_codec(codec, rec: _Recorder) -> None:
+    """Add the bytes of every payload ``codec`` encodes (``encode``, ``encode_with_indices``;
+    a call made from inside another counts once) to ``rec``."""
+    depth = [0]
 
-    def recorded(*args, **kwargs):
-        payload = encode(*args, **kwargs)
-        rec.payload += payload.nbytes
-        return payload
-    memory.encode = recorded
+    def wrap(fn):
+        def recorded(*args, **kwargs):
+            depth[0] += 1
+            try:
+                out = fn(*args, **kwargs)
+            finally:
+                depth[0] -= 1
+            if depth[0] == 0:
+                rec.payload += (out[0] if isinstance(out, tuple) else out).nbytes
+            return out
+        return recorded
+    for name in ("encode", "encode_with_indices"):
+        if hasattr(codec, name):
+            setattr(codec, name, wrap(getattr(codec, name)))
 
 
 class _RecordingComm:
@@ -148,8 +159,7 @@ def measure_config(text: str, shapes, grads, steps: int) -> dict:
     rec = _Recorder()
     comm = _RecordingComm(default_communicator(), rec)
     compression.communicator = comm
-    _record_memory(compression.state.memory, rec)
-    _record_memory(compression.state.owner_memory, rec)
+    _record_codec(compression.codec, rec)
     for _ in range(steps):
         compression.exchange({n: g.clone() for n, g in zip((n for n, _ in named), grads)})
         rec.end_step()
