@@ -20,6 +20,9 @@ Configs (``--configs``, comma-separated; options ``name:key=value,key=value``):
   a config the adapter rejects (TypeError / ValueError) is skipped on every rank and
   reported. The default list has the ``pattern=two_phase`` variants only when
   ``Compression.codec`` accepts ``pattern``.
+* ``CODEC:...,poll=SECONDS``: the codec's collectives through
+  :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator` (nonblocking collectives,
+  tested every SECONDS with sleeps in between: the waiting rank leaves the core to others);
 * ``ddp_powersgd:rank=R`` and ``ddp``: PyTorch DDP with its PowerSGD hook (or plain), on
   gloo, in the same processes and harness run (:mod:`horovod_gradcomp.bench.ddp_rows`); the
   default list ends with ``ddp_powersgd:rank=1`` and ``ddp_powersgd:rank=4``.
@@ -150,10 +153,17 @@ def make_compression(cfg: Config, named_parameters):
         return getattr(factories, cfg.name)(), f"Compression.{cfg.name}"
     if cfg.name not in hgc.available_codecs():
         raise ValueError(f"unknown codec {cfg.name!r}; available: {', '.join(hgc.available_codecs())}")
+    options = dict(cfg.options)
+    if "poll" in options:    # the bench's own option: waits through the polling communicator
+        from ..exchange.polling import PollingCommunicator
+        interval = options.pop("poll")
+        if not isinstance(interval, (int, float)) or interval <= 0:
+            raise ValueError(f"{cfg.label}: poll=SECONDS must be a positive number, got {interval!r}")
+        options["communicator"] = PollingCommunicator(interval_s=float(interval))
     own = getattr(factories, cfg.name, None)
     if callable(own):
-        return own(named_parameters, **cfg.options), f"Compression.{cfg.name}"
-    return factories.codec(cfg.name, named_parameters, **cfg.options), "Compression.codec"
+        return own(named_parameters, **options), f"Compression.{cfg.name}"
+    return factories.codec(cfg.name, named_parameters, **options), "Compression.codec"
 
 
 # -- one rank's measurement --------------------------------------------------------------
