@@ -29,7 +29,9 @@ def test_allgather_and_two_phase_terms():
     assert p["latency_ms"] == pytest.approx(1e3 * (2 * 3 + 7) * 1e-5)     # placeholder + preamble, ring allgather
     q = cm.predict("onebit/two_phase", 8, 1e9, inp, alpha_s=1e-5)
     assert q["bytes_per_rank"] == pytest.approx(2 * 7 / 8 * 125_000)
-    assert q["cpu_ms"] == pytest.approx(50 + (1 + 1 / 8) * 10 + 2 * 4)
+    assert q["cpu_ms"] == pytest.approx(50 + (1 + 1 / 8) * 10 + 8 * 4 / 8 + 4)
+    inp.codecs["onebit"].update(dmean1_ms=5.0, dmean8_ms=12.0)       # measured decode-means: linear in K
+    assert cm.predict("onebit/allgather", 15, 1e9, inp)["cpu_ms"] == pytest.approx(50 + 10 + 5 + 14 * 1.0)
     assert q["step_ms"] == pytest.approx(q["cpu_ms"] + q["wire_ms"] + q["latency_ms"])
 
 

@@ -7,9 +7,11 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
 
 * ``compute``: the step without communication (measured: ``bench exchange --np 1 --configs none``);
 * ``codec(K)``: encode and decode on one core (measured: ``bench codecs``, native impl, the
-  whole model): allgather ``encode + K * decode`` (each rank decodes K payloads);
-  two-phase ``(1 + 1/K) * encode + 2 * decode`` (its stripes: the owner's decode-mean of K
-  stripes of 1/K, a requantization of 1/K, the decode of every stripe); fp16
+  whole model, and the decode-mean of 1 and of 8 payloads, :func:`decode_mean_ms`, from which
+  ``dmean(K)`` is interpolated linearly): allgather ``encode + dmean(K)`` (each rank decodes
+  the mean of K payloads); two-phase ``(1 + 1/K) * encode + dmean(K) / K + decode`` (its
+  stripes: the owner's decode-mean of K stripes of 1/K, a requantization of 1/K, the decode
+  of every stripe); fp16
   ``encode + decode`` (the casts); fp32 nothing; PowerSGD rank r: its matrix products,
   orthogonalization and error feedback (measured here on the same shapes: :func:`powersgd_inputs`);
 * ``wire(K)``: bytes per rank over the link rate: allgather ``(K-1) S``; two-phase
@@ -106,13 +108,13 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         if pattern == "allgather":
             sent = (k - 1) * c["bytes"]
             messages += (k - 1) * (2 if key in VARIABLE else 1)  # variable size: sizes first
-            codec_ms = c["encode_ms"] + k * c["decode_ms"]
+            codec_ms = c["encode_ms"] + dmean(c, k)
         elif pattern == "two_phase":
             if key in VARIABLE:
                 raise ValueError(f"{key} has variable-size payloads: allgather only")
             sent = ring * c["bytes"]
             messages += 2 * (k - 1)
-            codec_ms = (1 + 1 / k) * c["encode_ms"] + 2 * c["decode_ms"]
+            codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
     cpu = max(1.0, k / cores) if cores else 1.0
@@ -124,7 +126,48 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
             "cpu_ms": cpu_ms, "wire_ms": wire_ms, "latency_ms": latency_ms, "bytes_per_rank": sent}
 
 
+def dmean(c: dict, k: int) -> float:
+    """ms of the decode-mean of ``k`` payloads of the whole model: linear through the measured
+    1- and 8-payload figures when the inputs have them, else ``k`` single decodes."""
+    if "dmean1_ms" in c and "dmean8_ms" in c:
+        return c["dmean1_ms"] + (k - 1) * (c["dmean8_ms"] - c["dmean1_ms"]) / 7
+    return k * c["decode_ms"]
+
+
 # -- inputs ---------------------------------------------------------------------------
+
+def decode_mean_ms(name: str, options: dict, k: int, repeat: int = 3) -> float:
+    """Median ms of decoding the mean of ``k`` copies of each ResNet-50 gradient's payload into
+    its output (``decode_mean_stacked`` from a [k, n] receive buffer, or ``decode_mean_list`` for
+    variable-size codecs), summed over the tensors: what a rank does per step at K = k."""
+    import torch
+    from .. import get_codec
+    from .codecs_bench import make_gradients
+    from .shapes import resnet50_shapes
+    from ..codecs.base import Payload
+    codec = get_codec(name, impl="native", **options)
+    grads = make_gradients(resnet50_shapes())
+    jobs = []
+    for i, g in enumerate(grads):
+        getattr(codec, "reset_stream", lambda p: None)(i)
+        p = codec.encode(g)
+        if getattr(codec, "variable_size", False):
+            jobs.append((None, [p] * k, torch.empty_like(g)))
+        else:
+            stacked = Payload({b: t.reshape(1, -1).expand(k, -1).contiguous() for b, t in p.buffers.items()},
+                              p.shape, p.dtype, p.device)
+            jobs.append((stacked, None, torch.empty_like(g)))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for stacked, plist, out in jobs:
+            if stacked is not None:
+                codec.decode_mean_stacked(stacked, out=out)
+            else:
+                codec.decode_mean_list(plist, out=out)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
 
 def powersgd_factor_bytes(shapes, rank: int) -> int:
     """fp32 bytes PyTorch's PowerSGD hook allreduces per step at ``rank``: P (n r) and Q (m r) of
@@ -172,10 +215,12 @@ def powersgd_compute_ms(shapes, rank: int, repeat: int = 3) -> float:
 
 
 def measure_inputs(compute_ms: float, repeat: int = 3) -> Inputs:
-    """Measure the codec and PowerSGD inputs here (one core: set OMP_NUM_THREADS=1 / --threads 1);
+    """Measure the codec and PowerSGD inputs here, on one thread;
     ``compute_ms`` is given (from ``bench exchange --np 1 --configs none``)."""
+    import torch
     from .codecs_bench import run_bench
     from .shapes import resnet50_shapes, total_numel
+    torch.set_num_threads(1)        # one core per rank (also the native kernels' OpenMP threads)
     shapes = resnet50_shapes()
     specs = [("fp16", {})] + list(CODECS.values())
     rows = run_bench(specs, ["native"], repeat)
@@ -183,7 +228,9 @@ def measure_inputs(compute_ms: float, repeat: int = 3) -> Inputs:
     for row in rows:
         for key, (name, opts) in CODECS.items():
             if row["codec"] == name and row.get("options", {}) == opts:
-                by[key] = {"encode_ms": row["encode_ms"], "decode_ms": row["decode_ms"], "bytes": row["bytes"]}
+                by[key] = {"encode_ms": row["encode_ms"], "decode_ms": row["decode_ms"], "bytes": row["bytes"],
+                           "dmean1_ms": decode_mean_ms(name, opts, 1, repeat),
+                           "dmean8_ms": decode_mean_ms(name, opts, 8, repeat)}
     fp16 = next({"encode_ms": r["encode_ms"], "decode_ms": r["decode_ms"]} for r in rows if r["codec"] == "fp16")
     psgd = {r: {"compute_ms": powersgd_compute_ms(shapes, r, repeat), "bytes": powersgd_factor_bytes(shapes, r)}
             for r in POWERSGD_RANKS}
@@ -221,12 +268,16 @@ def table(inputs: Inputs, ks: Sequence[int] = KS, rates: Sequence[float] = RATES
 def inputs_table(inputs: Inputs) -> str:
     """Markdown: the measured inputs."""
     lines = [f"Model: {inputs.numel:,} values; compute-only step {inputs.compute_ms:.1f} ms. {inputs.source}", "",
-             "| input | encode ms | decode ms (one payload) | bytes per payload |", "|---|---|---|---|"]
+             "| input | encode ms | decode ms (one payload) | decode-mean of 1 / 8 payloads, ms | bytes per payload |",
+             "|---|---|---|---|---|"]
     for key, c in inputs.codecs.items():
-        lines.append(f"| {key} | {c['encode_ms']:.1f} | {c['decode_ms']:.1f} | {c['bytes']:,} |")
-    lines.append(f"| fp16 casts | {inputs.fp16['encode_ms']:.1f} | {inputs.fp16['decode_ms']:.1f} | {2 * inputs.numel:,} |")
+        dm = f"{c['dmean1_ms']:.1f} / {c['dmean8_ms']:.1f}" if "dmean8_ms" in c else "-"
+        lines.append(f"| {key} | {c['encode_ms']:.1f} | {c['decode_ms']:.1f} | {dm} | {c['bytes']:,} |")
+    lines.append(f"| fp16 casts | {inputs.fp16['encode_ms']:.1f} | {inputs.fp16['decode_ms']:.1f} | - | "
+                 f"{2 * inputs.numel:,} |")
     for r, p in inputs.powersgd.items():
-        lines.append(f"| PowerSGD rank {r} | {p['compute_ms']:.1f} (all its arithmetic) | - | {p['bytes']:,} (allreduced) |")
+        lines.append(f"| PowerSGD rank {r} | {p['compute_ms']:.1f} (all its arithmetic) | - | - | "
+                     f"{p['bytes']:,} (allreduced) |")
     return "\n".join(lines)
 
 
