@@ -65,3 +65,5 @@ def test_command_line_table(tmp_path, capsys):
     assert "PREDICTED" in out and "K=256" in out and "100 Gbit/s" in out and "powersgd1" in out
     assert md.read_text().startswith("# Cost model: PREDICTED")
     assert main(["model"]) == 2
+    # a check whose shapes differ from the inputs' model is refused before anything runs
+    assert main(["model", "--inputs", str(path), "--check", "--shapes", "small"]) == 2

@@ -13,7 +13,7 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
   stripes: the owner's decode-mean of K stripes of 1/K, a requantization of 1/K, the decode
   of every stripe); fp16
   ``encode + decode`` (the casts); fp32 nothing; PowerSGD rank r: its matrix products,
-  orthogonalization and error feedback (measured here on the same shapes: :func:`powersgd_inputs`);
+  orthogonalization and error feedback (measured here on the same shapes: :func:`powersgd_compute_ms`);
 * ``wire(K)``: bytes per rank over the link rate: allgather ``(K-1) S``; two-phase
   ``2 (K-1)/K S``; ring allreduce fp32/fp16 ``2 (K-1)/K`` of the dense bytes; PowerSGD the
   ring allreduce of its P and Q factors and of the tensors it leaves uncompressed. On the
@@ -313,6 +313,11 @@ def format_check(results: Sequence[dict]) -> str:
 def run_check(args, inputs: Inputs) -> List[dict]:
     """Run ``bench exchange`` at each of ``--check-np`` on the loopback harness at 1 Gbit/s and compare."""
     from . import exchange_bench as eb
+    from .shapes import total_numel
+    numel = total_numel(eb._shapes(args.shapes))
+    if numel != inputs.numel:
+        raise ValueError(f"the inputs describe a model of {inputs.numel:,} values, --shapes {args.shapes} has "
+                         f"{numel:,}: measure the inputs for the shapes checked")
     rows = []
     for np_ in args.check_np:
         ns = _exchange_args(np=np_, net="loopback", rates="1gbit", shapes=args.shapes, steps=args.steps,
@@ -383,7 +388,11 @@ def run(args: argparse.Namespace) -> int:
         with open(args.markdown, "w") as f:
             f.write("# Cost model: PREDICTED step times\n\n" + __doc__.split("\n\n", 1)[1] + "\n" + text + "\n")
     if args.check:
-        results = run_check(args, inputs)
+        try:
+            results = run_check(args, inputs)
+        except (ValueError, RuntimeError) as exc:
+            print(f"[model] error: {exc}", file=sys.stderr)
+            return 2
         print(format_check(results))
         if results:
             print(f"mean |relative error|: {100 * statistics.fmean(abs(c['rel_error']) for c in results):.1f}%")
