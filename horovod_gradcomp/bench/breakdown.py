@@ -28,7 +28,7 @@ PHASES = {
     "backward": "backward: autograd + Horovod hooks and enqueue",
     "hooks": "compress() in the hooks",
     "synchronize": "waiting on Horovod (placeholder round trip / dense allreduce)",
-    "flush": "engine bookkeeping (flush)",
+    "flush": "engine flush: bookkeeping (with a communication thread: waiting for it)",
     "preamble": "preamble: NaN/Inf check + digest",
     "preamble/collective": "preamble allgather: waiting for other ranks",
     "encode": "encode + error feedback",
