@@ -130,3 +130,8 @@ def test_tiny_run_under_mpirun(tmp_path):
     assert by["fp16"]["bytes_sent_per_step"] == pytest.approx(dense / 2)
     assert by["onebit"]["wire_ratio"] > 10 and by["dgc:density=0.001"]["wire_ratio"] > 50
     assert "config" in res.stdout and "vs none" in res.stdout       # the launcher's table
+    if eb.ddp_rows.available():   # PowerSGD's own count of what it allreduced = the hook's rule on the shapes
+        from horovod_gradcomp.bench.cost_model import powersgd_factor_bytes
+        for r in (1, 4):
+            row = by[f"ddp_powersgd:rank={r}"]
+            assert not row.get("bytes_computed") and row["bytes_sent_per_step"] == powersgd_factor_bytes(eb.SMALL_SHAPES, r)

@@ -14,9 +14,10 @@ mismatch when the model spans several buckets). PowerSGD starts compressing at i
 ``start_powerSGD_iter = 2`` (the least its error feedback allows); these rows run
 ``max(--warmup, 2)`` warm-up steps, so the timed ones all compress.
 
-Bytes per rank per step are not measured by DDP: ``bytes_sent_per_step`` is COMPUTED from the
-shapes (the ring allreduce of PowerSGD's P and Q factors and of the tensors it leaves
-uncompressed; of everything for plain DDP) and the row says so (``bytes_computed``).
+Bytes per rank per step: for PowerSGD, the ring allreduce of the values its hook counts as
+allreduced (``PowerSGDState.total_numel_after_compression``: its P and Q factors and the tensors
+it leaves uncompressed, fp32) over the timed steps; plain DDP's are COMPUTED from the shapes
+(the ring allreduce of every gradient) and the row says so (``bytes_computed``).
 """
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
     if cfg.name == "ddp_powersgd":
         state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        sent = ring * powersgd_factor_bytes(shapes, rank)
+        sent = ring * powersgd_factor_bytes(shapes, rank)    # replaced by the hook's own count below
         factory = f"DDP(bucket_cap_mb={2 * model_mb + 1:.0f}) + powerSGD_hook(rank={rank}), gloo"
     else:
         sent = dense
@@ -109,14 +110,21 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
 
     for _ in range(warmup):
         step()
+    if cfg.name == "ddp_powersgd" and state.iter < state.start_powerSGD_iter:
+        raise RuntimeError(f"{cfg.label}: PowerSGD is still at iteration {state.iter} after {warmup} warm-up steps "
+                           f"(it compresses from {state.start_powerSGD_iter}): the timed steps would not compress")
     dist.barrier()
+    counted0 = state.total_numel_after_compression if cfg.name == "ddp_powersgd" else 0
     seconds = []
     for _ in range(steps):
         t0 = time.perf_counter()
         step()
         seconds.append(time.perf_counter() - t0)
-    return {"seconds": seconds, "factory": factory, "bytes_sent": sent, "bytes_dense": dense,
-            "bytes_computed": True}
+    out = {"seconds": seconds, "factory": factory, "bytes_sent": sent, "bytes_dense": dense, "bytes_computed": True}
+    if cfg.name == "ddp_powersgd":   # the hook's own count of the values it allreduced (fp32)
+        out["bytes_sent"] = ring * 4 * (state.total_numel_after_compression - counted0) / steps
+        out["bytes_computed"] = False
+    return out
 
 
 __all__ = ["NAMES", "DEFAULT_ROWS", "available", "ensure_group", "is_ddp", "time_ddp"]
