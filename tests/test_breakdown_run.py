@@ -52,3 +52,10 @@ def test_breakdown_adds_up(tmp_path):
         slowest = [max(r["steps"][i]["step_ms"] for r in s["ranks"]) for i in range(3)]
         assert statistics.median(slowest) == pytest.approx(rows[s["config"]]["ms_per_step"], rel=0.1, abs=2.0)
     assert "synchronize" in res.stdout and "encode" in res.stdout      # the breakdown table
+    # the floor of each codec from the same run: the local (no communication) step plus encode + decode
+    floors = {f["config"]: f for f in json.loads(Path(f"{prefix}.json").read_text())["floors"]}
+    assert set(floors) == {"onebit", "dgc:density=0.001"} and "local" in rows
+    for f in floors.values():
+        assert f["local_ms"] == rows["local"]["ms_per_step"] and f["codec_ms"] > 0
+        assert f["floor_ms"] == pytest.approx(f["local_ms"] + f["codec_ms"], abs=1e-3)   # no link limit here
+        assert f["vs_floor"] == pytest.approx(f["ms_per_step"] / f["floor_ms"], rel=1e-2)

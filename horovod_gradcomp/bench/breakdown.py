@@ -48,6 +48,59 @@ COLORS = {
 }
 
 
+def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
+    """The ``local`` row: the bench's step with a plain SGD and no communication at all
+    (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor."""
+    import time
+    import torch
+    from .exchange_bench import LR
+    if cfg.options:
+        raise ValueError(f"local takes no options, got {cfg.options}")
+    params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
+    opt = torch.optim.SGD(params, lr=LR, momentum=0.0)
+
+    def step():
+        opt.zero_grad()
+        inject.apply(grads, *params).backward()
+        opt.step()
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - t0)
+    return {"seconds": seconds, "factory": "torch.optim.SGD (no communication)", "bytes_sent": 0.0,
+            "bytes_dense": 0.0}
+
+
+def floors(rows: Sequence[dict]) -> List[dict]:
+    """Per codec row with a breakdown, the issue's floor from the same run:
+    ``max(local step + codec time, link time)``, codec time being the slowest rank's mean
+    encode + decode; and the row's ``ms_per_step`` over it."""
+    local = next((r["ms_per_step"] for r in rows if r.get("config") == "local" and "ms_per_step" in r), None)
+    out = []
+    for s in summarize(rows):
+        ranks = s["ranks"]
+        codec = max(r["mean_ms"].get("encode", 0.0) + r["mean_ms"].get("decode", 0.0) for r in ranks)
+        if local is None or codec == 0.0:
+            continue
+        row = next(r for r in rows if r.get("config") == s["config"])
+        floor = max(local + codec, row.get("link_ms") or 0.0)
+        out.append({"config": s["config"], "k": s["k"], "rate": s["rate"], "local_ms": local,
+                    "codec_ms": round(codec, 3), "link_ms": row.get("link_ms"), "floor_ms": round(floor, 3),
+                    "ms_per_step": s["ms_per_step"], "vs_floor": round(s["ms_per_step"] / floor, 3)})
+    return out
+
+
+def format_floors(items: Sequence[dict]) -> str:
+    lines = ["config  K  rate  local_ms + codec_ms | link_ms -> floor_ms  ms/step  vs floor"]
+    lines += [f"{f['config']}  {f['k']}  {f['rate'] or '-'}  {f['local_ms']:.1f} + {f['codec_ms']:.1f} | "
+              f"{f['link_ms'] if f['link_ms'] is not None else '-'} -> {f['floor_ms']:.1f}  {f['ms_per_step']:.1f}  "
+              f"{f['vs_floor']:.2f}x" for f in items]
+    return "\n".join(lines)
+
+
 def instrument(compression, timeline: Timeline) -> None:
     """Record ``compression``'s calls from Horovod (``compress`` as ``hooks``, ``decompress``)
     and, for a codec, its engine's flush, timed blocks and collectives on ``timeline``."""
@@ -131,7 +184,7 @@ def write_breakdown(rows: Sequence[dict], prefix: str, note: Optional[str] = Non
     """Write ``PREFIX.json`` and ``PREFIX.png`` from the rows that carry a breakdown; return the summary."""
     summary = summarize(rows)
     with open(prefix + ".json", "w") as f:
-        json.dump({"phases": PHASES, "note": note, "configs": summary}, f, indent=1)
+        json.dump({"phases": PHASES, "note": note, "floors": floors(rows), "configs": summary}, f, indent=1)
     if summary:
         plot(summary, prefix + ".png", note)
     return summary
@@ -164,5 +217,5 @@ def plot(summary: Sequence[dict], path: str, note: Optional[str] = None) -> None
     plt.close(fig)
 
 
-__all__ = ["PHASES", "instrument", "recorded_step", "step_phases", "summarize", "write_breakdown",
+__all__ = ["PHASES", "floors", "format_floors", "time_local", "instrument", "recorded_step", "step_phases", "summarize", "write_breakdown",
            "format_breakdown", "mean_phases"]

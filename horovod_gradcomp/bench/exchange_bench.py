@@ -23,6 +23,8 @@ Configs (``--configs``, comma-separated; options ``name:key=value,key=value``):
 * ``CODEC:...,poll=SECONDS``: the codec's collectives through
   :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator` (nonblocking collectives,
   tested every SECONDS with sleeps in between: the waiting rank leaves the core to others);
+* ``local``: the same step with a plain ``torch.optim.SGD`` and no communication (the
+  compute-only step; ``--breakdown`` adds it first);
 * ``ddp_powersgd:rank=R`` and ``ddp``: PyTorch DDP with its PowerSGD hook (or plain), on
   gloo, in the same processes and harness run (:mod:`horovod_gradcomp.bench.ddp_rows`); the
   default list ends with ``ddp_powersgd:rank=1`` and ``ddp_powersgd:rank=4``.
@@ -243,6 +245,9 @@ def _try_time(hvd, cfg, shapes, grads, steps, warmup, record=False, net="none") 
     """:func:`time_config`, or ``{"error": ...}`` when the config is rejected. The decision is
     made identically on every rank (it depends on the config, not on data)."""
     try:
+        if cfg.name == "local":
+            from .breakdown import time_local
+            return time_local(cfg, shapes, grads, steps, warmup, _inject_grads_function())
         if ddp_rows.is_ddp(cfg.name):
             return ddp_rows.time_ddp(hvd, cfg, shapes, grads, steps, warmup, net, _inject_grads_function())
         return time_config(hvd, cfg, shapes, grads, steps, warmup, record)
@@ -434,14 +439,16 @@ def run_in_place(args: argparse.Namespace, configs: Sequence[str]) -> Optional[L
 
 def _write_breakdowns(rows: Sequence[dict], prefix: str) -> None:
     """One breakdown (JSON + PNG) per rate, labelled with the machine's load average."""
-    from .breakdown import format_breakdown, write_breakdown
+    from .breakdown import floors, format_breakdown, format_floors, write_breakdown
     rates = list(dict.fromkeys(r["rate"] for r in rows))
     load = os.getloadavg()
     note = f"load average at the end of the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
     for rate in rates:
         path = prefix if len(rates) == 1 else f"{prefix}_{rate or 'unlimited'}"
-        summary = write_breakdown([r for r in rows if r["rate"] == rate], path, note)
+        mine = [r for r in rows if r["rate"] == rate]
+        summary = write_breakdown(mine, path, note)
         print(format_breakdown(summary))
+        print(format_floors(floors(mine)))
         _log(f"[exchange] breakdown: {path}.json, {path}.png ({note})")
 
 
@@ -492,6 +499,8 @@ def run(args: argparse.Namespace) -> int:
             configs = split_configs(args.configs)
             for c in configs:
                 parse_config(c)    # fail here, before any launch, on a malformed config
+        if args.breakdown and "local" not in configs:
+            configs = ["local"] + list(configs)   # the compute-only step of the floor, in the same run
         if args.steps < 1 or args.warmup < 0:
             raise ValueError("--steps must be >= 1 and --warmup >= 0")
         if under_mpi():
