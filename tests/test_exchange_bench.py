@@ -39,7 +39,8 @@ def test_default_configs_follow_the_adapter(monkeypatch):
     assert configs[:2] == ["none", "fp16"] and not left_out
     assert {"onebit", "terngrad", "qsgd:bits=4", "dgc:density=0.001"} | two_phase <= set(configs)
     assert not any(c.startswith("dgc") and "pattern" in c for c in configs)   # variable-size: allgather only
-    assert len(configs) == 2 + len(hgc.available_codecs()) + len(two_phase)
+    ddp = len(eb.ddp_rows.DEFAULT_ROWS) if eb.ddp_rows.available() else 0    # DDP + PowerSGD rows
+    assert len(configs) == 2 + len(hgc.available_codecs()) + len(two_phase) + ddp
     monkeypatch.setattr(eb, "adapter_accepts", lambda option: False)
     configs, left_out = eb.default_configs()
     assert not any("pattern" in c for c in configs) and len(left_out) == len(two_phase)
@@ -129,3 +130,8 @@ def test_tiny_run_under_mpirun(tmp_path):
     assert by["fp16"]["bytes_sent_per_step"] == pytest.approx(dense / 2)
     assert by["onebit"]["wire_ratio"] > 10 and by["dgc:density=0.001"]["wire_ratio"] > 50
     assert "config" in res.stdout and "vs none" in res.stdout       # the launcher's table
+    if eb.ddp_rows.available():   # PowerSGD's own count of what it allreduced = the hook's rule on the shapes
+        from horovod_gradcomp.bench.cost_model import powersgd_factor_bytes
+        for r in (1, 4):
+            row = by[f"ddp_powersgd:rank={r}"]
+            assert not row.get("bytes_computed") and row["bytes_sent_per_step"] == powersgd_factor_bytes(eb.SMALL_SHAPES, r)

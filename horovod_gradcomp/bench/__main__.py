@@ -20,6 +20,8 @@ COMMAND_MODULES = (
     "horovod_gradcomp.bench.pipeline_bench",
     "horovod_gradcomp.bench.overlap_bench",
     "horovod_gradcomp.bench.schemes_bench",
+    "horovod_gradcomp.bench.memory_bench",
+    "horovod_gradcomp.bench.cost_model",
 )
 
 

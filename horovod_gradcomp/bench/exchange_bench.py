@@ -20,6 +20,17 @@ Configs (``--configs``, comma-separated; options ``name:key=value,key=value``):
   a config the adapter rejects (TypeError / ValueError) is skipped on every rank and
   reported. The default list has the ``pattern=two_phase`` variants only when
   ``Compression.codec`` accepts ``pattern``.
+* ``CODEC:...,poll=SECONDS``: the codec's collectives through
+  :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator` (nonblocking collectives,
+  tested every SECONDS with sleeps in between: the waiting rank leaves the core to others);
+* ``local``: the same step with a plain ``torch.optim.SGD`` and no communication (the
+  compute-only step; ``--breakdown`` adds it first);
+* ``ddp_powersgd:rank=R`` and ``ddp``: PyTorch DDP with its PowerSGD hook (or plain), on
+  gloo, in the same processes and harness run (:mod:`horovod_gradcomp.bench.ddp_rows`); the
+  default list ends with ``ddp_powersgd:rank=1`` and ``ddp_powersgd:rank=4``.
+
+``--breakdown PREFIX`` records every timed step's phases (:mod:`horovod_gradcomp.bench.breakdown`)
+and writes ``PREFIX.json`` and ``PREFIX.png``.
 
 Figures per config: ``ms_per_step``, the median over ``--steps`` timed steps (after
 ``--warmup`` untimed ones) of the slowest rank's step; ``bytes_sent_per_step``, what one
@@ -57,7 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
-from . import slownet
+from . import ddp_rows, slownet
 from .codecs_bench import make_gradients, parse_codec_spec
 from .shapes import Shape, resnet50_shapes, total_numel
 
@@ -127,9 +138,10 @@ def default_configs() -> tuple[List[str], List[str]]:
     codecs = [PRESETS.get(name, name) for name in hgc.available_codecs()]
     fixed = [c for c, name in zip(codecs, hgc.available_codecs()) if not getattr(codec_class(name), "variable_size", False)]
     variants = [_with_option(c, "pattern=two_phase") for c in fixed]
+    ddp = list(ddp_rows.DEFAULT_ROWS) if ddp_rows.available() else []
     if adapter_accepts("pattern"):
-        return list(DENSE) + codecs + variants, []
-    return list(DENSE) + codecs, [f"{c} (Compression.codec has no 'pattern' option yet)" for c in variants]
+        return list(DENSE) + codecs + variants + ddp, []
+    return list(DENSE) + codecs + ddp, [f"{c} (Compression.codec has no 'pattern' option yet)" for c in variants]
 
 
 def make_compression(cfg: Config, named_parameters):
@@ -143,10 +155,17 @@ def make_compression(cfg: Config, named_parameters):
         return getattr(factories, cfg.name)(), f"Compression.{cfg.name}"
     if cfg.name not in hgc.available_codecs():
         raise ValueError(f"unknown codec {cfg.name!r}; available: {', '.join(hgc.available_codecs())}")
+    options = dict(cfg.options)
+    if "poll" in options:    # the bench's own option: waits through the polling communicator
+        from ..exchange.polling import PollingCommunicator
+        interval = options.pop("poll")
+        if not isinstance(interval, (int, float)) or interval <= 0:
+            raise ValueError(f"{cfg.label}: poll=SECONDS must be a positive number, got {interval!r}")
+        options["communicator"] = PollingCommunicator(interval_s=float(interval))
     own = getattr(factories, cfg.name, None)
     if callable(own):
-        return own(named_parameters, **cfg.options), f"Compression.{cfg.name}"
-    return factories.codec(cfg.name, named_parameters, **cfg.options), "Compression.codec"
+        return own(named_parameters, **options), f"Compression.{cfg.name}"
+    return factories.codec(cfg.name, named_parameters, **options), "Compression.codec"
 
 
 # -- one rank's measurement --------------------------------------------------------------
@@ -170,9 +189,12 @@ def _inject_grads_function():
     return InjectGrads
 
 
-def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, warmup: int) -> dict:
+def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, warmup: int,
+                record: bool = False) -> dict:
     """Measure ``cfg`` on this rank: per-step seconds of the timed steps and the stats
-    deltas over them. Raises TypeError / ValueError when the config cannot be built."""
+    deltas over them; with ``record``, also ``breakdown``: each timed step's phases
+    (:mod:`horovod_gradcomp.bench.breakdown`). Raises TypeError / ValueError when the config
+    cannot be built."""
     import torch
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
     named = [(f"t{i:03d}", p) for i, p in enumerate(params)]
@@ -180,8 +202,16 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
     opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=LR, momentum=0.0), named_parameters=named,
                                    compression=compression)
     inject = _inject_grads_function()
+    timeline = None
+    if record:
+        from .breakdown import instrument, recorded_step
+        from ..exchange.timeline import Timeline
+        timeline = Timeline()
+        instrument(compression, timeline)
 
     def step():
+        if timeline is not None:
+            return recorded_step(opt, timeline, lambda: inject.apply(grads, *params).backward())
         opt.zero_grad()
         inject.apply(grads, *params).backward()
         opt.step()
@@ -189,6 +219,8 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
     for _ in range(warmup):
         step()
     hvd.barrier()
+    if timeline is not None:
+        timeline.take()    # the warm-up steps
     before = compression.stats()
     seconds = []
     for _ in range(steps):
@@ -201,15 +233,24 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
     def per_step(key: str) -> float:
         return (after[key] - before[key]) / done if done else 0.0
 
-    return {"seconds": seconds, "factory": factory, "bytes_sent": per_step("bytes_sent"),
-            "bytes_dense": per_step("bytes_dense")}
+    out = {"seconds": seconds, "factory": factory, "bytes_sent": per_step("bytes_sent"),
+           "bytes_dense": per_step("bytes_dense")}
+    if timeline is not None:
+        from .breakdown import step_phases
+        out["breakdown"] = step_phases(timeline)
+    return out
 
 
-def _try_time(hvd, cfg, shapes, grads, steps, warmup) -> dict:
+def _try_time(hvd, cfg, shapes, grads, steps, warmup, record=False, net="none") -> dict:
     """:func:`time_config`, or ``{"error": ...}`` when the config is rejected. The decision is
     made identically on every rank (it depends on the config, not on data)."""
     try:
-        return time_config(hvd, cfg, shapes, grads, steps, warmup)
+        if cfg.name == "local":
+            from .breakdown import time_local
+            return time_local(cfg, shapes, grads, steps, warmup, _inject_grads_function())
+        if ddp_rows.is_ddp(cfg.name):
+            return ddp_rows.time_ddp(hvd, cfg, shapes, grads, steps, warmup, net, _inject_grads_function())
+        return time_config(hvd, cfg, shapes, grads, steps, warmup, record)
     except (TypeError, ValueError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
     finally:
@@ -234,6 +275,10 @@ def summarize(cfg: Config, per_rank: List[dict], k: int, numel: int, net: str, r
                bytes_sent_per_step=round(sent), bytes_dense_per_step=round(dense),
                wire_ratio=round(dense / sent, 3) if sent else None,
                link_ms=link_ms(sent, k, net, row["rate_bits_per_s"]))
+    if per_rank[0].get("bytes_computed"):
+        row["bytes_computed"] = True    # DDP rows: from the shapes, not counted (see ddp_rows.py)
+    if "breakdown" in per_rank[0]:
+        row["breakdown"] = [r["breakdown"] for r in per_rank]
     return row
 
 
@@ -247,7 +292,7 @@ def link_ms(bytes_per_rank: float, k: int, net: str, bits_per_s: Optional[float]
 
 
 def measure(configs: Sequence[Config], shapes: Sequence[Shape], steps: int, warmup: int, net: str,
-            rate: Optional[str], log=None) -> List[dict]:
+            rate: Optional[str], log=None, record: bool = False) -> List[dict]:
     """Run on every rank (Horovod initialized here): measure each config in turn; every
     rank returns the same rows."""
     import horovod.torch as hvd
@@ -257,7 +302,7 @@ def measure(configs: Sequence[Config], shapes: Sequence[Shape], steps: int, warm
     numel = total_numel(shapes)
     rows = []
     for cfg in configs:
-        mine = _try_time(hvd, cfg, shapes, grads, steps, warmup)
+        mine = _try_time(hvd, cfg, shapes, grads, steps, warmup, record, net)
         row = summarize(cfg, hvd.allgather_object(mine), k, numel, net, rate, steps, warmup)
         rows.append(row)
         if log and rank == 0:
@@ -352,7 +397,7 @@ def worker_argv(args: argparse.Namespace, configs: Sequence[str], rate: Optional
     """The command each rank runs for one harness run (the same bench, measuring in place)."""
     argv = [sys.executable, "-m", "horovod_gradcomp.bench", COMMAND, "--worker", "--configs", ",".join(configs),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--shapes", args.shapes,
-            "--net", args.net, "--json", json_path]
+            "--net", args.net, "--json", json_path] + (["--record"] if args.breakdown else [])
     return argv + (["--rates", rate] if rate else [])
 
 
@@ -386,9 +431,25 @@ def run_in_place(args: argparse.Namespace, configs: Sequence[str]) -> Optional[L
     if len(rates) > 1:
         raise ValueError("under mpirun, --rates can only label the run with one rate")
     rows = measure([parse_config(c) for c in configs], _shapes(args.shapes), args.steps, args.warmup,
-                   args.net or "none", rates[0] if rates else None, log=_log)
+                   args.net or "none", rates[0] if rates else None, log=_log,
+                   record=bool(args.record or args.breakdown))
     import horovod.torch as hvd
     return rows if hvd.rank() == 0 else None
+
+
+def _write_breakdowns(rows: Sequence[dict], prefix: str) -> None:
+    """One breakdown (JSON + PNG) per rate, labelled with the machine's load average."""
+    from .breakdown import floors, format_breakdown, format_floors, write_breakdown
+    rates = list(dict.fromkeys(r["rate"] for r in rows))
+    load = os.getloadavg()
+    note = f"load average at the end of the run: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    for rate in rates:
+        path = prefix if len(rates) == 1 else f"{prefix}_{rate or 'unlimited'}"
+        mine = [r for r in rows if r["rate"] == rate]
+        summary = write_breakdown(mine, path, note)
+        print(format_breakdown(summary))
+        print(format_floors(floors(mine)))
+        _log(f"[exchange] breakdown: {path}.json, {path}.png ({note})")
 
 
 def _rates(text: Optional[str]) -> List[str]:
@@ -419,8 +480,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per harness run (1800)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as a JSON list")
     parser.add_argument("--plot", default=None, metavar="PATH", help="write a PNG: ms/step vs rate per config")
+    parser.add_argument("--breakdown", default=None, metavar="PREFIX",
+                        help="record each timed step's phases (bench/breakdown.py) and write PREFIX.json and "
+                             "PREFIX.png (one run per rate: the rate is appended to PREFIX when there are several)")
     # Set by the launching process on its ranks: no table, rows to --json only.
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--record", action="store_true", help=argparse.SUPPRESS)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -434,6 +499,8 @@ def run(args: argparse.Namespace) -> int:
             configs = split_configs(args.configs)
             for c in configs:
                 parse_config(c)    # fail here, before any launch, on a malformed config
+        if args.breakdown and "local" not in configs:
+            configs = ["local"] + list(configs)   # the compute-only step of the floor, in the same run
         if args.steps < 1 or args.warmup < 0:
             raise ValueError("--steps must be >= 1 and --warmup >= 0")
         if under_mpi():
@@ -456,6 +523,8 @@ def run(args: argparse.Namespace) -> int:
     if args.worker:
         return 0
     print(format_table(rows))
+    if args.breakdown:
+        _write_breakdowns(rows, args.breakdown)
     if args.plot and not write_plot(rows, args.plot):
         _log("[exchange] no plot: no row has a link rate (--net none)")
     return 0

@@ -229,7 +229,7 @@ class StepEngine:
         with self.watchdog.guard(self.timeout, what):
             signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
                          f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
-            with self.stats.timed("exchange_s"):
+            with self.stats.timed("exchange_s", phase="preamble"):
                 nonfinite = bucket_preamble(comm, self.owner, signature, has_nonfinite(grads), self.check_agreement)
             self._totals.add(sent=allgather_wire_bytes(PREAMBLE_BYTES, comm.size))
             if not names:

@@ -38,16 +38,23 @@ class ExchangeStats:
     exchange_s: float = 0.0            # time in collectives, packing included
     decode_s: float = 0.0              # time decoding / averaging
     nonfinite_steps: int = 0           # steps skipped because some rank had a NaN or Inf gradient
+    #: An optional :class:`~horovod_gradcomp.exchange.timeline.Timeline` that also gets every
+    #: timed block as an interval (None: off). A class attribute, not a counter: not in as_dict().
+    timeline = None
 
     @contextmanager
-    def timed(self, field: str):
+    def timed(self, field: str, phase: str = ""):
         """Add the seconds spent in the ``with`` block to ``field`` (``encode_s``, ``exchange_s``
-        or ``decode_s``): the one timer of the exchange."""
+        or ``decode_s``): the one timer of the exchange. With a timeline attached, the block is
+        also recorded as an interval named ``phase`` (default: ``field`` without ``_s``)."""
         t0 = time.perf_counter()
         try:
             yield
         finally:
-            setattr(self, field, getattr(self, field) + time.perf_counter() - t0)
+            t1 = time.perf_counter()
+            setattr(self, field, getattr(self, field) + t1 - t0)
+            if self.timeline is not None:
+                self.timeline.add(phase or field[:-2], t0, t1)
 
     def record(self, *, tensors: int, payload: int, numel: int, sent: float, k: int) -> None:
         self.steps += 1

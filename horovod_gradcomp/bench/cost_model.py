@@ -1,0 +1,399 @@
+"""``python -m horovod_gradcomp.bench model``: a cost model of one step, and where each method wins.
+
+PREDICTED figures, from measured inputs. One step at the defaults (one bucket, exchanged at
+``synchronize()``: no overlap of communication with compute) on K ranks is
+
+    step = cpu * (compute + codec(K)) + wire(K) + messages(K) * alpha
+
+* ``compute``: the step without communication (measured: ``bench exchange --np 1 --configs none``);
+* ``codec(K)``: encode and decode on one core (measured: ``bench codecs``, native impl, the
+  whole model, and the decode-mean of 1 and of 8 payloads, :func:`decode_mean_ms`, from which
+  ``dmean(K)`` is interpolated linearly): allgather ``encode + dmean(K)`` (each rank decodes
+  the mean of K payloads); two-phase ``(1 + 1/K) * encode + dmean(K) / K + decode`` (its
+  stripes: the owner's decode-mean of K stripes of 1/K, a requantization of 1/K, the decode
+  of every stripe); fp16
+  ``encode + decode`` (the casts); fp32 nothing; PowerSGD rank r: its matrix products,
+  orthogonalization and error feedback (measured here on the same shapes: :func:`powersgd_compute_ms`);
+* ``wire(K)``: bytes per rank over the link rate: allgather ``(K-1) S``; two-phase
+  ``2 (K-1)/K S``; ring allreduce fp32/fp16 ``2 (K-1)/K`` of the dense bytes; PowerSGD the
+  ring allreduce of its P and Q factors and of the tensors it leaves uncompressed. On the
+  ``loopback`` harness all K ranks' bytes share one link (``--layout loopback``);
+* ``messages(K) * alpha``: the latency of every collective (ring: K-1 messages per
+  allgather, 2(K-1) per allreduce; the codecs' preamble and Horovod's placeholder allreduce:
+  ``ceil(log2 K)`` each);
+* ``cpu``: ``max(1, K / cores)`` when K ranks share ``cores`` cores (the harness), else 1.
+
+``--check`` compares the model with ``bench exchange`` on the loopback harness at -np 2 and 4
+(1 Gbit/s) and prints the relative error per config: run it on a quiet machine.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence
+
+COMMAND = "model"
+HELP = "PREDICTED step time per method, pattern, K and link rate, from measured inputs (--check: against the harness)"
+
+CODECS = {"onebit": ("onebit", {}), "terngrad": ("terngrad", {}), "qsgd4": ("qsgd", {"bits": 4}),
+          "dgc": ("dgc", {"density": 0.001})}
+VARIABLE = {"dgc"}            # allgather only
+POWERSGD_RANKS = (1, 4)
+KS = (8, 16, 32, 64, 128, 256)
+RATES_GBIT = (1, 10, 25, 100)
+#: PyTorch's PowerSGD hook compresses a matrix only when (n + m) r * this < n m.
+MIN_COMPRESSION_RATE = 2.0
+
+
+@dataclass
+class Inputs:
+    """What the model is computed from (every figure measured; see :func:`measure_inputs`)."""
+    numel: int
+    compute_ms: float                     # the step without communication, one rank
+    codecs: Dict[str, dict]               # key -> {"encode_ms", "decode_ms", "bytes"} (whole model, one core)
+    fp16: dict                            # {"encode_ms", "decode_ms"}: the casts
+    powersgd: Dict[int, dict]             # rank -> {"compute_ms", "bytes"} (fp32 bytes allreduced)
+    source: str = ""
+
+    def to_json(self) -> dict:
+        return {"numel": self.numel, "compute_ms": self.compute_ms, "codecs": self.codecs, "fp16": self.fp16,
+                "powersgd": {str(r): v for r, v in self.powersgd.items()}, "source": self.source}
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Inputs":
+        return cls(d["numel"], d["compute_ms"], d["codecs"], d["fp16"], {int(r): v for r, v in d["powersgd"].items()},
+                   d.get("source", ""))
+
+
+def methods() -> List[str]:
+    """Every (method, pattern) the model prices, as labels."""
+    out = ["fp32", "fp16"]
+    for key in CODECS:
+        out.append(f"{key}/allgather")
+        if key not in VARIABLE:
+            out.append(f"{key}/two_phase")
+    return out + [f"powersgd{r}" for r in POWERSGD_RANKS]
+
+
+def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: float = 25e-6,
+            layout: str = "switch", cores: Optional[float] = None) -> dict:
+    """Predicted ms of one step of ``method`` (a :func:`methods` label) on ``k`` ranks:
+    ``step_ms`` and its terms (``cpu_ms``, ``wire_ms``, ``latency_ms``, ``bytes_per_rank``).
+    ``layout``: ``switch`` (a full-duplex link per rank) or ``loopback`` (one link for all)."""
+    if k < 1:
+        raise ValueError(f"K must be >= 1, got {k}")
+    n = inputs.numel
+    log_k = math.ceil(math.log2(k)) if k > 1 else 0
+    ring = 2.0 * (k - 1) / k
+    codec_ms, messages = 0.0, 0
+    if method == "fp32":
+        sent, messages = ring * 4 * n, 2 * (k - 1)
+    elif method == "fp16":
+        sent, messages = ring * 2 * n, 2 * (k - 1)
+        codec_ms = inputs.fp16["encode_ms"] + inputs.fp16["decode_ms"]
+    elif method.startswith("powersgd"):
+        p = inputs.powersgd[int(method[len("powersgd"):])]
+        sent, messages = ring * p["bytes"], 3 * 2 * (k - 1)     # uncompressed tensors, P, Q: three allreduces
+        codec_ms = p["compute_ms"]
+    else:
+        key, pattern = method.split("/")
+        c = inputs.codecs[key]
+        messages = 2 * log_k                                   # Horovod's placeholder allreduce, the preamble
+        if pattern == "allgather":
+            sent = (k - 1) * c["bytes"]
+            messages += (k - 1) * (2 if key in VARIABLE else 1)  # variable size: sizes first
+            codec_ms = c["encode_ms"] + dmean(c, k)
+        elif pattern == "two_phase":
+            if key in VARIABLE:
+                raise ValueError(f"{key} has variable-size payloads: allgather only")
+            sent = ring * c["bytes"]
+            messages += 2 * (k - 1)
+            codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
+        else:
+            raise ValueError(f"unknown pattern {pattern!r}")
+    cpu = max(1.0, k / cores) if cores else 1.0
+    on_link = sent * (k if layout == "loopback" else 1)
+    wire_ms = 1e3 * 8 * on_link / bits_per_s if k > 1 else 0.0
+    latency_ms = 1e3 * messages * alpha_s
+    cpu_ms = cpu * (inputs.compute_ms + codec_ms)
+    return {"method": method, "k": k, "rate_bits_per_s": bits_per_s, "step_ms": cpu_ms + wire_ms + latency_ms,
+            "cpu_ms": cpu_ms, "wire_ms": wire_ms, "latency_ms": latency_ms, "bytes_per_rank": sent}
+
+
+def dmean(c: dict, k: int) -> float:
+    """ms of the decode-mean of ``k`` payloads of the whole model: linear through the measured
+    1- and 8-payload figures when the inputs have them, else ``k`` single decodes."""
+    if "dmean1_ms" in c and "dmean8_ms" in c:
+        return c["dmean1_ms"] + (k - 1) * (c["dmean8_ms"] - c["dmean1_ms"]) / 7
+    return k * c["decode_ms"]
+
+
+# -- inputs ---------------------------------------------------------------------------
+
+def decode_mean_ms(name: str, options: dict, k: int, repeat: int = 3) -> float:
+    """Median ms of decoding the mean of ``k`` copies of each ResNet-50 gradient's payload into
+    its output (``decode_mean_stacked`` from a [k, n] receive buffer, or ``decode_mean_list`` for
+    variable-size codecs), summed over the tensors: what a rank does per step at K = k."""
+    import torch
+    from .. import get_codec
+    from .codecs_bench import make_gradients
+    from .shapes import resnet50_shapes
+    from ..codecs.base import Payload
+    codec = get_codec(name, impl="native", **options)
+    grads = make_gradients(resnet50_shapes())
+    jobs = []
+    for i, g in enumerate(grads):
+        getattr(codec, "reset_stream", lambda p: None)(i)
+        p = codec.encode(g)
+        if getattr(codec, "variable_size", False):
+            jobs.append((None, [p] * k, torch.empty_like(g)))
+        else:
+            stacked = Payload({b: t.reshape(1, -1).expand(k, -1).contiguous() for b, t in p.buffers.items()},
+                              p.shape, p.dtype, p.device)
+            jobs.append((stacked, None, torch.empty_like(g)))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for stacked, plist, out in jobs:
+            if stacked is not None:
+                codec.decode_mean_stacked(stacked, out=out)
+            else:
+                codec.decode_mean_list(plist, out=out)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def powersgd_factor_bytes(shapes, rank: int) -> int:
+    """fp32 bytes PyTorch's PowerSGD hook allreduces per step at ``rank``: P (n r) and Q (m r) of
+    every matrix it compresses (a tensor viewed as n = shape[0] rows, m = the rest), the whole
+    tensor for those it does not (1-D tensors, and matrices where (n + m) r * 2 >= n m)."""
+    total = 0
+    for s in shapes:
+        numel = math.prod(s)
+        if len(s) < 2:
+            total += numel
+            continue
+        n, m = s[0], numel // s[0]
+        r = min(rank, n, m)
+        total += (n + m) * r if (n + m) * r * MIN_COMPRESSION_RATE < n * m else numel
+    return 4 * total
+
+
+def powersgd_compute_ms(shapes, rank: int, repeat: int = 3) -> float:
+    """Median ms, on this process's threads, of PowerSGD's arithmetic on ``shapes`` at ``rank``:
+    per compressed matrix M (n x m): M += error, P = M Q, orthogonalize P (QR), Q = M^T P,
+    M' = P Q^T, error = M - M' (PyTorch's hook, with the allreduces left out)."""
+    import torch
+    gen = torch.Generator().manual_seed(0)
+    mats = []
+    for s in shapes:
+        numel = math.prod(s)
+        if len(s) < 2:
+            continue
+        n, m = s[0], numel // s[0]
+        r = min(rank, n, m)
+        if (n + m) * r * MIN_COMPRESSION_RATE < n * m:
+            mats.append((torch.randn(n, m, generator=gen), torch.zeros(n, m), torch.randn(m, r, generator=gen)))
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for grad, error, q in mats:
+            m_ = grad + error
+            p = m_ @ q
+            p, _ = torch.linalg.qr(p)
+            q = m_.t() @ p
+            approx = p @ q.t()
+            torch.sub(m_, approx, out=error)
+        times.append(1e3 * (time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def measure_inputs(compute_ms: float, repeat: int = 3) -> Inputs:
+    """Measure the codec and PowerSGD inputs here, on one thread;
+    ``compute_ms`` is given (from ``bench exchange --np 1 --configs none``)."""
+    import torch
+    from .codecs_bench import run_bench
+    from .shapes import resnet50_shapes, total_numel
+    torch.set_num_threads(1)        # one core per rank (also the native kernels' OpenMP threads)
+    shapes = resnet50_shapes()
+    specs = [("fp16", {})] + list(CODECS.values())
+    rows = run_bench(specs, ["native"], repeat)
+    by = {}
+    for row in rows:
+        for key, (name, opts) in CODECS.items():
+            if row["codec"] == name and row.get("options", {}) == opts:
+                by[key] = {"encode_ms": row["encode_ms"], "decode_ms": row["decode_ms"], "bytes": row["bytes"],
+                           "dmean1_ms": decode_mean_ms(name, opts, 1, repeat),
+                           "dmean8_ms": decode_mean_ms(name, opts, 8, repeat)}
+    fp16 = next({"encode_ms": r["encode_ms"], "decode_ms": r["decode_ms"]} for r in rows if r["codec"] == "fp16")
+    psgd = {r: {"compute_ms": powersgd_compute_ms(shapes, r, repeat), "bytes": powersgd_factor_bytes(shapes, r)}
+            for r in POWERSGD_RANKS}
+    load = os.getloadavg()
+    return Inputs(total_numel(shapes), compute_ms, by, fp16, psgd,
+                  source=f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
+                         f"{load[0]:.2f}, torch threads {__import__('torch').get_num_threads()}")
+
+
+# -- tables ---------------------------------------------------------------------------
+
+def table(inputs: Inputs, ks: Sequence[int] = KS, rates: Sequence[float] = RATES_GBIT, alpha_s: float = 25e-6) -> str:
+    """Markdown: per link rate, predicted ms per step of every method (rows) at every K
+    (columns), the fastest in bold, then which method wins at each (K, rate)."""
+    out = []
+    wins = {}
+    for g in rates:
+        out += [f"### {g} Gbit/s per rank (PREDICTED ms per step)", "",
+                "| method | " + " | ".join(f"K={k}" for k in ks) + " |", "|---|" + "---|" * len(ks)]
+        preds = {m: [predict(m, k, g * 1e9, inputs, alpha_s=alpha_s)["step_ms"] for k in ks] for m in methods()}
+        best = [min(preds[m][j] for m in preds) for j in range(len(ks))]
+        for j, k in enumerate(ks):
+            wins[(g, k)] = min(preds, key=lambda m: preds[m][j])
+        for m, vals in preds.items():
+            cells = [f"**{v:.0f}**" if v == best[j] else f"{v:.0f}" for j, v in enumerate(vals)]
+            out.append(f"| {m} | " + " | ".join(cells) + " |")
+        out.append("")
+    out += ["### Fastest method (PREDICTED)", "", "| rate | " + " | ".join(f"K={k}" for k in ks) + " |",
+            "|---|" + "---|" * len(ks)]
+    for g in rates:
+        out.append(f"| {g} Gbit/s | " + " | ".join(wins[(g, k)] for k in ks) + " |")
+    return "\n".join(out)
+
+
+def inputs_table(inputs: Inputs) -> str:
+    """Markdown: the measured inputs."""
+    lines = [f"Model: {inputs.numel:,} values; compute-only step {inputs.compute_ms:.1f} ms. {inputs.source}", "",
+             "| input | encode ms | decode ms (one payload) | decode-mean of 1 / 8 payloads, ms | bytes per payload |",
+             "|---|---|---|---|---|"]
+    for key, c in inputs.codecs.items():
+        dm = f"{c['dmean1_ms']:.1f} / {c['dmean8_ms']:.1f}" if "dmean8_ms" in c else "-"
+        lines.append(f"| {key} | {c['encode_ms']:.1f} | {c['decode_ms']:.1f} | {dm} | {c['bytes']:,} |")
+    lines.append(f"| fp16 casts | {inputs.fp16['encode_ms']:.1f} | {inputs.fp16['decode_ms']:.1f} | - | "
+                 f"{2 * inputs.numel:,} |")
+    for r, p in inputs.powersgd.items():
+        lines.append(f"| PowerSGD rank {r} | {p['compute_ms']:.1f} (all its arithmetic) | - | - | "
+                     f"{p['bytes']:,} (allreduced) |")
+    return "\n".join(lines)
+
+
+# -- check against the harness ------------------------------------------------------------
+
+CHECK_CONFIGS = {"none": "fp32", "fp16": "fp16", "onebit": "onebit/allgather", "terngrad": "terngrad/allgather",
+                 "qsgd:bits=4": "qsgd4/allgather", "dgc:density=0.001": "dgc/allgather",
+                 "onebit:pattern=two_phase": "onebit/two_phase", "terngrad:pattern=two_phase": "terngrad/two_phase",
+                 "qsgd:bits=4,pattern=two_phase": "qsgd4/two_phase"}
+
+
+def compare(rows: Sequence[dict], inputs: Inputs, cores: float, alpha_s: float) -> List[dict]:
+    """Predicted (loopback layout, ``cores`` shared) against each measured ``bench exchange`` row."""
+    out = []
+    for r in rows:
+        method = CHECK_CONFIGS.get(r["config"])
+        if method is None or "skipped" in r or not r.get("rate_bits_per_s"):
+            continue
+        p = predict(method, r["k"], r["rate_bits_per_s"], inputs, alpha_s=alpha_s, layout=r["net"], cores=cores)
+        out.append({"config": r["config"], "k": r["k"], "rate": r["rate"], "measured_ms": r["ms_per_step"],
+                    "predicted_ms": round(p["step_ms"], 1),
+                    "rel_error": round((p["step_ms"] - r["ms_per_step"]) / r["ms_per_step"], 3)})
+    return out
+
+
+def format_check(results: Sequence[dict]) -> str:
+    lines = ["config  K  rate  measured_ms  predicted_ms  rel_error"]
+    lines += [f"{c['config']}  {c['k']}  {c['rate']}  {c['measured_ms']:.1f}  {c['predicted_ms']:.1f}  "
+              f"{100 * c['rel_error']:+.1f}%" for c in results]
+    return "\n".join(lines)
+
+
+def run_check(args, inputs: Inputs) -> List[dict]:
+    """Run ``bench exchange`` at each of ``--check-np`` on the loopback harness at 1 Gbit/s and compare."""
+    from . import exchange_bench as eb
+    from .shapes import total_numel
+    numel = total_numel(eb._shapes(args.shapes))
+    if numel != inputs.numel:
+        raise ValueError(f"the inputs describe a model of {inputs.numel:,} values, --shapes {args.shapes} has "
+                         f"{numel:,}: measure the inputs for the shapes checked")
+    rows = []
+    for np_ in args.check_np:
+        ns = _exchange_args(np=np_, net="loopback", rates="1gbit", shapes=args.shapes, steps=args.steps,
+                           warmup=1, timeout=args.timeout)
+        rows += eb.launch(ns, list(CHECK_CONFIGS), ["1gbit"])
+    return compare(rows, inputs, args.cores, args.alpha_us * 1e-6)
+
+
+# -- command line -----------------------------------------------------------------------
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inputs", default=None, metavar="JSON", help="measured inputs (written by --measure)")
+    parser.add_argument("--measure", action="store_true", help="measure the inputs here and write them to --inputs")
+    parser.add_argument("--compute-ms", type=float, default=None,
+                        help="with --measure: the compute-only step (bench exchange --np 1 --configs none); "
+                             "default: measured now by that command")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--alpha-us", type=float, default=25.0, help="latency per message, microseconds (25)")
+    parser.add_argument("--markdown", default=None, metavar="PATH", help="write the inputs and tables as markdown")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with bench exchange on the loopback harness at --check-np, 1 Gbit/s")
+    parser.add_argument("--check-np", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
+    parser.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
+                        help="cores the harness's ranks share (--check)")
+    parser.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50", help="--check's shapes")
+    parser.add_argument("--steps", type=int, default=3, help="--check's timed steps per config")
+    parser.add_argument("--timeout", type=float, default=1800)
+
+
+def _exchange_args(**overrides) -> argparse.Namespace:
+    """``bench exchange``'s arguments at their defaults, with ``overrides``."""
+    from . import exchange_bench as eb
+    parser = argparse.ArgumentParser()
+    eb.add_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in overrides.items():
+        setattr(args, key, value)
+    return args
+
+
+def _compute_only_ms(args) -> float:
+    from . import exchange_bench as eb
+    ns = _exchange_args(np=1, net="none", rates=None, shapes="resnet50", steps=5, warmup=2, timeout=args.timeout)
+    rows = eb.launch(ns, ["none"], [None])
+    return rows[0]["ms_per_step"]
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.measure:
+            compute = args.compute_ms if args.compute_ms is not None else _compute_only_ms(args)
+            inputs = measure_inputs(compute, args.repeat)
+            if args.inputs:
+                with open(args.inputs, "w") as f:
+                    json.dump(inputs.to_json(), f, indent=1)
+        elif args.inputs:
+            with open(args.inputs) as f:
+                inputs = Inputs.from_json(json.load(f))
+        else:
+            raise ValueError("give --inputs JSON (measured earlier) or --measure")
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"[model] error: {exc}", file=sys.stderr)
+        return 2
+    text = ("PREDICTED by the cost model (bench/cost_model.py), not measured.\n\n" + inputs_table(inputs) + "\n\n"
+            + table(inputs, alpha_s=args.alpha_us * 1e-6))
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("# Cost model: PREDICTED step times\n\n" + __doc__.split("\n\n", 1)[1] + "\n" + text + "\n")
+    if args.check:
+        try:
+            results = run_check(args, inputs)
+        except (ValueError, RuntimeError) as exc:
+            print(f"[model] error: {exc}", file=sys.stderr)
+            return 2
+        print(format_check(results))
+        if results:
+            print(f"mean |relative error|: {100 * statistics.fmean(abs(c['rel_error']) for c in results):.1f}%")
+    return 0
