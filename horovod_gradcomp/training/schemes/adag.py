@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Scheme
-from .client import CenterClient
+from .center_scheme import CenterPushScheme
 
 
-class ADAG(Scheme):
+class ADAG(CenterPushScheme):
     """Asynchronous, Downpour-like with a normalized accumulated update: after a
     communication window of ``window`` local steps the worker pushes
     ``(x - x_pulled) / window`` (the center adds it), then pulls the center and continues
@@ -24,38 +23,18 @@ class ADAG(Scheme):
             raise ValueError(f"adag: window must be an integer >= 1, got {window!r}")
         self.window = window
         super().__init__(model, optimizer, **kwargs)
-        self.client = CenterClient(self, track_pushes)
-        self.pulled = self.get_flat()
+        self._connect(track_pushes)
 
     def config_key(self) -> str:
         return f"{super().config_key()} window={self.window}"
 
-    @property
-    def pushed_sum(self):
-        return self.client.pushed_sum
-
     def _after_local_step(self) -> None:
         if self.local_steps % self.window == 0:
-            self.client.push((self.get_flat() - self.pulled) / self.window)
-            self.pulled = self.client.pull()
-            self.set_flat(self.pulled)
+            self.client.push((self.get_flat() - self.ref) / self.window)
+            self.ref = self.client.pull()
+            self.set_flat(self.ref)
 
     def _finish(self) -> None:
         if self.local_steps % self.window != 0:
-            self.client.push((self.get_flat() - self.pulled) / self.window)
+            self.client.push((self.get_flat() - self.ref) / self.window)
         self.set_flat(self.client.finish())
-
-    def stats(self):
-        out = super().stats()
-        out.update(self.client.stats())
-        return out
-
-    def state_dict(self):
-        state = super().state_dict()
-        state.update(center=self.client.state_dict(), pulled=self.pulled.clone())
-        return state
-
-    def load_state_dict(self, state) -> None:
-        super().load_state_dict(state)
-        self.client.load_state_dict(state["center"])
-        self.pulled = state["pulled"].to(self.dtype).clone()

@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from .base import Scheme
-from .client import CenterClient
+from .center_scheme import CenterPushScheme
 
 
-class Downpour(Scheme):
+class Downpour(CenterPushScheme):
     """Asynchronous: every ``push_every`` local steps the worker pushes its accumulated
     update since the last push or fetch, ``x - x_ref`` (the center adds it as is), and
     every ``fetch_every`` steps it replaces its parameters by a fresh pull of the center.
@@ -26,15 +25,10 @@ class Downpour(Scheme):
                 raise ValueError(f"downpour: {what} must be an integer >= 1, got {v!r}")
         self.push_every, self.fetch_every = push_every, fetch_every
         super().__init__(model, optimizer, **kwargs)
-        self.client = CenterClient(self, track_pushes)
-        self.ref = self.get_flat()
+        self._connect(track_pushes)
 
     def config_key(self) -> str:
         return f"{super().config_key()} push_every={self.push_every} fetch_every={self.fetch_every}"
-
-    @property
-    def pushed_sum(self):
-        return self.client.pushed_sum
 
     def _after_local_step(self) -> None:
         t = self.local_steps
@@ -51,18 +45,3 @@ class Downpour(Scheme):
         if self.local_steps % self.push_every != 0:
             self.client.push(self.get_flat() - self.ref)
         self.set_flat(self.client.finish())
-
-    def stats(self):
-        out = super().stats()
-        out.update(self.client.stats())
-        return out
-
-    def state_dict(self):
-        state = super().state_dict()
-        state.update(center=self.client.state_dict(), ref=self.ref.clone())
-        return state
-
-    def load_state_dict(self, state) -> None:
-        super().load_state_dict(state)
-        self.client.load_state_dict(state["center"])
-        self.ref = state["ref"].to(self.dtype).clone()
