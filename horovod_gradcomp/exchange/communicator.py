@@ -73,12 +73,7 @@ class MPICommunicator:
         rank j's segment for this rank (``recv_counts[j]`` bytes) at offset
         ``sum(recv_counts[:j])``. ``send_counts[j]`` on rank r must equal ``recv_counts[r]``
         on rank j (not checked: MPI fails or truncates otherwise). One collective."""
-        _check_bytes(send, "alltoallv")
-        k = self.size
-        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
-        if int(sc.sum()) != send.numel():
-            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
-        recv = torch.empty(int(rc.sum()), dtype=torch.uint8)
+        sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size)
         from mpi4py import MPI
         self.comm.Alltoallv([send.numpy(), (sc, _displacements(sc)), MPI.BYTE],
                             [recv.numpy(), (rc, _displacements(rc)), MPI.BYTE])
@@ -112,6 +107,16 @@ class MPICommunicator:
 def _check_bytes(send: torch.Tensor, what: str) -> None:
     if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
         raise TypeError(f"{what} expects a flat uint8 CPU tensor")
+
+
+def alltoallv_buffers(send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], size: int):
+    """The checked ``(send_counts, recv_counts, receive buffer)`` of an alltoallv among ``size`` ranks
+    (every transport's ``alltoallv`` starts with this)."""
+    _check_bytes(send, "alltoallv")
+    sc, rc = _counts(send_counts, size, "send_counts"), _counts(recv_counts, size, "recv_counts")
+    if int(sc.sum()) != send.numel():
+        raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
+    return sc, rc, torch.empty(int(rc.sum()), dtype=torch.uint8)
 
 
 def _counts(counts: Sequence[int], size: int, what: str) -> np.ndarray:

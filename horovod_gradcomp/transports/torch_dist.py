@@ -16,7 +16,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..exchange.communicator import _check_bytes, _counts
+from ..exchange.communicator import _check_bytes, _counts, alltoallv_buffers
 
 
 class TorchDistributedCommunicator:
@@ -74,12 +74,7 @@ class TorchDistributedCommunicator:
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
         """Personalized exchange (see :meth:`MPICommunicator.alltoallv`): one ``all_to_all_single``."""
-        _check_bytes(send, "alltoallv")
-        k = self.size
-        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
-        if int(sc.sum()) != send.numel():
-            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
-        recv = torch.empty(int(rc.sum()), dtype=torch.uint8)
+        sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size)
         self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(), input_split_sizes=sc.tolist(),
                                      group=self.group)
         return recv
