@@ -16,6 +16,8 @@
 // for fp64 outputs; same order as the CPU kernel) and writes the 8 outputs once.
 #include "onebit_cuda.h"
 
+#include "common_cuda.cuh"
+
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -31,28 +33,7 @@ constexpr int64_t kTargetBlocks = 2048;  // stats blocks to aim for (a couple of
 constexpr int64_t kMaxGrid = 8192;       // cap for the grid-stride kernels
 constexpr int64_t kNarrow = 64;          // up to this many columns a block spans whole rows
 
-// Per-dtype compute type and conversions (float math for 16-bit types, double for double).
-template <typename T> struct Num;
-template <> struct Num<__half> {
-  using acc = float;
-  static __device__ __forceinline__ float load(__half x) { return __half2float(x); }
-  static __device__ __forceinline__ __half store(float x) { return __float2half_rn(x); }
-};
-template <> struct Num<__nv_bfloat16> {
-  using acc = float;
-  static __device__ __forceinline__ float load(__nv_bfloat16 x) { return __bfloat162float(x); }
-  static __device__ __forceinline__ __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
-};
-template <> struct Num<float> {
-  using acc = float;
-  static __device__ __forceinline__ float load(float x) { return x; }
-  static __device__ __forceinline__ float store(float x) { return x; }
-};
-template <> struct Num<double> {
-  using acc = double;
-  static __device__ __forceinline__ double load(double x) { return x; }
-  static __device__ __forceinline__ double store(double x) { return x; }
-};
+using detail::Arith;  // per-dtype compute type and conversions (common_cuda.cuh)
 
 // 8 consecutive values as 16-byte accesses; p must be 16-byte aligned.
 template <typename T> __device__ __forceinline__ void load8(const T* p, T (&v)[8]) {
@@ -100,7 +81,7 @@ __global__ void __launch_bounds__(kThreads)
     onebit_stats_kernel(const T* __restrict__ g, const T* __restrict__ r, int64_t rows, int64_t cols,
                         double* __restrict__ part_pos, double* __restrict__ part_neg,
                         unsigned long long* __restrict__ part_cnt, float* __restrict__ scales) {
-  using acc_t = typename Num<T>::acc;
+  using acc_t = typename Arith<T>::acc;
   __shared__ double s_pos[kThreads];
   __shared__ double s_neg[kThreads];
   __shared__ unsigned long long s_cnt[kThreads];
@@ -113,8 +94,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 4
     for (int64_t row = static_cast<int64_t>(blockIdx.y) * ty + y; row < rows; row += step) {
       const int64_t i = row * cols + j;
-      acc_t v = Num<T>::load(g[i]);
-      if (kRes) v += Num<T>::load(r[i]);
+      acc_t v = Arith<T>::load(g[i]);
+      if (kRes) v += Arith<T>::load(r[i]);
       const bool nonneg = v >= acc_t(0);  // false for NaN
       const double d = static_cast<double>(v);
       p += nonneg ? d : 0.0;
@@ -172,7 +153,7 @@ template <typename T, bool kRes, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     onebit_pack_kernel(const T* __restrict__ g, T* __restrict__ r, int64_t n, int64_t cols,
                        const float* __restrict__ scales, uint8_t* __restrict__ bits) {
-  using acc_t = typename Num<T>::acc;
+  using acc_t = typename Arith<T>::acc;
   const int64_t nbytes = (n + 7) / 8;
   const int64_t full = n / 8;
   const float* __restrict__ a_pos = scales;
@@ -199,13 +180,13 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       if (e < cnt) {
-        acc_t v = Num<T>::load(gv[e]);
-        if (kRes) v += Num<T>::load(rv[e]);
+        acc_t v = Arith<T>::load(gv[e]);
+        if (kRes) v += Arith<T>::load(rv[e]);
         const bool nonneg = v >= acc_t(0);
         byte |= static_cast<unsigned>(nonneg) << e;
         if (kRes) {
           const acc_t q = static_cast<acc_t>(__ldg((nonneg ? a_pos : a_neg) + j));
-          rv[e] = Num<T>::store(v - q);
+          rv[e] = Arith<T>::store(v - q);
           if (++j == cols) j = 0;
         }
       }
@@ -229,8 +210,8 @@ template <typename T, bool kVec>
 __global__ void __launch_bounds__(kThreads)
     onebit_decode_sum_kernel(const uint8_t* __restrict__ bits, int64_t bits_stride,
                              const float* __restrict__ scales, int64_t scales_stride, int64_t K, int64_t n,
-                             int64_t cols, typename Num<T>::acc scale, T* __restrict__ out) {
-  using acc_t = typename Num<T>::acc;
+                             int64_t cols, typename Arith<T>::acc scale, T* __restrict__ out) {
+  using acc_t = typename Arith<T>::acc;
   const int64_t nbytes = (n + 7) / 8;
   const int64_t full = n / 8;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
@@ -261,7 +242,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       const acc_t y = acc[e] * scale;
-      ov[e] = Num<T>::store(y);
+      ov[e] = Arith<T>::store(y);
     }
     if (kVec && cnt == 8) {
       store8(out + i0, ov);
@@ -360,7 +341,7 @@ template <typename T>
 cudaError_t decode_dispatch(const uint8_t* bits, int64_t bits_stride, const float* scales, int64_t scales_stride,
                             int64_t K, int64_t n, int64_t cols, double scale, void* out, cudaStream_t stream) {
   T* o = static_cast<T*>(out);
-  const auto sc = static_cast<typename Num<T>::acc>(scale);
+  const auto sc = static_cast<typename Arith<T>::acc>(scale);
   const unsigned grid = grid_for((n + 7) / 8);
   if (aligned16(o)) {
     onebit_decode_sum_kernel<T, true>
