@@ -48,7 +48,7 @@ def parse_args(argv=None):
     p.add_argument("--push-every", type=int, default=4, help="downpour")
     p.add_argument("--fetch-every", type=int, default=4, help="downpour")
     p.add_argument("--window", type=int, default=8, help="adag: communication window")
-    p.add_argument("--codec", default="none", help="none or a codec for the schemes' messages: "
+    p.add_argument("--codec", default="none", help="none or a codec: for the schemes, of their messages; for sync-sgd, of the gradients (hgc.Compression): "
                    + ", ".join(hgc.available_codecs()))
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -145,9 +145,11 @@ def main(argv=None):
     if args.scheme == "sync-sgd":
         import horovod.torch as hvd
         hvd.init()
-        if args.codec != "none":
-            raise SystemExit("sync-sgd is the dense baseline: see examples/train.py for gradient codecs")
-        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+        compression = hvd.Compression.none
+        if args.codec != "none":  # synchronous SGD through a gradient codec (the other family, for comparison)
+            compression = getattr(hgc.Compression, args.codec)(model.named_parameters())
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     trainer = make_trainer(args, model, optimizer)
 
@@ -181,6 +183,7 @@ def main(argv=None):
     identical = len(set(digests)) == 1
     stats = trainer.stats() if trainer is not None else {}
     every = comm.gather(stats, root=0)
+    every_codec = comm.gather(compression.stats() if hvd is not None and args.codec != "none" else {}, root=0)
     if rank == 0:
         model.eval()
         with torch.no_grad():
@@ -188,7 +191,9 @@ def main(argv=None):
             test_loss = F.cross_entropy(model(x_te), y_te).item()
         sent = sum(s.get("bytes_sent", 0) for s in every)
         samples = args.epochs * steps * args.batch_size * size
-        if trainer is None:  # Horovod's ring allreduce of every gradient: 2 (K-1)/K of the model per rank
+        if trainer is None and args.codec != "none":  # the codec's own count of what each rank sent
+            sent = sum(comm_stats.get("bytes_sent", 0) for comm_stats in every_codec)
+        elif trainer is None:  # Horovod's ring allreduce of every gradient: 2 (K-1)/K of the model per rank
             numel = sum(p.numel() for p in model.parameters())
             sent = args.epochs * steps * size * 2 * (size - 1) * numel * 4 // size
         print(f"[{label}] {size} ranks, {args.epochs} epochs x {steps} steps: test accuracy {acc:.4f}, "
