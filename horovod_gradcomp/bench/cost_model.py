@@ -23,6 +23,16 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
   ``ceil(log2 K)`` each);
 * ``cpu``: ``max(1, K / cores)`` when K ranks share ``cores`` cores (the harness), else 1.
 
+Two refinements when the inputs have them (``--measure`` records both):
+
+* in situ: ``compute + codec(1)`` is replaced by the measured step of the method itself at
+  -np 1 (``bench exchange --np 1 --net none``: the hooks, Horovod's placeholder round trip,
+  the preamble's non-finite check, the encode, the one-payload decode, the optimizer), and
+  ``codec(K) - codec(1)`` is added from the isolated figures above;
+* contention: ranks that run at once on one machine share its memory bandwidth; the factor
+  (the codec step timed in ``min(K, cores)`` processes at once over the same step alone) scales
+  the CPU term on the harness. A cluster with one rank per machine has none (the tables).
+
 ``--check`` compares the model with ``bench exchange`` on the loopback harness at -np 2 and 4
 (1 Gbit/s) and prints the relative error per config: run it on a quiet machine.
 """
@@ -35,7 +45,7 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
 COMMAND = "model"
@@ -60,15 +70,24 @@ class Inputs:
     fp16: dict                            # {"encode_ms", "decode_ms"}: the casts
     powersgd: Dict[int, dict]             # rank -> {"compute_ms", "bytes"} (fp32 bytes allreduced)
     source: str = ""
+    in_situ: Dict[str, float] = field(default_factory=dict)   # method -> ms per step at -np 1
+    contention: Dict[int, float] = field(default_factory=dict)  # ranks at once -> slowdown (1 for one)
 
     def to_json(self) -> dict:
         return {"numel": self.numel, "compute_ms": self.compute_ms, "codecs": self.codecs, "fp16": self.fp16,
-                "powersgd": {str(r): v for r, v in self.powersgd.items()}, "source": self.source}
+                "powersgd": {str(r): v for r, v in self.powersgd.items()}, "source": self.source,
+                "in_situ": self.in_situ, "contention": {str(p): f for p, f in self.contention.items()}}
 
     @classmethod
     def from_json(cls, d: dict) -> "Inputs":
         return cls(d["numel"], d["compute_ms"], d["codecs"], d["fp16"], {int(r): v for r, v in d["powersgd"].items()},
-                   d.get("source", ""))
+                   d.get("source", ""), dict(d.get("in_situ", {})),
+                   {int(p): float(f) for p, f in d.get("contention", {}).items()})
+
+    def contention_at(self, ranks: int) -> float:
+        """The slowdown of ``ranks`` ranks computing at once on one machine (1 without a figure)."""
+        known = [p for p in self.contention if p <= ranks]
+        return self.contention[max(known)] if known else 1.0
 
 
 def methods() -> List[str]:
@@ -91,16 +110,16 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
     n = inputs.numel
     log_k = math.ceil(math.log2(k)) if k > 1 else 0
     ring = 2.0 * (k - 1) / k
-    codec_ms, messages = 0.0, 0
+    codec_ms, codec1_ms, messages = 0.0, 0.0, 0
     if method == "fp32":
         sent, messages = ring * 4 * n, 2 * (k - 1)
     elif method == "fp16":
         sent, messages = ring * 2 * n, 2 * (k - 1)
-        codec_ms = inputs.fp16["encode_ms"] + inputs.fp16["decode_ms"]
+        codec_ms = codec1_ms = inputs.fp16["encode_ms"] + inputs.fp16["decode_ms"]
     elif method.startswith("powersgd"):
         p = inputs.powersgd[int(method[len("powersgd"):])]
         sent, messages = ring * p["bytes"], 3 * 2 * (k - 1)     # uncompressed tensors, P, Q: three allreduces
-        codec_ms = p["compute_ms"]
+        codec_ms = codec1_ms = p["compute_ms"]
     else:
         key, pattern = method.split("/")
         c = inputs.codecs[key]
@@ -108,20 +127,26 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         if pattern == "allgather":
             sent = (k - 1) * c["bytes"]
             messages += (k - 1) * (2 if key in VARIABLE else 1)  # variable size: sizes first
-            codec_ms = c["encode_ms"] + dmean(c, k)
+            codec_ms, codec1_ms = c["encode_ms"] + dmean(c, k), c["encode_ms"] + dmean(c, 1)
         elif pattern == "two_phase":
             if key in VARIABLE:
                 raise ValueError(f"{key} has variable-size payloads: allgather only")
             sent = ring * c["bytes"]
             messages += 2 * (k - 1)
             codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
+            codec1_ms = 2 * c["encode_ms"] + dmean(c, 1) + c["decode_ms"]
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
     cpu = max(1.0, k / cores) if cores else 1.0
+    if cores:  # ranks of one machine: they also share its memory bandwidth
+        cpu *= inputs.contention_at(min(k, int(cores)))
     on_link = sent * (k if layout == "loopback" else 1)
     wire_ms = 1e3 * 8 * on_link / bits_per_s if k > 1 else 0.0
     latency_ms = 1e3 * messages * alpha_s
-    cpu_ms = cpu * (inputs.compute_ms + codec_ms)
+    if method in inputs.in_situ:  # the method's own step at K = 1, plus what K adds
+        cpu_ms = cpu * (inputs.in_situ[method] + codec_ms - codec1_ms)
+    else:
+        cpu_ms = cpu * (inputs.compute_ms + codec_ms)
     return {"method": method, "k": k, "rate_bits_per_s": bits_per_s, "step_ms": cpu_ms + wire_ms + latency_ms,
             "cpu_ms": cpu_ms, "wire_ms": wire_ms, "latency_ms": latency_ms, "bytes_per_rank": sent}
 
@@ -214,9 +239,11 @@ def powersgd_compute_ms(shapes, rank: int, repeat: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure_inputs(compute_ms: float, repeat: int = 3) -> Inputs:
+def measure_inputs(compute_ms: float, repeat: int = 3, in_situ: Optional[Dict[str, float]] = None,
+                   contention: Optional[Dict[int, float]] = None) -> Inputs:
     """Measure the codec and PowerSGD inputs here, on one thread;
-    ``compute_ms`` is given (from ``bench exchange --np 1 --configs none``)."""
+    ``compute_ms`` is given (from ``bench exchange --np 1 --configs none``), and so are the
+    optional ``in_situ`` steps (:func:`measure_in_situ`) and ``contention`` (:func:`measure_contention`)."""
     import torch
     from .codecs_bench import run_bench
     from .shapes import resnet50_shapes, total_numel
@@ -237,7 +264,74 @@ def measure_inputs(compute_ms: float, repeat: int = 3) -> Inputs:
     load = os.getloadavg()
     return Inputs(total_numel(shapes), compute_ms, by, fp16, psgd,
                   source=f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-                         f"{load[0]:.2f}, torch threads {__import__('torch').get_num_threads()}")
+                         f"{load[0]:.2f}, torch threads {__import__('torch').get_num_threads()}",
+                  in_situ=dict(in_situ or {}), contention=dict(contention or {}))
+
+
+#: ``bench exchange`` configs whose -np 1 step is each method's in-situ input.
+IN_SITU_CONFIGS = {"none": "fp32", "fp16": "fp16", "onebit:pattern=allgather": "onebit/allgather",
+                   "onebit:pattern=two_phase": "onebit/two_phase", "terngrad:pattern=allgather": "terngrad/allgather",
+                   "terngrad:pattern=two_phase": "terngrad/two_phase", "qsgd:bits=4,pattern=allgather": "qsgd4/allgather",
+                   "qsgd:bits=4,pattern=two_phase": "qsgd4/two_phase", "dgc:density=0.001": "dgc/allgather",
+                   "ddp_powersgd:rank=1": "powersgd1", "ddp_powersgd:rank=4": "powersgd4"}
+
+
+def measure_in_situ(timeout: float, steps: int = 5) -> Dict[str, float]:
+    """Each method's whole step at -np 1 (``bench exchange --np 1 --net none``), by method label."""
+    from . import exchange_bench as eb
+    ns = _exchange_args(np=1, net="none", rates=None, shapes="resnet50", steps=steps, warmup=2, timeout=timeout)
+    rows = eb.launch(ns, list(IN_SITU_CONFIGS), [None])
+    return {IN_SITU_CONFIGS[r["config"]]: r["ms_per_step"] for r in rows
+            if r.get("config") in IN_SITU_CONFIGS and "ms_per_step" in r and "skipped" not in r}
+
+
+def _contention_worker(barrier, queue, repeat: int) -> None:
+    """One process of :func:`measure_contention`: the median ms of onebit's encode and
+    decode of the whole ResNet-50 gradient set plus an SGD-like pass, after the others are ready."""
+    import torch
+    torch.set_num_threads(1)
+    from .. import get_codec
+    from .codecs_bench import make_gradients
+    from .shapes import resnet50_shapes
+    codec = get_codec("onebit", impl="native")
+    grads = make_gradients(resnet50_shapes())
+    params = [torch.zeros_like(g) for g in grads]
+
+    def step():
+        for g, p in zip(grads, params):
+            codec.decode(codec.encode(g), out=p)
+            p.add_(g, alpha=-1e-9)
+    step()
+    barrier.wait()
+    times = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        step()
+        times.append(1e3 * (time.perf_counter() - t0))
+    queue.put(statistics.median(times))
+
+
+def measure_contention(max_procs: int, repeat: int = 5) -> Dict[int, float]:
+    """procs -> (mean step of ``procs`` processes running at once) / (the step alone), for
+    procs = 2 .. ``max_procs``: how much ranks on one machine slow each other down (memory
+    bandwidth, shared caches) when each has a core of its own."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    alone = None
+    out: Dict[int, float] = {}
+    for procs in range(1, max_procs + 1):
+        barrier, queue = ctx.Barrier(procs), ctx.Queue()
+        workers = [ctx.Process(target=_contention_worker, args=(barrier, queue, repeat)) for _ in range(procs)]
+        for w in workers:
+            w.start()
+        times = [queue.get(timeout=600) for _ in workers]
+        for w in workers:
+            w.join()
+        if procs == 1:
+            alone = times[0]
+        else:
+            out[procs] = round(statistics.fmean(times) / alone, 3)
+    return out
 
 
 # -- tables ---------------------------------------------------------------------------
@@ -278,6 +372,12 @@ def inputs_table(inputs: Inputs) -> str:
     for r, p in inputs.powersgd.items():
         lines.append(f"| PowerSGD rank {r} | {p['compute_ms']:.1f} (all its arithmetic) | - | - | "
                      f"{p['bytes']:,} (allreduced) |")
+    if inputs.in_situ:
+        lines += ["", "In situ (each method's whole step at -np 1, ms): "
+                  + ", ".join(f"{m} {v:.1f}" for m, v in inputs.in_situ.items())]
+    if inputs.contention:
+        lines += ["", "Contention (ranks computing at once on this machine -> slowdown): "
+                  + ", ".join(f"{p}: {f:.2f}x" for p, f in sorted(inputs.contention.items()))]
     return "\n".join(lines)
 
 
@@ -335,6 +435,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --measure: the compute-only step (bench exchange --np 1 --configs none); "
                              "default: measured now by that command")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-in-situ", dest="in_situ", action="store_false",
+                        help="with --measure: skip the -np 1 steps of every method and the contention factor "
+                             "(the model then adds isolated codec times to the compute-only step)")
     parser.add_argument("--alpha-us", type=float, default=25.0, help="latency per message, microseconds (25)")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="write the inputs and tables as markdown")
     parser.add_argument("--check", action="store_true",
@@ -369,7 +472,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.measure:
             compute = args.compute_ms if args.compute_ms is not None else _compute_only_ms(args)
-            inputs = measure_inputs(compute, args.repeat)
+            in_situ = measure_in_situ(args.timeout) if args.in_situ else {}
+            contention = measure_contention(int(args.cores)) if args.in_situ and args.cores >= 2 else {}
+            inputs = measure_inputs(compute, args.repeat, in_situ, contention)
             if args.inputs:
                 with open(args.inputs, "w") as f:
                     json.dump(inputs.to_json(), f, indent=1)
