@@ -1,7 +1,7 @@
 """Decoder fuzzing driver (run as a script, in a subprocess: a crash must not take pytest down).
 
     python tests/fuzz_decoders.py --target TARGET --seed S --cases N [--impls native,reference]
-                                  [--native-ext PATH]
+                                  [--native-ext PATH] [--device cpu|cuda]
 
 Targets: ``onebit``, ``terngrad``, ``qsgd_fixed``, ``qsgd_elias``, ``dgc`` (each codec's decode
 paths, through the codec API, native and/or reference), ``raw`` (the native entry points of
@@ -19,7 +19,8 @@ one names the case that crashed the process. The last line is a JSON summary; th
 status is 1 when a case failed.
 
 ``--native-ext PATH`` loads that build of the extension as ``horovod_gradcomp._C`` (the
-AddressSanitizer test uses it).
+AddressSanitizer test uses it). ``--device cuda`` (``raw`` only): the mutated arguments are
+moved to the GPU before the call, so that the CUDA entry points get the same corpus.
 """
 from __future__ import annotations
 
@@ -49,11 +50,11 @@ def load_native(path: str) -> None:
 
 
 class Fuzzer:
-    def __init__(self, target: str, seed: int, impls: List[str]):
+    def __init__(self, target: str, seed: int, impls: List[str], device: str = "cpu"):
         from horovod_gradcomp.codecs import get_codec
         from horovod_gradcomp.codecs.base import Payload
         self.get_codec, self.Payload = get_codec, Payload
-        self.target, self.seed, self.impls = target, seed, impls
+        self.target, self.seed, self.impls, self.device = target, seed, impls, torch.device(device)
         self.failures: List[str] = []
         self.counts: Dict[str, int] = {}
 
@@ -331,6 +332,12 @@ class Fuzzer:
                 args[i][j] = mutate(args[i][j])
             else:
                 args[i] = mutate(args[i])
+        if self.device.type != "cpu":  # built and mutated on the CPU, then moved (strides may not survive)
+            def moved(a):
+                if isinstance(a, torch.Tensor):
+                    return a.to(self.device)
+                return [moved(b) for b in a] if isinstance(a, list) else a
+            args = [moved(a) for a in args]
         n_out = args[3 if fn == "qsgd_decode_elias" else 2]
         want_dtype = dtype if fn != "dgc_index_decode" else (torch.int32 if args[2] < 2 ** 31 else torch.int64)
         want_shape = (n_out,) if fn != "dgc_index_decode" else (args[1],)
@@ -392,7 +399,10 @@ def main(argv=None) -> int:
     ap.add_argument("--cases", type=int, default=200)
     ap.add_argument("--impls", default="native,reference")
     ap.add_argument("--native-ext", default=None)
+    ap.add_argument("--device", default="cpu", help="where the raw target's arguments go (cpu or cuda)")
     args = ap.parse_args(argv)
+    if args.device != "cpu" and args.target != "raw":
+        ap.error("--device applies to the raw target only")
     torch.set_num_threads(1)
     if args.native_ext:
         load_native(args.native_ext)
@@ -400,7 +410,7 @@ def main(argv=None) -> int:
     if "native" in impls or args.target == "raw":
         from horovod_gradcomp.native import require_native
         require_native()
-    f = Fuzzer(args.target, args.seed, impls)
+    f = Fuzzer(args.target, args.seed, impls, args.device)
     for i in range(args.cases):
         f.case(i)
     for line in f.failures[:50]:

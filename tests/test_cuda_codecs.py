@@ -253,3 +253,247 @@ def test_native_available_cuda_reports_the_path():
     ok, why = hgc.native_cuda_status()
     assert ok and hgc.native_available("cuda")
     assert "CUDA" in why
+
+
+# -- malformed payloads: the CUDA decoders check what the CPU decoders check ---------------------
+#
+# Each case builds a malformed payload for one native decoder (on the CPU: the corpus is built
+# and mutated there), then calls the decoder with it on the CPU and on the GPU: both must raise,
+# the same exception with the same message (csrc/payload_checks.h holds one check function per
+# decoder, used by both entry points), and the GPU must stay usable after it (no launch that read
+# or wrote out of bounds). The kinds are test_decode_fuzz.py's: truncated and extended buffers,
+# wrong dtypes and dims, K = 0 and mismatched K, non-contiguous rows, size arguments out of
+# range (2^56 + 1), DGC indices out of range / not increasing, corrupt Elias headers and codes.
+
+N_BIG = 2 ** 56 + 1
+
+
+def _malformed_cases():
+    """(name, decoder, args): _C's arguments, in order; tensors on the CPU, or a callable that
+    builds the tensor on a given device (layouts that ``.to()`` would not keep)."""
+    from horovod_gradcomp import _C
+
+    f32, u8 = torch.float32, torch.uint8
+    x = _grad((96,), torch.float32, seed=21)
+    n = x.numel()
+    cases = []
+
+    def add(name, fn, *args):
+        cases.append((name, fn, list(args)))
+
+    # onebit: bits [K, 12], scales [K, 2 * cols]
+    bits, sc = _C.onebit_encode(x, None, 4)
+    b2, s2 = bits.expand(2, -1).contiguous(), sc.expand(2, -1).contiguous()
+    add("onebit truncated bits", "onebit_decode_sum", b2[:, :-1], s2, n, 4, f32, 0.5, None)
+    add("onebit missing scales", "onebit_decode_sum", b2, s2[:, :-1], n, 4, f32, 0.5, None)
+    add("onebit bits wrong dtype", "onebit_decode_sum", b2.to(torch.int8), s2, n, 4, f32, 0.5, None)
+    add("onebit scales wrong dtype", "onebit_decode_sum", b2, s2.double(), n, 4, f32, 0.5, None)
+    add("onebit K=0", "onebit_decode_sum", b2[:0], s2[:0], n, 4, f32, 0.5, None)
+    add("onebit K mismatch", "onebit_decode_sum", b2, s2[:1], n, 4, f32, 0.5, None)
+    add("onebit 1-D bits", "onebit_decode_sum", bits, s2[:1], n, 4, f32, 1.0, None)
+    add("onebit strided rows", "onebit_decode_sum", lambda dev: torch.zeros(2, 24, dtype=u8, device=dev)[:, ::2], s2,
+        n, 4, f32, 0.5, None)  # built on the device: .to() would make it contiguous
+    add("onebit n > 2^56", "onebit_decode_sum", b2, s2, N_BIG, 1, f32, 0.5, None)
+    add("onebit cols > 2^56", "onebit_decode_sum", b2, s2, 0, N_BIG, f32, 0.5, None)
+    add("onebit columns", "onebit_decode_sum", b2, s2, n, 5, f32, 0.5, None)
+    add("onebit int output", "onebit_decode_sum", b2, s2, n, 4, torch.int32, 0.5, None)
+    # TernGrad: codes [K, 24], scales [K, 1]
+    codes, tsc = _C.terngrad_encode(x, 2.0, float("inf"), 1, 2)
+    c2, t2 = codes.expand(2, -1).contiguous(), tsc.expand(2, -1).contiguous()
+    add("terngrad truncated codes", "terngrad_decode_sum", c2[:, :-1], t2, n, f32, 1.0, None)
+    add("terngrad no scale", "terngrad_decode_sum", c2, t2[:, :0], n, f32, 1.0, None)
+    add("terngrad codes wrong dtype", "terngrad_decode_sum", c2.to(torch.int32), t2, n, f32, 1.0, None)
+    add("terngrad K=0", "terngrad_decode_sum", c2[:0], t2[:0], n, f32, 1.0, None)
+    add("terngrad K mismatch", "terngrad_decode_sum", c2, t2[:1], n, f32, 1.0, None)
+    add("terngrad 1-D codes", "terngrad_decode_sum", codes, t2[:1], n, f32, 1.0, None)
+    add("terngrad n > 2^56", "terngrad_decode_sum", c2, t2, N_BIG, f32, 1.0, None)
+    # QSGD fixed: s = 15 (5-bit codes), buckets of 40: norms [K, 3], packed [K, 60]
+    norms, packed = _C.qsgd_encode_fixed(x, 15, 40, False, 3)
+    add("qsgd truncated packed", "qsgd_decode_fixed", norms, packed[:-1], n, 15, 40, f32, 1.0, None)
+    add("qsgd extended packed", "qsgd_decode_fixed", norms, torch.cat([packed, packed[:3]]), n, 15, 40, f32, 1.0,
+        None)
+    add("qsgd missing norm", "qsgd_decode_fixed", norms[:-1], packed, n, 15, 40, f32, 1.0, None)
+    add("qsgd norms wrong dtype", "qsgd_decode_fixed", norms.double(), packed, n, 15, 40, f32, 1.0, None)
+    add("qsgd mixed dims", "qsgd_decode_fixed", norms[None], packed, n, 15, 40, f32, 1.0, None)
+    add("qsgd K=0", "qsgd_decode_fixed", norms[None][:0], packed[None][:0], n, 15, 40, f32, 1.0, None)
+    add("qsgd K mismatch", "qsgd_decode_fixed", norms.expand(2, -1), packed[None], n, 15, 40, f32, 1.0, None)
+    add("qsgd n > 2^56", "qsgd_decode_fixed", norms, packed, N_BIG, 15, 40, f32, 1.0, None)
+    add("qsgd levels 0", "qsgd_decode_fixed", norms, packed, n, 0, 40, f32, 1.0, None)
+    add("qsgd bucket 0", "qsgd_decode_fixed", norms, packed, n, 15, 0, f32, 1.0, None)
+    add("qsgd int output", "qsgd_decode_fixed", norms, packed, n, 15, 40, torch.int64, 1.0, None)
+    # QSGD Elias: groups of 1 bucket of 16 values: 6 groups
+    y = _grad((96,), torch.float32, seed=22)
+    en, nb, st = _C.qsgd_encode_elias(y, 7, 16, False, 3, 1)
+    assert nb.numel() == 6 and st.numel() > 6
+    add("elias truncated stream", "qsgd_decode_elias", en, nb, st[:-1], n, 7, 16, 1, f32, None)
+    add("elias extended stream", "qsgd_decode_elias", en, nb, torch.cat([st, st[:2]]), n, 7, 16, 1, f32, None)
+    huge = nb.clone()
+    huge[2] = 2 ** 62
+    add("elias bit count overflow", "qsgd_decode_elias", en, huge, st, n, 7, 16, 1, f32, None)
+    neg = nb.clone()
+    neg[0] = -8
+    add("elias negative bit count", "qsgd_decode_elias", en, neg, st, n, 7, 16, 1, f32, None)
+    add("elias nbits wrong dtype", "qsgd_decode_elias", en, nb.int(), st, n, 7, 16, 1, f32, None)
+    add("elias missing group", "qsgd_decode_elias", en, nb[:-1], st, n, 7, 16, 1, f32, None)
+    add("elias missing norm", "qsgd_decode_elias", en[:-1], nb, st, n, 7, 16, 1, f32, None)
+    add("elias 2-D stream", "qsgd_decode_elias", en, nb, st[None], n, 7, 16, 1, f32, None)
+    add("elias n > 2^56", "qsgd_decode_elias", en, nb, st, N_BIG, 7, 16, 1, f32, None)
+    add("elias group_buckets 0", "qsgd_decode_elias", en, nb, st, n, 7, 16, 0, f32, None)
+    # codes that overrun their group: a consistent header over a zeroed / random stream, and a
+    # group whose bit count is cut short (the stream shortened to match)
+    add("elias zeroed codes", "qsgd_decode_elias", en, nb, torch.zeros_like(st), n, 7, 16, 1, f32, None)
+    gen = torch.Generator().manual_seed(5)
+    add("elias random codes", "qsgd_decode_elias", en, nb, torch.randint(0, 256, st.shape, generator=gen,
+                                                                         dtype=u8), n, 7, 16, 1, f32, None)
+    last = int(nb[-1])
+    if last > 8:
+        short = nb.clone()
+        short[-1] = last - 8
+        add("elias code overruns its group", "qsgd_decode_elias", en, short, st[:-1], n, 7, 16, 1, f32, None)
+    over = nb.clone()
+    over[0] += 8
+    over[1] -= 8
+    add("elias bit counts shifted", "qsgd_decode_elias", en, over, st, n, 7, 16, 1, f32, None)
+    # DGC scatter-sum: K = 2 payloads, the second malformed (the error names payload 1)
+    i32 = torch.int32
+    ok_i, ok_v = torch.tensor([1, 5, 9], dtype=i32), torch.ones(3)
+    add("dgc index == n", "dgc_scatter_sum", [ok_i, torch.tensor([2, n], dtype=i32)], [ok_v, torch.ones(2)], n,
+        f32, 1.0, None)
+    add("dgc index huge", "dgc_scatter_sum", [ok_i, torch.tensor([2, 2 ** 31 - 1], dtype=i32)], [ok_v, ok_v[:2]], n,
+        f32, 1.0, None)
+    add("dgc negative index", "dgc_scatter_sum", [ok_i, torch.tensor([-1, 3], dtype=i32)], [ok_v, ok_v[:2]], n, f32,
+        1.0, None)
+    add("dgc decreasing", "dgc_scatter_sum", [ok_i, torch.tensor([5, 3], dtype=i32)], [ok_v, ok_v[:2]], n, f32, 1.0,
+        None)
+    add("dgc duplicate", "dgc_scatter_sum", [ok_i, torch.tensor([3, 3], dtype=i32)], [ok_v, ok_v[:2]], n, f32, 1.0,
+        None)
+    add("dgc int64 indices", "dgc_scatter_sum", [ok_i, ok_i.long()], [ok_v, ok_v], n, f32, 1.0, None)
+    add("dgc values wrong dtype", "dgc_scatter_sum", [ok_i, ok_i], [ok_v, ok_v.double()], n, f32, 1.0, None)
+    add("dgc truncated values", "dgc_scatter_sum", [ok_i, ok_i], [ok_v, ok_v[:2]], n, f32, 1.0, None)
+    add("dgc 2-D indices", "dgc_scatter_sum", [ok_i, ok_i[None]], [ok_v, ok_v], n, f32, 1.0, None)
+    add("dgc K mismatch", "dgc_scatter_sum", [ok_i, ok_i], [ok_v], n, f32, 1.0, None)
+    add("dgc n > 2^56", "dgc_scatter_sum", [ok_i.long()], [ok_v], N_BIG, f32, 1.0, None)
+    add("dgc int output", "dgc_scatter_sum", [ok_i], [ok_v], n, torch.int32, 1.0, None)
+    # DGC index code (n = 1000)
+    idx = torch.tensor([3, 10, 400, 999], dtype=i32)
+    code1 = _C.dgc_index_encode(idx[:2], 1000)  # 1-byte gaps
+    add("index code wrong length", "dgc_index_decode", code1[:-1], 2, 1000)
+    add("index count > n", "dgc_index_decode", torch.zeros(20, dtype=u8), 20, 10)
+    add("index gaps run past n", "dgc_index_decode", torch.full((5,), 255, dtype=u8), 5, 1000)
+    add("index 2-byte gaps run past n", "dgc_index_decode", torch.full((4,), 255, dtype=u8), 2, 1000)
+    add("index absolute out of range", "dgc_index_decode", torch.tensor([3, 1000], dtype=i32).view(u8), 2, 1000)
+    add("index absolute decreasing", "dgc_index_decode", torch.tensor([7, 3], dtype=i32).view(u8), 2, 1000)
+    add("index absolute negative", "dgc_index_decode", torch.tensor([-4, 3], dtype=i32).view(u8), 2, 1000)
+    add("index code wrong dtype", "dgc_index_decode", code1.to(torch.int8), 2, 1000)
+    add("index 2-D code", "dgc_index_decode", code1[None], 2, 1000)
+    add("index n > 2^56", "dgc_index_decode", code1, 2, N_BIG)
+    return cases
+
+
+def _on(args, device):
+    def one(a):
+        if isinstance(a, torch.Tensor):
+            return a.to(device)
+        if isinstance(a, list):
+            return [one(b) for b in a]
+        return a(device) if callable(a) else a
+    return [one(a) for a in args]
+
+
+def _outcome(fn, args):
+    try:
+        fn(*args)
+    except (RuntimeError, ValueError, TypeError) as e:
+        return type(e), str(e).splitlines()[0]
+    return None, "returned"
+
+
+def _collect_malformed():
+    """The cases when they can run (a GPU and the native extension), else none (skipped)."""
+    if not torch.cuda.is_available():
+        return []
+    try:
+        return _malformed_cases()
+    except ImportError:  # no native extension: the module's fixture reports it
+        return []
+
+
+_MALFORMED = _collect_malformed()
+
+
+@pytest.mark.parametrize("case", range(len(_MALFORMED)), ids=[c[0] for c in _MALFORMED])
+def test_cuda_decoder_refuses_malformed_payload_like_cpu(case):
+    from horovod_gradcomp import _C
+
+    name, fn, args = _MALFORMED[case]
+    want = _outcome(getattr(_C, fn), _on(args, "cpu"))
+    assert want[0] is not None, f"{name}: the CPU decoder accepted it"
+    got = _outcome(getattr(_C, fn), _on(args, "cuda"))
+    torch.cuda.synchronize()  # a launch that faulted would surface here
+    assert got == want, f"{name}: CUDA {got} vs CPU {want}"
+    # the GPU is still usable: a valid decode after the refusal
+    good = _C.dgc_index_decode(torch.tensor([0, 4], dtype=torch.uint8, device="cuda"), 2, 10)
+    assert good.cpu().tolist() == [0, 5]
+
+
+def test_cuda_malformed_cases_cover_every_decoder():
+    names = {fn for _, fn, _ in _malformed_cases()}
+    assert names == {"onebit_decode_sum", "terngrad_decode_sum", "qsgd_decode_fixed", "qsgd_decode_elias",
+                     "dgc_scatter_sum", "dgc_index_decode"}
+
+
+def test_cuda_decoders_check_devices():
+    """Buffers of one payload split between the CPU and the GPU: refused before any launch."""
+    from horovod_gradcomp import _C
+
+    x = _grad((96,), torch.float32, seed=23)
+    bits, sc = _C.onebit_encode(x, None, 4)
+    with pytest.raises(RuntimeError, match="different devices"):
+        _C.onebit_decode_sum(bits[None].cuda(), sc[None], 96, 4, torch.float32, 1.0, None)
+    codes, tsc = _C.terngrad_encode(x, 2.0, float("inf"), 1, 2)
+    with pytest.raises(RuntimeError, match="codes must be a CUDA tensor"):
+        _C.terngrad_decode_sum(codes[None], tsc[None].cuda(), 96, torch.float32, 1.0, None)
+    norms, nb, st = _C.qsgd_encode_elias(x, 7, 16, False, 3, 1)
+    with pytest.raises(RuntimeError, match="stream must be a CUDA tensor"):
+        _C.qsgd_decode_elias(norms.cuda(), nb.cuda(), st, 96, 7, 16, 1, torch.float32, None)
+    i = torch.tensor([1, 2], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match="must be a CUDA tensor"):
+        _C.dgc_scatter_sum([i.cuda(), i.cuda()], [torch.ones(2, device="cuda"), torch.ones(2)], 96, torch.float32)
+    with pytest.raises(RuntimeError, match="out is on"):
+        _C.onebit_decode_sum(bits[None].cuda(), sc[None].cuda(), 96, 4, torch.float32, 1.0, torch.empty(96))
+
+
+def test_cuda_dgc_refusal_leaves_out_untouched():
+    """As on the CPU, DGC indices are checked before the sum is written into ``out``."""
+    from horovod_gradcomp import _C
+
+    out = torch.full((50,), 7.0, device="cuda")
+    with pytest.raises(RuntimeError, match="payload 1: indices must be strictly increasing"):
+        _C.dgc_scatter_sum([torch.tensor([1, 2], dtype=torch.int32, device="cuda"),
+                            torch.tensor([4, 50], dtype=torch.int32, device="cuda")],
+                           [torch.ones(2, device="cuda"), torch.ones(2, device="cuda")], 50, torch.float32, 1.0, out)
+    assert torch.equal(out.cpu(), torch.full((50,), 7.0))
+
+
+@pytest.mark.timeout(600)
+def test_cuda_raw_decoders_survive_the_fuzz_corpus():
+    """tests/fuzz_decoders.py's raw target (the native entry points called directly with
+    truncated, extended, random, bit-flipped, mistyped, reshaped buffers and out-of-range size
+    arguments), its arguments on the GPU; in a subprocess, so that a fault names its case."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    fuzz = Path(__file__).with_name("fuzz_decoders.py")
+    proc = subprocess.run([sys.executable, str(fuzz), "--target", "raw", "--seed", "11", "--cases", "600",
+                           "--impls", "native", "--device", "cuda"], capture_output=True, text=True, timeout=540,
+                          cwd=str(fuzz.parent.parent))
+    lines = proc.stdout.strip().splitlines()
+    summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}
+    cases = [ln for ln in lines if ln.startswith("CASE ")]
+    assert proc.returncode == 0 and summary.get("failures") == 0, (
+        f"exit {proc.returncode}; last case {cases[-1] if cases else None}\n"
+        + "\n".join(ln for ln in lines if ln.startswith("FAIL"))[:4000] + "\n" + proc.stderr[-3000:])
+    outcomes = summary["outcomes"]
+    assert outcomes.get("output", 0) > 60 and sum(v for k, v in outcomes.items() if k != "output") > 60, outcomes

@@ -29,7 +29,7 @@
 #include <mutex>
 
 #include "../checks.h"
-#include "payload_checks.h"
+#include "../payload_checks.h"
 
 namespace {
 
@@ -333,14 +333,8 @@ void scatter_impl(const std::vector<const I*>& idx, const std::vector<const T*>&
 
 template <typename I>
 void check_sorted(const at::Tensor& ix, int64_t n, int64_t r) {
-  const I* q = ix.data_ptr<I>();
-  const int64_t c = ix.numel();
-  bool ok = true;
-  for (int64_t j = 0; j < c; ++j) {
-    const int64_t v = q[j];
-    ok &= v >= 0 && v < n && (j == 0 || q[j - 1] < q[j]);
-  }
-  TORCH_CHECK(ok, "dgc_decode: payload ", r, ": indices must be strictly increasing and in [0, ", n, ")");
+  TORCH_CHECK(hgc::dgc_indices_valid(ix.data_ptr<I>(), ix.numel(), n), "dgc_decode: payload ", r,
+              ": indices must be strictly increasing and in [0, ", n, ")");
 }
 
 }  // namespace
@@ -350,10 +344,10 @@ std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cpu(const at::Ten
   HGC_CHECK_CPU(x);
   HGC_CHECK_CONTIGUOUS(x);
   HGC_CHECK_FLOATING(x);
-  TORCH_CHECK(k >= 0 && sample_count >= 0, "dgc_select: k and sample_count must be >= 0");
+  hgc::check_dgc_select_args(k, sample_count);
   const int64_t n = x.numel();
   if (n == 0 || k == 0) {
-    auto idx = at::empty({0}, x.options().dtype(n >= (int64_t(1) << 31) ? at::kLong : at::kInt));
+    auto idx = at::empty({0}, x.options().dtype(hgc::dgc_index_type(n)));
     return {idx, at::empty({0}, x.options()), std::numeric_limits<double>::infinity(), 2};
   }
   const uint64_t ukey = static_cast<uint64_t>(key);
@@ -368,27 +362,11 @@ std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cpu(const at::Ten
 at::Tensor dgc_scatter_sum_cpu(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values,
                                int64_t n, at::ScalarType dtype, double scale,
                                const c10::optional<at::Tensor>& out_opt) {
-  constexpr const char* op = "dgc_decode";
-  hgc::check_decode_count(n, op);
-  hgc::check_decode_dtype(dtype, op);
-  TORCH_CHECK(indices.size() == values.size(), "dgc_decode: ", indices.size(), " index buffers but ",
-              values.size(), " value buffers");
-  TORCH_CHECK(!indices.empty(), "dgc_decode: no payloads");
-  const bool wide = n >= (int64_t(1) << 31);
-  const at::ScalarType ity = wide ? at::kLong : at::kInt;
+  const bool wide = hgc::check_dgc_scatter_args(indices, values, n, dtype, at::kCPU) == at::kLong;
   const int64_t K = static_cast<int64_t>(indices.size());
   std::vector<at::Tensor> ix(K), vx(K);
   std::vector<int64_t> cnt(K);
   for (int64_t r = 0; r < K; ++r) {
-    TORCH_CHECK(indices[r].defined() && values[r].defined(), op, ": payload ", r, " has an undefined buffer");
-    HGC_CHECK_CPU(indices[r]);
-    HGC_CHECK_CPU(values[r]);
-    TORCH_CHECK(indices[r].dim() == 1 && values[r].dim() == 1 && indices[r].numel() == values[r].numel(),
-                "dgc_decode: payload ", r, ": indices and values must be 1-D of the same length");
-    TORCH_CHECK(indices[r].scalar_type() == ity, "dgc_decode: payload ", r, ": indices must be ",
-                ity, " for ", n, " values, got ", indices[r].scalar_type());
-    TORCH_CHECK(values[r].scalar_type() == dtype, "dgc_decode: payload ", r, ": values must be ", dtype,
-                ", got ", values[r].scalar_type());
     ix[r] = indices[r].contiguous();
     vx[r] = values[r].contiguous();
     cnt[r] = ix[r].numel();

@@ -7,11 +7,9 @@
 #include <cstring>
 
 #include "../checks.h"
-#include "payload_checks.h"
+#include "../payload_checks.h"
 
 namespace {
-
-bool wide_indices(int64_t n) { return n >= (int64_t(1) << 31); }
 
 template <typename I>
 int64_t largest_gap_code(const I* q, int64_t c) {
@@ -37,19 +35,13 @@ void write_gaps(const I* q, int64_t c, int w, uint8_t* out) {
 
 template <typename I>
 void check_indices(const I* q, int64_t c, int64_t n, const char* op) {
-  bool ok = true;
-  for (int64_t j = 0; j < c; ++j) ok &= q[j] >= 0 && q[j] < n && (j == 0 || q[j - 1] < q[j]);
-  TORCH_CHECK(ok, op, ": indices must be strictly increasing and in [0, ", n, ")");
+  TORCH_CHECK(hgc::dgc_indices_valid(q, c, n), op, ": indices must be strictly increasing and in [0, ", n, ")");
 }
 
 }  // namespace
 
 at::Tensor dgc_index_encode_cpu(const at::Tensor& idx, int64_t n) {
-  HGC_CHECK_CPU(idx);
-  TORCH_CHECK(n >= 0, "dgc_index_encode: negative size");
-  const at::ScalarType ity = wide_indices(n) ? at::kLong : at::kInt;
-  TORCH_CHECK(idx.dim() == 1 && idx.scalar_type() == ity, "dgc_index_encode: indices must be 1-D ", ity, " for ",
-              n, " values, got ", idx.dim(), "-D ", idx.scalar_type());
+  const at::ScalarType ity = hgc::check_dgc_index_encode_args(idx, n, at::kCPU);
   const at::Tensor ix = idx.contiguous();
   const int64_t c = ix.numel();
   const auto bytes = at::TensorOptions().dtype(at::kByte);
@@ -78,22 +70,14 @@ at::Tensor dgc_index_encode_cpu(const at::Tensor& idx, int64_t n) {
 }
 
 at::Tensor dgc_index_decode_cpu(const at::Tensor& code, int64_t count, int64_t n) {
-  constexpr const char* op = "dgc_index_decode";
-  hgc::check_decode_count(n, op);
-  hgc::check_cpu_buffer(code, at::kByte, op, "the index code");
-  TORCH_CHECK(code.dim() == 1, op, ": the index code must be 1-D uint8, got ", code.dim(), "-D");
-  // Strictly increasing indices in [0, n): at most n of them (this also bounds count * 8).
-  TORCH_CHECK(count >= 0 && count <= n, op, ": ", count, " indices cannot be distinct and in [0, ", n, ")");
-  const bool wide = wide_indices(n);
+  const int64_t w = hgc::check_dgc_index_decode_args(code, count, n, at::kCPU);
+  const bool wide = hgc::dgc_index_type(n) == at::kLong;
   const int64_t abs_w = wide ? 8 : 4;
   const int64_t len = code.numel();
-  TORCH_CHECK(len == count || len == 2 * count || len == abs_w * count, "dgc_index_decode: ", len,
-              " bytes of index code for ", count, " values (1, 2 or ", abs_w, " bytes per index expected)");
   at::Tensor out = at::empty({count}, at::TensorOptions().dtype(wide ? at::kLong : at::kInt));
   if (count == 0) return out;
   const at::Tensor cx = code.contiguous();
   const uint8_t* p = cx.data_ptr<uint8_t>();
-  const int64_t w = len / count;
   if (w == abs_w) {
     std::memcpy(out.data_ptr(), p, len);
   } else {

@@ -48,18 +48,7 @@ void accumulate(T* u, T* v, const T* g, int64_t n, T m, T c, bool clip, bool nes
 
 void dgc_accumulate_cpu(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov,
                         double coef) {
-  for (const at::Tensor* t : {static_cast<const at::Tensor*>(&u), static_cast<const at::Tensor*>(&v), &g}) {
-    HGC_CHECK_CPU(*t);
-    HGC_CHECK_CONTIGUOUS(*t);
-  }
-  TORCH_CHECK(g.scalar_type() == at::kFloat || g.scalar_type() == at::kDouble,
-              "dgc_accumulate: gradients must be fp32 or fp64, got ", g.scalar_type());
-  TORCH_CHECK(u.scalar_type() == g.scalar_type() && v.scalar_type() == g.scalar_type(),
-              "dgc_accumulate: u, v and g must have one dtype, got ", u.scalar_type(), ", ", v.scalar_type(), ", ",
-              g.scalar_type());
-  TORCH_CHECK(u.sizes() == g.sizes() && v.sizes() == g.sizes(), "dgc_accumulate: u ", u.sizes(), ", v ", v.sizes(),
-              " and g ", g.sizes(), " must have one shape");
-  TORCH_CHECK(momentum >= 0.0 && momentum < 1.0, "dgc_accumulate: momentum must be in [0, 1), got ", momentum);
+  hgc::check_dgc_accumulate_args(u, v, g, momentum, at::kCPU);
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "dgc_accumulate", [&] {
     accumulate<scalar_t>(u.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), g.data_ptr<scalar_t>(), g.numel(),
                          static_cast<scalar_t>(momentum), static_cast<scalar_t>(coef), coef != 1.0, nesterov);

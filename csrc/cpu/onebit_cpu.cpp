@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "../checks.h"
-#include "payload_checks.h"
+#include "../payload_checks.h"
 #include "simd.h"
 
 namespace {
@@ -276,21 +276,9 @@ void decode_sum_range(const uint8_t* bits, int64_t bits_stride, const float* sca
 std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
                                                      const c10::optional<at::Tensor>& residual,
                                                      int64_t cols) {
-  HGC_CHECK_CPU(grad);
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
+  hgc::check_onebit_encode_args(grad, residual, cols, at::kCPU);
   const int64_t n = grad.numel();
-  TORCH_CHECK(cols >= 0 && (n == 0 || (cols > 0 && n % cols == 0)),
-              "onebit_encode: ", n, " values do not split into columns of ", cols);
   const bool has_res = residual.has_value() && residual->defined();
-  if (has_res) {
-    HGC_CHECK_CPU(*residual);
-    HGC_CHECK_CONTIGUOUS(*residual);
-    TORCH_CHECK(residual->scalar_type() == grad.scalar_type(), "onebit_encode: residual dtype ",
-                residual->scalar_type(), " differs from gradient dtype ", grad.scalar_type());
-    TORCH_CHECK(residual->numel() == n, "onebit_encode: residual has ", residual->numel(),
-                " values, gradient ", n);
-  }
   auto bits = at::empty({(n + 7) / 8}, grad.options().dtype(at::kByte));
   auto scales = at::zeros({2 * cols}, grad.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "onebit_encode_cpu", [&] {
@@ -307,20 +295,8 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
 
 at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                  at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
-  constexpr const char* op = "onebit_decode";
-  hgc::check_decode_count(n, op);
-  hgc::check_decode_count(cols, op, "the column count");
-  hgc::check_decode_dtype(dtype, op);
-  hgc::check_stacked_buffer(bits, at::kByte, op, "bits");
-  hgc::check_stacked_buffer(scales, at::kFloat, op, "scales");
-  hgc::check_same_k(bits, scales, op, "bits", "scales");
-  TORCH_CHECK(n == 0 || (cols > 0 && n % cols == 0), op, ": ", n, " values do not split into columns of ",
-                    cols);
-  TORCH_CHECK(bits.size(1) >= (n + 7) / 8, op, ": ", bits.size(1), " bytes of bits cannot hold ", n,
-                    " values");
-  TORCH_CHECK(scales.size(1) == 2 * cols, op, ": expected ", 2 * cols, " scales, got ", scales.size(1));
+  const int64_t K = hgc::check_onebit_decode_args(bits, scales, n, cols, dtype, at::kCPU);
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
-  const int64_t K = bits.size(0);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "onebit_decode_sum_cpu", [&] {
     auto* o = out.data_ptr<scalar_t>();
     const int64_t nbytes = (n + 7) / 8;

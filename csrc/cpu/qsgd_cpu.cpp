@@ -35,7 +35,7 @@
 #endif
 
 #include "../checks.h"
-#include "payload_checks.h"
+#include "../payload_checks.h"
 
 namespace {
 
@@ -48,7 +48,6 @@ constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr int64_t kBlock = 2048;          // values quantized / decoded at once
 constexpr int64_t kFuseMax = 1 << 16;     // largest bucket whose norm is fused with its quantization
 constexpr int64_t kGrainValues = 1 << 15; // values per task below which threads do not pay off
-constexpr int64_t kMaxLevels = (1 << 24) - 1;
 
 inline uint64_t mix64(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -308,20 +307,12 @@ struct BitReader {
   }
 };
 
-int code_width(int64_t s) { return 1 + (64 - __builtin_clzll(static_cast<uint64_t>(s))); }
-
-void check_common(int64_t s, int64_t bucket, int64_t n) {
-  TORCH_CHECK(s >= 1 && s <= kMaxLevels, "qsgd: levels must be in [1, 2^24 - 1], got ", s);
-  TORCH_CHECK(bucket >= 1 && bucket < (int64_t(1) << 31), "qsgd: bucket must be in [1, 2^31), got ", bucket);
-  TORCH_CHECK(n >= 0, "qsgd: negative size");
-}
-
 int64_t num_buckets(int64_t n, int64_t d) { return (n + d - 1) / d; }
 
 template <typename T>
 void encode_fixed_impl(const T* x, int64_t n, int64_t d, int64_t s, bool max_norm, uint64_t key, float* norms,
                        uint8_t* packed) {
-  const int w = code_width(s);
+  const int w = hgc::qsgd_code_width(s);
   const bool fused = d <= kFuseMax;
   if (!fused) {
     at::parallel_for(0, num_buckets(n, d), 1, [&](int64_t b0, int64_t b1) {
@@ -516,7 +507,7 @@ template <typename T>
 void decode_fixed_impl(const float* norms, int64_t norm_stride, const uint8_t* packed, int64_t packed_stride,
                        int64_t nbytes, int64_t K, int64_t n, int64_t d, int64_t s, double scale, T* out) {
   using acc_t = typename Acc<T>::type;
-  const int w = code_width(s);
+  const int w = hgc::qsgd_code_width(s);
   const bool plain = K == 1 && scale == 1.0;
   const acc_t sc = static_cast<acc_t>(scale);
   const int64_t units = (n + kBlock - 1) / kBlock;
@@ -635,19 +626,14 @@ void check_input(const at::Tensor& x, const char* who) {
   HGC_CHECK_FLOATING(x);
 }
 
-void check_dtype(at::ScalarType dtype) {
-  TORCH_CHECK(dtype == at::kFloat || dtype == at::kDouble || dtype == at::kHalf || dtype == at::kBFloat16,
-              "qsgd_decode: dtype must be fp16, bf16, fp32 or fp64, got ", dtype);
-}
-
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed_cpu(const at::Tensor& x, int64_t s, int64_t bucket,
                                                          bool max_norm, int64_t key) {
   check_input(x, "qsgd_encode_fixed");
   const int64_t n = x.numel();
-  check_common(s, bucket, n);
-  const int w = code_width(s);
+  hgc::check_qsgd_params(s, bucket, n);
+  const int w = hgc::qsgd_code_width(s);
   auto norms = at::empty({num_buckets(n, bucket)}, x.options().dtype(at::kFloat));
   auto packed = at::empty({(n * w + 7) / 8}, x.options().dtype(at::kByte));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "qsgd_encode_fixed_cpu", [&] {
@@ -662,30 +648,13 @@ at::Tensor qsgd_decode_fixed_cpu(const at::Tensor& norms, const at::Tensor& pack
                                  const c10::optional<at::Tensor>& out_opt) {
   TORCH_CHECK(!norms.is_cuda() && !packed.is_cuda(),
               "qsgd_decode: the native QSGD kernels are CPU-only; use impl='reference' for CUDA payloads");
-  constexpr const char* op = "qsgd_decode";
-  hgc::check_decode_count(n, op);
-  check_common(s, bucket, n);
-  check_dtype(dtype);
   // One payload as flat buffers, or K stacked as [K, length].
-  TORCH_CHECK(norms.dim() == packed.dim() && (norms.dim() == 1 || norms.dim() == 2), op,
-              ": expected flat norms and packed, or both stacked as [K, length], got ", norms.dim(), "-D and ",
-              packed.dim(), "-D");
-  at::Tensor nr = norms.dim() == 1 ? norms.unsqueeze(0) : norms;
-  at::Tensor pk = packed.dim() == 1 ? packed.unsqueeze(0) : packed;
-  hgc::check_stacked_buffer(nr, at::kFloat, op, "norms");
-  hgc::check_stacked_buffer(pk, at::kByte, op, "packed");
-  TORCH_CHECK(nr.size(0) == pk.size(0), op, ": norms stack ", nr.size(0), " payloads, packed ", pk.size(0));
-  const int64_t nbytes = (n * code_width(s) + 7) / 8;
-  TORCH_CHECK(nr.size(1) == num_buckets(n, bucket), "qsgd_decode: expected ", num_buckets(n, bucket),
-              " norms, got ", nr.size(1));
-  TORCH_CHECK(pk.size(1) == nbytes, "qsgd_decode: expected ", nbytes, " packed bytes, got ", pk.size(1));
+  const hgc::QsgdFixedPayloads p = hgc::check_qsgd_fixed_decode_args(norms, packed, n, s, bucket, dtype, at::kCPU);
   at::Tensor out = make_out(out_opt, n, dtype, "qsgd_decode");
-  const int64_t K = nr.size(0);
-  TORCH_CHECK(K >= 1 || n == 0, "qsgd_decode: no payloads");
   if (n == 0) return out;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "qsgd_decode_fixed_cpu", [&] {
-    decode_fixed_impl<scalar_t>(nr.data_ptr<float>(), nr.stride(0), pk.data_ptr<uint8_t>(), pk.stride(0), nbytes, K,
-                                n, bucket, s, scale, out.data_ptr<scalar_t>());
+    decode_fixed_impl<scalar_t>(p.norms.data_ptr<float>(), p.norms.stride(0), p.packed.data_ptr<uint8_t>(),
+                                p.packed.stride(0), p.nbytes, p.K, n, bucket, s, scale, out.data_ptr<scalar_t>());
   });
   return out;
 }
@@ -695,8 +664,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias_cpu(const at::T
                                                                      int64_t group_buckets) {
   check_input(x, "qsgd_encode_elias");
   const int64_t n = x.numel();
-  check_common(s, bucket, n);
-  TORCH_CHECK(group_buckets >= 1, "qsgd_encode_elias: group_buckets must be >= 1");
+  hgc::check_qsgd_elias_encode_args(s, bucket, n, group_buckets);
   const int64_t B = num_buckets(n, bucket);
   const int64_t G = std::max<int64_t>(1, (B + group_buckets - 1) / group_buckets);
   std::vector<int64_t> region(G + 1, 0);
@@ -731,38 +699,13 @@ at::Tensor qsgd_decode_elias_cpu(const at::Tensor& norms, const at::Tensor& nbit
                                  at::ScalarType dtype, const c10::optional<at::Tensor>& out_opt) {
   TORCH_CHECK(!norms.is_cuda() && !nbits.is_cuda() && !stream.is_cuda(),
               "qsgd_decode: the native QSGD kernels are CPU-only; use impl='reference' for CUDA payloads");
-  constexpr const char* op = "qsgd_decode_elias";
-  hgc::check_decode_count(n, op);
-  check_common(s, bucket, n);
-  check_dtype(dtype);
-  TORCH_CHECK(group_buckets >= 1 && group_buckets < (int64_t(1) << 31), op, ": group_buckets must be in [1, 2^31), got ",
-              group_buckets);
-  hgc::check_cpu_buffer(norms, at::kFloat, op, "norms");
-  hgc::check_cpu_buffer(nbits, at::kLong, op, "nbits");
-  hgc::check_cpu_buffer(stream, at::kByte, op, "stream");
-  TORCH_CHECK(norms.dim() == 1 && nbits.dim() == 1 && stream.dim() == 1, op, ": expected flat buffers, got ",
-              norms.dim(), "-D norms, ", nbits.dim(), "-D nbits, ", stream.dim(), "-D stream");
-  const int64_t B = num_buckets(n, bucket);
-  const int64_t G = std::max<int64_t>(1, (B + group_buckets - 1) / group_buckets);
-  TORCH_CHECK(norms.numel() == B, op, ": expected ", B, " norms, got ", norms.numel());
-  TORCH_CHECK(nbits.numel() == G, op, ": expected ", G, " group bit counts, got ", nbits.numel());
+  const int64_t G =
+      hgc::check_qsgd_elias_decode_args(norms, nbits, stream, n, s, bucket, group_buckets, dtype, at::kCPU);
   auto nb_c = nbits.contiguous();
   auto norms_c = norms.contiguous();
   auto stream_c = stream.contiguous();
   const int64_t* nb = nb_c.data_ptr<int64_t>();
-  // The header: every group's bit count fits in the stream (checked before it is summed, so
-  // that no corrupt count can overflow the offsets), and the byte counts add up to its length.
-  const int64_t stream_bits = stream.numel() * 8;
-  std::vector<int64_t> start(G + 1, 0);
-  for (int64_t g = 0; g < G; ++g) {
-    TORCH_CHECK(nb[g] >= 0 && nb[g] <= stream_bits, op, ": group ", g, " claims ", nb[g], " bits, the stream holds ",
-                stream_bits);
-    start[g + 1] = start[g] + (nb[g] + 7) / 8;
-    TORCH_CHECK(start[g + 1] <= stream.numel(), op, ": the groups' bit counts run past the stream's ",
-                stream.numel(), " bytes");
-  }
-  TORCH_CHECK(stream.numel() == start[G], op, ": the stream holds ", stream.numel(), " bytes, the header says ",
-              start[G]);
+  const std::vector<int64_t> start = hgc::qsgd_elias_group_starts(nb, G, stream.numel());
   at::Tensor out = make_out(out_opt, n, dtype, "qsgd_decode");
   if (n == 0) return out;
   std::atomic<int> bad{0};
@@ -770,7 +713,6 @@ at::Tensor qsgd_decode_elias_cpu(const at::Tensor& norms, const at::Tensor& nbit
     decode_elias_impl<scalar_t>(norms_c.data_ptr<float>(), nb, stream_c.data_ptr<uint8_t>(), start, n, bucket, s,
                                 group_buckets, G, out.data_ptr<scalar_t>(), &bad);
   });
-  TORCH_CHECK(!bad.load(), op, ": malformed Elias stream (a code runs past its group's bit count, out of its "
-              "bucket or above the levels)");
+  TORCH_CHECK(!bad.load(), hgc::kQsgdEliasMalformed);
   return out;
 }

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "../checks.h"
-#include "payload_checks.h"
+#include "../payload_checks.h"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -331,11 +331,7 @@ std::tuple<at::Tensor, at::Tensor> terngrad_encode_cpu(const at::Tensor& grad, d
   HGC_CHECK_CONTIGUOUS(grad);
   HGC_CHECK_FLOATING(grad);
   const int64_t n = grad.numel();
-  TORCH_CHECK(n <= (int64_t(1) << 32), "terngrad_encode: at most 2^32 values per tensor, got ", n);
-  TORCH_CHECK(!(scale < 0), "terngrad_encode: the scale must be >= 0, got ", scale);
-  TORCH_CHECK(!(clip < 0) && !std::isnan(clip), "terngrad_encode: clip must be >= 0 (inf: none), got ", clip);
-  TORCH_CHECK(key0 >= 0 && key0 <= 0xFFFFFFFFll && key1 >= 0 && key1 <= 0xFFFFFFFFll,
-              "terngrad_encode: keys must be 32-bit unsigned values");
+  hgc::check_terngrad_encode_args(n, scale, clip, key0, key1);
   auto codes = at::empty({(n + 3) / 4}, grad.options().dtype(at::kByte));
   auto scales = at::full({1}, scale, grad.options().dtype(at::kFloat));
   if (n == 0) return {codes, scales};
@@ -354,14 +350,7 @@ at::Tensor terngrad_decode_sum_cpu(const at::Tensor& codes, const at::Tensor& sc
                                    at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
   HGC_TG_CHECK_NOT_CUDA(codes);
   HGC_TG_CHECK_NOT_CUDA(scales);
-  constexpr const char* op = "terngrad_decode";
-  hgc::check_decode_count(n, op);
-  hgc::check_decode_dtype(dtype, op);
-  hgc::check_stacked_buffer(codes, at::kByte, op, "codes");
-  hgc::check_stacked_buffer(scales, at::kFloat, op, "scales");
-  const int64_t K = hgc::check_same_k(codes, scales, op, "codes", "scales");
-  TORCH_CHECK(codes.size(1) >= (n + 3) / 4, op, ": ", codes.size(1), " bytes of codes cannot hold ", n, " values");
-  TORCH_CHECK(scales.size(1) >= 1, op, ": every payload needs its scale");
+  const int64_t K = hgc::check_terngrad_decode_args(codes, scales, n, dtype, at::kCPU);
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, codes.device(), "terngrad_decode");
   if (n == 0) return out;
   const float* sp = scales.data_ptr<float>();

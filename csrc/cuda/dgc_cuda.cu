@@ -359,25 +359,36 @@ cudaError_t dgc_compact(DType dtype, const void* x, int64_t n, uint64_t t_key, b
   });
 }
 
+cudaError_t dgc_check_indices(const void* const* idx, bool wide, const int64_t* counts, int64_t K, int64_t n, int* bad,
+                              cudaStream_t stream) {
+  if (n < 0 || K < 1) return cudaErrorInvalidValue;
+  for (int64_t r = 0; r < K; ++r) {
+    if (counts[r] == 0) continue;
+    if (wide)
+      check_kernel<int64_t><<<grid_for(counts[r]), kThreads, 0, stream>>>(static_cast<const int64_t*>(idx[r]),
+                                                                          counts[r], n, bad + r);
+    else
+      check_kernel<int32_t><<<grid_for(counts[r]), kThreads, 0, stream>>>(static_cast<const int32_t*>(idx[r]),
+                                                                          counts[r], n, bad + r);
+    const cudaError_t err = cudaGetLastError();
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
 cudaError_t dgc_scatter_sum(DType dtype, const void* const* idx, bool wide, const void* const* vals,
                             const int64_t* counts, int64_t K, int64_t n, double scale, void* out, void* acc, int* bad,
                             cudaStream_t stream) {
   if (n < 0 || K < 1) return cudaErrorInvalidValue;
+  if (bad != nullptr) {
+    const cudaError_t err = dgc_check_indices(idx, wide, counts, K, n, bad, stream);
+    if (err != cudaSuccess) return err;
+  }
   return dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     using A = typename Arith<T>::acc;
     A* a = static_cast<A*>(acc);
     cudaError_t err;
-    for (int64_t r = 0; r < K; ++r) {
-      if (counts[r] == 0) continue;
-      if (wide)
-        check_kernel<int64_t><<<grid_for(counts[r]), kThreads, 0, stream>>>(static_cast<const int64_t*>(idx[r]),
-                                                                            counts[r], n, bad);
-      else
-        check_kernel<int32_t><<<grid_for(counts[r]), kThreads, 0, stream>>>(static_cast<const int32_t*>(idx[r]),
-                                                                            counts[r], n, bad);
-      if ((err = cudaGetLastError()) != cudaSuccess) return err;
-    }
     if (n == 0) return cudaSuccess;
     if ((err = cudaMemsetAsync(a, 0, sizeof(A) * n, stream)) != cudaSuccess) return err;
     for (int64_t r = 0; r < K; ++r) {

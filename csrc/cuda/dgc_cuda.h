@@ -23,10 +23,17 @@ cudaError_t dgc_threshold(DType dtype, const void* x, int64_t n, int64_t k, int6
 cudaError_t dgc_compact(DType dtype, const void* x, int64_t n, uint64_t t_key, bool wide, void* idx, void* vals,
                         int64_t count, cudaStream_t stream);
 
+// Validity of K received payloads' indices (host arrays of K device pointers, counts[r] entries
+// each): bad[r] (K device ints, zeroed by the caller) is set when payload r's indices are not
+// strictly increasing in [0, n). Launches only (the caller reads the flags back once).
+cudaError_t dgc_check_indices(const void* const* idx, bool wide, const int64_t* counts, int64_t K, int64_t n, int* bad,
+                              cudaStream_t stream);
+
 // out = scale * sum_r scatter(idx[r], vals[r]) (host arrays of K device pointers, counts[r]
 // entries each), accumulated in float (double for kDouble), payloads in order, into `acc`
-// (n values of the arithmetic type; may be `out` itself for fp32/fp64). *bad (device int,
-// zeroed by the caller) is set when a payload's indices are not strictly increasing in [0, n).
+// (n values of the arithmetic type; may be `out` itself for fp32/fp64). Indices outside
+// [0, n) are skipped (never written). With `bad` non-null (K device ints, zeroed by the
+// caller) it first runs dgc_check_indices into it; null: the caller checked them already.
 cudaError_t dgc_scatter_sum(DType dtype, const void* const* idx, bool wide, const void* const* vals,
                             const int64_t* counts, int64_t K, int64_t n, double scale, void* out, void* acc, int* bad,
                             cudaStream_t stream);
