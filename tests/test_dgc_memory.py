@@ -82,10 +82,16 @@ def test_sent_plus_kept_equals_accumulated_velocity():
         assert torch.all(memory.accumulations["w"][codec.selected_indices(payload)] == 0)
 
 
-def test_local_clipping_scales_to_threshold_over_sqrt_k():
-    memory = DGCMemory(DensitySchedule(1.0), momentum=0.0, momentum_masking=False, clip_norm=3.0)
+@pytest.mark.parametrize("reduction, limit", [("sum", 3.0 / 2), ("mean", 0.75 * 2)])
+def test_local_clipping_scales_the_threshold_by_sqrt_k(reduction, limit):
+    """Summed gradients: each rank clips to C / sqrt(K) (the paper); averaged: C * sqrt(K)."""
+    clip = 3.0 if reduction == "sum" else 0.75
+    memory = DGCMemory(DensitySchedule(1.0), momentum=0.0, momentum_masking=False, clip_norm=clip)
+    assert memory.reduction == "mean"
+    memory.set_reduction(reduction)
+    assert memory.clip_limit(4) == pytest.approx(limit)
     grads = {"a": torch.full((4,), 2.0, dtype=torch.float64), "b": torch.full((5,), 2.0, dtype=torch.float64)}
-    memory.begin_step(grads, world_size=4)  # norm 6, limit 3/sqrt(4) = 1.5
+    memory.begin_step(grads, world_size=4)  # norm 6, limit 1.5 either way
     codec = hgc.get_codec("dgc", impl="reference", density=1.0)
     out = codec.decode(memory.encode(codec, "a", grads["a"]))
     norm_after = 6.0 * 1.5 / (6.0 + 1e-6)
@@ -94,6 +100,8 @@ def test_local_clipping_scales_to_threshold_over_sqrt_k():
     memory.begin_step({"a": torch.full((4,), 0.1, dtype=torch.float64)}, world_size=4)  # under the limit
     out = codec.decode(memory.encode(codec, "a", torch.full((4,), 0.1, dtype=torch.float64)))
     torch.testing.assert_close(out, torch.full((4,), 0.1, dtype=torch.float64))
+    with pytest.raises(ValueError, match="reduction"):
+        memory.set_reduction("max")
 
 
 def test_warmup_gives_each_encode_its_density_by_epoch_and_by_step():

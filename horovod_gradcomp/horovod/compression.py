@@ -25,7 +25,7 @@ from ..exchange.communicator import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
-from .options_check import calling_optimizer, check_dense, check_horovod_options
+from .options_check import calling_optimizer, check_dense, check_horovod_options, reduction_of
 from .param_index import ParamIndex
 
 
@@ -77,7 +77,10 @@ class CodecCompression:
         """Record ``tensor`` (a parameter's ``.grad``) for this step's exchange; return the
         placeholder and the parameter's name (Horovod's ``ctx``)."""
         if not self._options_checked:
-            check_horovod_options(calling_optimizer(self), f"Compression.{self.codec.name}", self._comm())
+            optimizer = calling_optimizer(self)
+            check_horovod_options(optimizer, f"Compression.{self.codec.name}", self._comm())
+            if hasattr(self.state.memory, "set_reduction"):  # DGC's clipping threshold refers to it
+                self.state.memory.set_reduction(reduction_of(optimizer))
             self._options_checked = True
         check_dense(tensor, f"Compression.{self.codec.name}")
         name = self.index.name_of(tensor)

@@ -133,8 +133,10 @@ class Compression:
         to momentum 0, with one log line), so a plain-SGD script stays plain SGD and a
         momentum-SGD script gets DGC's momentum correction without edits. An explicit
         ``momentum=`` requires the wrapped SGD to have momentum 0 (checked before its first step
-        unless ``check_optimizer=False``). ``clip_norm``: the single-worker gradient-norm
-        threshold; each rank clips its gradient to ``clip_norm / sqrt(K)``. Warm-up:
+        unless ``check_optimizer=False``). ``clip_norm``: the gradient-norm threshold C
+        that clipping the reduced gradient would use; each rank clips its own gradient to
+        ``C * sqrt(K)`` under Horovod's default ``op=hvd.Average`` and to ``C / sqrt(K)`` (the
+        paper's rule for summed gradients) under ``op=hvd.Sum``. Warm-up:
         ``warmup_length`` steps (or epochs with ``warmup_unit="epoch"``, then call
         ``compression.set_epoch(epoch)`` at the start of each epoch) during which the density
         falls exponentially from ``warmup_start`` to ``density``. Codec options: ``sample``

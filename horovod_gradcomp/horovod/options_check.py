@@ -55,6 +55,14 @@ def check_horovod_options(optimizer, owner: str, communicator=None) -> None:
                 "hgc.Compression factory")
 
 
+def reduction_of(optimizer) -> str:
+    """"sum" when the calling Horovod optimizer sums (``op=hvd.Sum``), else "mean"."""
+    if optimizer is None:
+        return "mean"
+    import horovod.torch as hvd
+    return "sum" if getattr(optimizer, "op", None) == hvd.Sum else "mean"
+
+
 def check_dense(tensor: torch.Tensor, owner: str) -> None:
     """Raise :class:`UnsupportedHorovodOption` for a sparse gradient."""
     if tensor.is_sparse:

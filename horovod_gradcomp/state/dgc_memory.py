@@ -8,7 +8,7 @@ per parameter name and on this rank,
 
 and turns a gradient ``g`` into a payload, as the paper writes it, with momentum ``m``:
 
-    g <- g * clip_coef                          local clipping (threshold C * K^(-1/2), optional)
+    g <- g * clip_coef                          local clipping (optional, threshold below)
     u <- m * u + g                              momentum correction
     v <- v + u          (nesterov: v <- v + g + m * u)
     payload = sparse(v) = v's values above the top-``density`` threshold
@@ -30,8 +30,13 @@ Consequences worth knowing:
   without momentum. Masking is meant for sparse updates, where it stops a coordinate's
   stale momentum from pushing it again right after it was applied.
 * Local clipping rescales this rank's whole gradient (all tensors of the step together, as
-  ``torch.nn.utils.clip_grad_norm_`` does) so its 2-norm is at most ``clip_norm / sqrt(K)``:
-  the sum of K such gradients then has about the norm a single-worker clip would allow.
+  ``torch.nn.utils.clip_grad_norm_`` does) so that the *reduced* gradient has about the norm
+  that clipping it at ``C = clip_norm`` would allow. Where the ranks' gradients differ mostly by
+  noise, the norm of a sum of K of them grows as sqrt(K) and that of a mean shrinks as
+  1/sqrt(K); so each rank clips to ``C / sqrt(K)`` when the gradients are summed (the paper's
+  rule, ``reduction="sum"``, Horovod's ``op=hvd.Sum``) and to ``C * sqrt(K)`` when they are
+  averaged (``reduction="mean"``, Horovod's default ``op=hvd.Average``). The compression sets
+  the reduction from the optimizer's ``op`` at the first step.
   It needs every gradient of the step, so with clipping the exchange encodes at the flush
   time instead of in the gradient hooks.
 
@@ -91,8 +96,10 @@ class DGCMemory:
         momentum: m in ``u <- m u + g`` (0 <= m < 1).
         nesterov: accumulate ``g + m u`` instead of ``u``.
         momentum_masking: zero ``u`` where a value was sent.
-        clip_norm: the single-worker clipping threshold C (None: no clipping); this rank
-            clips its gradient to ``C / sqrt(K)``.
+        clip_norm: the clipping threshold C of the reduced gradient (None: no clipping); this
+            rank clips its gradient to ``C * sqrt(K)`` (``reduction="mean"``) or ``C / sqrt(K)``
+            (``"sum"``).
+        reduction: how the ranks' gradients are combined, "mean" or "sum" (:meth:`set_reduction`).
         schedule: the :class:`DensitySchedule` giving each encode its density (the codec's
             own ``density`` stays the final one).
         velocities: name -> ``u``; accumulations: name -> ``v`` (both the gradient's shape
@@ -123,6 +130,7 @@ class DGCMemory:
         self.accumulations: Dict[str, torch.Tensor] = {}
         self.epoch = 0
         self.step = 0
+        self.reduction = "mean"
         self._clip_coef = 1.0
 
     # -- the memory interface the exchange uses ---------------------------------------------
@@ -140,8 +148,20 @@ class DGCMemory:
         if self.clip_norm is None:
             return
         sq = sum(float(g.detach().double().pow(2).sum()) for g in grads.values())
-        limit = self.clip_norm / math.sqrt(world_size)
+        limit = self.clip_limit(world_size)
         self._clip_coef = min(1.0, limit / (math.sqrt(sq) + 1e-6))
+
+    def set_reduction(self, reduction: str) -> None:
+        """"mean" (Horovod's ``op=hvd.Average``) or "sum" (``op=hvd.Sum``): what the clipping
+        threshold refers to (see the module doc)."""
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"dgc: reduction must be 'mean' or 'sum', got {reduction!r}")
+        self.reduction = reduction
+
+    def clip_limit(self, world_size: int) -> float:
+        """This rank's gradient-norm limit: ``C * sqrt(K)`` for a mean, ``C / sqrt(K)`` for a sum."""
+        root = math.sqrt(world_size)
+        return self.clip_norm * root if self.reduction == "mean" else self.clip_norm / root
 
     def end_step(self) -> None:
         self.step += 1

@@ -40,12 +40,14 @@ def smooth_grad_for(rank: int, step: int, name: str) -> torch.Tensor:
     return torch.randn(SHAPES[name], generator=g, dtype=torch.float64)
 
 
-def run_hvd(compression_factory, steps=STEPS, grad_fn=grad_for):
-    """Parameters after each step when every rank trains through Horovod with this compression."""
+def run_hvd(compression_factory, steps=STEPS, grad_fn=grad_for, op=None):
+    """Parameters after each step when every rank trains through Horovod with this compression
+    (``op``: Horovod's reduction, its default Average when None)."""
     params = {n: torch.nn.Parameter(t.clone()) for n, t in initial_params().items()}
     comp = compression_factory(list(params.items()))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(params.values(), lr=LR, momentum=0),
-                                   named_parameters=list(params.items()), compression=comp)
+                                   named_parameters=list(params.items()), compression=comp,
+                                   **({} if op is None else {"op": op}))
     history = []
     for step in range(steps):
         opt.zero_grad()
@@ -84,8 +86,11 @@ def test_density_one_with_masking_is_plain_sgd():
             assert torch.equal(history[step][n], w[n]), f"step {step} {n}"
 
 
-def dgc_reference_run(momentum, clip_norm, masking, steps, schedule, grad_fn):
-    """DGC written out for every rank at once, with exact top-k (torch.topk) selection."""
+def dgc_reference_run(momentum, clip_norm, masking, steps, schedule, grad_fn, summed=False):
+    """DGC written out for every rank at once, with exact top-k (torch.topk) selection. Each
+    rank clips its gradient to C sqrt(K) when the ranks' updates are averaged, C / sqrt(K) when
+    they are summed (``summed``)."""
+    limit = (clip_norm / SIZE ** 0.5 if summed else clip_norm * SIZE ** 0.5) if clip_norm else None
     u = [{n: torch.zeros(s, dtype=torch.float64) for n, s in SHAPES.items()} for _ in range(SIZE)]
     v = [{n: torch.zeros(s, dtype=torch.float64) for n, s in SHAPES.items()} for _ in range(SIZE)]
     w, history = initial_params(), []
@@ -95,7 +100,7 @@ def dgc_reference_run(momentum, clip_norm, masking, steps, schedule, grad_fn):
         for k in range(SIZE):
             g = {n: grad_fn(k, step, n) for n in SHAPES}
             norm = torch.sqrt(sum((t * t).sum() for t in g.values()))
-            coef = min(1.0, clip_norm / SIZE ** 0.5 / (float(norm) + 1e-6)) if clip_norm else 1.0
+            coef = min(1.0, limit / (float(norm) + 1e-6)) if clip_norm else 1.0
             for n in SHAPES:
                 u[k][n] = momentum * u[k][n] + coef * g[n]
                 v[k][n] = v[k][n] + u[k][n]
@@ -111,23 +116,25 @@ def dgc_reference_run(momentum, clip_norm, masking, steps, schedule, grad_fn):
                 if masking:
                     u[k][n] = torch.where(mask, torch.zeros_like(u[k][n]), u[k][n])
         for n in SHAPES:
-            w[n] = w[n] - LR * (update[n] / SIZE)
+            w[n] = w[n] - LR * (update[n] if summed else update[n] / SIZE)
         history.append({n: t.clone() for n, t in w.items()})
     return history
 
 
 @needs_peers
-def test_sparse_dgc_with_clipping_masking_and_warmup_matches_an_independent_loop():
+@pytest.mark.parametrize("summed", [False, True])
+def test_sparse_dgc_with_clipping_masking_and_warmup_matches_an_independent_loop(summed):
     schedule = hgc.DensitySchedule(0.1, start=0.5, length=3, unit="step")
     history, comp = run_hvd(lambda named: hgc.Compression.dgc(
-        named, impl="reference", density=0.1, momentum=0.9, clip_norm=2.0, warmup_start=0.5, warmup_length=3,
-        warmup_unit="step"), grad_fn=smooth_grad_for)
-    expected = dgc_reference_run(0.9, 2.0, True, STEPS, schedule.density, smooth_grad_for)
+        named, impl="reference", density=0.1, momentum=0.9, clip_norm=0.5, warmup_start=0.5, warmup_length=3,
+        warmup_unit="step"), grad_fn=smooth_grad_for, op=hvd.Sum if summed else None)
+    expected = dgc_reference_run(0.9, 0.5, True, STEPS, schedule.density, smooth_grad_for, summed=summed)
     for step in range(STEPS):
         for n in SHAPES:
             torch.testing.assert_close(history[step][n], expected[step][n], rtol=1e-12, atol=1e-12,
                                        msg=f"step {step} {n}")
     assert comp.memory.step == STEPS
+    assert comp.memory.reduction == ("sum" if summed else "mean")
     assert comp.codec.density == 0.1
 
 
