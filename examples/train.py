@@ -43,7 +43,7 @@ from common import load_data, load_text, params_digest
 
 DENSE = {"none": hgc.Compression.none, "fp16": hgc.Compression.fp16}
 # Per task: epochs, learning rate.
-TASK_DEFAULTS = {"digits": (30, 0.05), "charlm": (4, 0.1)}
+TASK_DEFAULTS = {"digits": (30, 0.05), "charlm": (4, 0.5)}
 
 
 def parse_args(argv=None):
@@ -58,7 +58,7 @@ def parse_args(argv=None):
     p.add_argument("--label", default=None, help="name of this run in the output (default: --codec)")
     p.add_argument("--epochs", type=int, default=None, help="default: digits 30, charlm 4")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=None, help="default: digits 0.05, charlm 0.1")
+    p.add_argument("--lr", type=float, default=None, help="default: digits 0.05, charlm 0.5")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--clip-norm", type=float, default=None,
