@@ -17,21 +17,18 @@ the exit status is 3 if the ranks' final parameters differ.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from mpi4py import MPI
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import horovod_gradcomp as hgc
+from common import load_data, load_text, params_digest
 
 SCHEMES = ("sync-sgd", "model-averaging", "easgd", "easgd-async", "downpour", "adag")
 
@@ -63,35 +60,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def load_data(seed):
-    """Stratified 80/20 split of digits, standardized with the training statistics."""
-    x, y = load_digits(return_X_y=True)
-    x_tr, x_te, y_tr, y_te = train_test_split(x.astype(np.float32), y, test_size=0.2, stratify=y, random_state=seed)
-    mean, std = x_tr.mean(0), x_tr.std(0)
-    std[std == 0] = 1.0
-    as_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(dt)  # noqa: E731
-    return (as_t((x_tr - mean) / std, torch.float32), as_t(y_tr, torch.long),
-            as_t((x_te - mean) / std, torch.float32), as_t(y_te, torch.long))
-
-
-def load_text(context):
-    """Next-character windows of the stdlib's pydoc topics (about 0.75 MB of English docs):
-    the first 90% for training (a window every 16 characters), the rest for testing (every
-    64). Returns (x_tr, y_tr, x_te, y_te, vocabulary size)."""
-    import pydoc_data.topics as topics
-    with open(topics.__file__, encoding="utf-8") as f:
-        text = f.read()
-    vocab = sorted(set(text))
-    code = {c: i for i, c in enumerate(vocab)}
-    data = torch.tensor([code[c] for c in text], dtype=torch.long)
-    split = int(0.9 * len(data))
-
-    def windows(lo, hi, stride):
-        pos = torch.arange(lo, hi - context - 1, stride)
-        return data[pos[:, None] + torch.arange(context)], data[pos + context]
-    return (*windows(0, split, 16), *windows(split, len(data), 64), len(vocab))
-
-
 def make_model(args, x_tr, classes):
     if args.task == "charlm":
         return nn.Sequential(nn.Embedding(classes, 16), nn.Flatten(), nn.Linear(16 * args.context, args.hidden),
@@ -112,14 +80,6 @@ def make_trainer(args, model, optimizer):
     if args.scheme == "adag":
         return hgc.ADAG(model, optimizer, window=args.window, codec=codec)
     return None
-
-
-def params_digest(model):
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
 
 
 def main(argv=None):

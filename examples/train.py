@@ -1,4 +1,5 @@
-"""Data-parallel training on scikit-learn's bundled digits with Horovod + gradient compression.
+"""Data-parallel training with Horovod + gradient compression: scikit-learn's bundled digits
+(an MLP) or next-character prediction on a text Python ships (a small recurrent model).
 
 Run (2 ranks, 1-bit SGD with error feedback):
 
@@ -6,61 +7,85 @@ Run (2 ranks, 1-bit SGD with error feedback):
 
 ``--codec`` takes ``none`` (Horovod's fp32 allreduce), ``fp16``, ``onebit-noef`` (onebit
 without error feedback) or any name in ``hgc.available_codecs()``; ``--codec-opt KEY=VALUE``
-passes options to that codec. The data (1797 8x8 images, 10 classes) ships with
-scikit-learn: nothing is downloaded. Each rank trains on its shard (``rank::size``) of a
-fixed stratified 80/20 split; at the end rank 0 evaluates the test set and every rank's
-parameters are checked to be bitwise identical. With ``--json`` rank 0 prints one JSON
-object as its last line of output; the exit status is 3 if parameters differ across ranks.
+passes options to that codec. ``--task digits`` (default): 1797 8x8 images, 10 classes,
+shipped with scikit-learn; ``--task charlm``: windows of ``--context`` characters of
+``pydoc_data.topics`` (embedding 32, one GRU or LSTM layer, a linear layer to the 103-character
+vocabulary; every position predicts the next character). Nothing is downloaded. Each rank
+trains on its shard (``rank::size``) of a fixed split; at the end rank 0 evaluates the test
+set and every rank's parameters are checked to be bitwise identical.
+
+Every step runs ``optimizer.synchronize()``, then the skip rule (as ``torch.amp.GradScaler``:
+if any averaged gradient is non-finite, the step is skipped on every rank and counted), then
+``--clip-norm`` (dense and quantizing codecs: ``clip_grad_norm_`` of the averaged gradient;
+dgc: the codec's own local clipping, ``clip_norm / sqrt(K)`` per rank, before its momentum),
+then ``optimizer.step()`` under ``skip_synchronize()``. ``--nan-at S --nan-rank R`` makes
+rank R's loss NaN at global step S. With ``--json`` rank 0 prints one JSON object as its last
+line of output; the exit status is 3 if parameters differ across ranks, 4 if the ranks did not
+skip the same steps.
 """
 from __future__ import annotations
 
 import argparse
 import ast
-import hashlib
 import json
+import math
 import sys
 import time
 
-import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 import horovod.torch as hvd
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
 from tqdm import tqdm
 
 import horovod_gradcomp as hgc
+from common import load_data, load_text, params_digest
 
 DENSE = {"none": hgc.Compression.none, "fp16": hgc.Compression.fp16}
+# Per task: epochs, learning rate.
+TASK_DEFAULTS = {"digits": (30, 0.05), "charlm": (4, 0.5)}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--task", choices=tuple(TASK_DEFAULTS), default="digits")
     p.add_argument("--codec", default="onebit",
                    help="none | fp16 | onebit-noef | any of hgc.available_codecs(): "
                         + ", ".join(hgc.available_codecs()))
     p.add_argument("--codec-opt", action="append", default=[], metavar="KEY=VALUE",
                    help="option for the codec (repeatable); VALUE is a Python literal or a string")
     p.add_argument("--label", default=None, help="name of this run in the output (default: --codec)")
-    p.add_argument("--epochs", type=int, default=30)
+    p.add_argument("--epochs", type=int, default=None, help="default: digits 30, charlm 4")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
-    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--lr", type=float, default=None, help="default: digits 0.05, charlm 0.5")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--clip-norm", type=float, default=None,
+                   help="clip the gradient norm (dgc: its local clipping, clip_norm / sqrt(K) per rank)")
+    p.add_argument("--context", type=int, default=32, help="charlm: characters per window")
+    p.add_argument("--stride", type=int, default=16, help="charlm: a training window every STRIDE characters")
+    p.add_argument("--rnn", choices=("gru", "lstm"), default="gru", help="charlm: the recurrent layer")
+    p.add_argument("--nan-at", type=int, default=None, metavar="STEP",
+                   help="global step (from 0) at which --nan-rank's loss is multiplied by NaN")
+    p.add_argument("--nan-rank", type=int, default=0, help="the rank whose loss --nan-at poisons")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank (0: torch's default)")
     p.add_argument("--json", action="store_true", help="rank 0 prints a JSON summary as its last line")
     p.add_argument("--no-progress", action="store_true", help="no progress bar (it is off anyway when not a tty)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    epochs, lr = TASK_DEFAULTS[args.task]
+    args.epochs = epochs if args.epochs is None else args.epochs
+    args.lr = lr if args.lr is None else args.lr
+    return args
 
 
-def make_compression(name, model, options, momentum):
+def make_compression(name, model, options, momentum, dgc_defaults=None):
     """none/fp16: Horovod's dense allreduce; onebit-noef: onebit without error feedback;
     anything else: the codec's own factory (hgc.Compression.<name>, with that codec's
     defaults) where there is one, else the registered codec of that name. dgc gets the
-    momentum and the paper's 4-epoch density warm-up unless --codec-opt says otherwise."""
+    momentum and ``dgc_defaults`` (the warm-up; train.py: the paper's 4 epochs for digits,
+    its one epoch, counted in steps, for the language model) unless --codec-opt says otherwise."""
     if name in DENSE:
         if options:
             raise SystemExit(f"--codec {name} takes no --codec-opt")
@@ -68,11 +93,36 @@ def make_compression(name, model, options, momentum):
     if name == "onebit-noef":
         return hgc.Compression.onebit(model.named_parameters(), error_feedback=False, **options)
     if name == "dgc":  # DGC keeps the momentum itself (the optimizer below then has none)
-        options = {"momentum": momentum, "warmup_length": 4, "warmup_unit": "epoch", **options}
+        defaults = dgc_defaults or {"warmup_length": 4, "warmup_unit": "epoch"}
+        options = {"momentum": momentum, **defaults, **options}
     factory = getattr(hgc.Compression, name, None)
     if factory is not None:
         return factory(model.named_parameters(), **options)
     return hgc.Compression.codec(name, model.named_parameters(), **options)
+
+
+class CharRNN(nn.Module):
+    """Embedding -> one GRU/LSTM layer -> linear to the vocabulary, at every position."""
+
+    def __init__(self, vocab, embed=32, hidden=128, rnn="gru"):
+        super().__init__()
+        self.embed = nn.Embedding(vocab, embed)
+        self.rnn = (nn.GRU if rnn == "gru" else nn.LSTM)(embed, hidden, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, x):
+        h, _ = self.rnn(self.embed(x))
+        return self.out(h)  # (batch, time, vocab)
+
+
+def next_chars(x, y):
+    """The target of every position of the windows x: x shifted by one, then y."""
+    return torch.cat([x[:, 1:], y[:, None]], dim=1)
+
+
+def lm_loss(model, x, y):
+    logits = model(x)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_chars(x, y).reshape(-1))
 
 
 def codec_options(pairs):
@@ -88,23 +138,8 @@ def codec_options(pairs):
     return opts
 
 
-def load_data(seed):
-    """Stratified 80/20 split of digits, standardized with the training statistics."""
-    x, y = load_digits(return_X_y=True)
-    x_tr, x_te, y_tr, y_te = train_test_split(x.astype(np.float32), y, test_size=0.2, stratify=y, random_state=seed)
-    mean, std = x_tr.mean(0), x_tr.std(0)
-    std[std == 0] = 1.0
-    as_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(dt)  # noqa: E731
-    return (as_t((x_tr - mean) / std, torch.float32), as_t(y_tr, torch.long),
-            as_t((x_te - mean) / std, torch.float32), as_t(y_te, torch.long))
-
-
-def params_digest(model):
-    h = hashlib.sha256()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().cpu().contiguous().numpy().tobytes())
-    return h.hexdigest()
+def all_finite(params):
+    return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
 
 
 def main(argv=None):
@@ -119,15 +154,29 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
 
-    x_tr, y_tr, x_te, y_te = load_data(args.seed)
+    if args.task == "charlm":
+        x_tr, y_tr, x_te, y_te, vocab = load_text(args.context, train_stride=args.stride)
+    else:
+        x_tr, y_tr, x_te, y_te = load_data(args.seed)
     x_shard, y_shard = x_tr[rank::size], y_tr[rank::size]
     # Same number of steps on every rank (shards differ in size by at most one sample).
     steps = len(x_tr) // (size * args.batch_size)
     if steps == 0:
         raise SystemExit(f"--batch-size {args.batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
 
-    model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
-    compression = make_compression(args.codec, model, codec_options(args.codec_opt), args.momentum)
+    if args.task == "charlm":
+        model = CharRNN(vocab, hidden=args.hidden, rnn=args.rnn)
+        loss_fn = lm_loss
+        dgc_defaults = {"warmup_length": steps, "warmup_unit": "step"}  # Lin et al.: 1 warm-up epoch for LMs
+    else:
+        model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+        loss_fn = lambda m, x, y: F.cross_entropy(m(x), y)  # noqa: E731
+        dgc_defaults = None
+    options = codec_options(args.codec_opt)
+    clip_in_codec = args.codec == "dgc"
+    if clip_in_codec and args.clip_norm is not None:
+        options.setdefault("clip_norm", args.clip_norm)
+    compression = make_compression(args.codec, model, options, args.momentum, dgc_defaults)
     # A compressor that owns the momentum (DGC) needs plain SGD underneath.
     own_momentum = isinstance(getattr(compression, "memory", None), hgc.DGCMemory)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0 if own_momentum else args.momentum)
@@ -135,54 +184,91 @@ def main(argv=None):
                                          compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    params = list(model.parameters())
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     bar = tqdm(total=args.epochs * steps, desc=label, file=sys.stderr, leave=False,
                disable=rank != 0 or args.no_progress or not sys.stderr.isatty())
+    skipped = []  # global steps this rank skipped (non-finite averaged gradient)
     t0 = time.perf_counter()
     model.train()
     for epoch in range(args.epochs):
         if hasattr(compression, "set_epoch"):
             compression.set_epoch(epoch)  # DGC's density warm-up counts epochs
         order = torch.randperm(len(x_shard), generator=gen)
-        loss_sum = 0.0
+        loss_sum, loss_n = 0.0, 0
         for i in range(steps):
+            step = epoch * steps + i
             idx = order[i * args.batch_size:(i + 1) * args.batch_size]
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(x_shard[idx]), y_shard[idx])
+            loss = loss_fn(model, x_shard[idx], y_shard[idx])
+            value = loss.item()
+            if step == args.nan_at and rank == args.nan_rank:
+                loss = loss * float("nan")
             loss.backward()
-            optimizer.step()
-            loss_sum += loss.item()
+            optimizer.synchronize()
+            if not all_finite(params):  # every rank sees the same averaged gradients: all skip
+                skipped.append(step)
+            else:
+                if args.clip_norm is not None and not clip_in_codec:
+                    torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+                with optimizer.skip_synchronize():
+                    optimizer.step()
+                loss_sum, loss_n = loss_sum + value, loss_n + 1
             bar.update()
-        train_loss = hvd.allreduce(torch.tensor(loss_sum / steps), name=f"loss.{epoch}").item()
+        train_loss = hvd.allreduce(torch.tensor(loss_sum / max(loss_n, 1)), name=f"loss.{epoch}").item()
         bar.set_postfix(epoch=epoch + 1, loss=f"{train_loss:.4f}")
     seconds = time.perf_counter() - t0
     bar.close()
 
     digests = hvd.allgather_object(params_digest(model))
     identical = len(set(digests)) == 1
+    skipped_all = hvd.allgather_object(skipped)
+    same_skips = all(s == skipped_all[0] for s in skipped_all)
     stats = compression.stats()
     if rank == 0:
         model.eval()
         with torch.no_grad():
-            acc = (model(x_te).argmax(1) == y_te).float().mean().item()
+            if args.task == "charlm":
+                logits = model(x_te)
+                target = next_chars(x_te, y_te)
+                acc = (logits.argmax(-1) == target).float().mean().item()
+                test_loss = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1)).item()
+            else:
+                logits = model(x_te)
+                acc = (logits.argmax(1) == y_te).float().mean().item()
+                test_loss = F.cross_entropy(logits, y_te).item()
         sent, dense = stats["bytes_sent_per_step"], stats["bytes_dense_per_step"]
-        print(f"[{label}] {size} ranks, {args.epochs} epochs x {steps} steps: test accuracy {acc:.4f}, "
+        lm = f", test loss {test_loss:.4f} nats/char (perplexity {math.exp(test_loss):.2f})" \
+            if args.task == "charlm" else ""
+        print(f"[{label}] {args.task}, {size} ranks, {args.epochs} epochs x {steps} steps: test accuracy {acc:.4f}{lm}, "
               f"train loss {train_loss:.4f}, {sent:,.0f} B/step sent vs {dense:,.0f} B/step dense "
-              f"({stats['wire_ratio'] or float('nan'):.1f}x), {seconds:.1f} s, params identical across ranks: {identical}",
-              flush=True)
+              f"({stats['wire_ratio'] or float('nan'):.1f}x), {seconds:.1f} s, params identical across ranks: {identical}"
+              + (f", skipped steps per rank {[len(s) for s in skipped_all]} at {skipped_all[0]}" if any(skipped_all)
+                 else ""), flush=True)
         if args.json:
             print(json.dumps({
-                "codec": label, "ranks": size, "epochs": args.epochs, "test_accuracy": acc,
+                "codec": label, "task": args.task, "ranks": size, "epochs": args.epochs, "test_accuracy": acc,
+                "test_loss": test_loss, "perplexity": math.exp(test_loss),
                 "train_loss": train_loss, "bytes_sent_per_step": sent, "bytes_dense_per_step": dense,
                 "wire_ratio": stats["wire_ratio"], "payload_ratio": stats["payload_ratio"],
                 "seconds": seconds, "params_identical": identical, "params_digest": digests[0],
                 "transport": type(getattr(compression, "communicator", None)).__name__,
-                "steps": stats["steps"], "batch_size": args.batch_size, "lr": args.lr,
-                "momentum": args.momentum, "seed": args.seed,
+                "steps": stats["steps"], "steps_per_epoch": steps, "batch_size": args.batch_size, "lr": args.lr,
+                "momentum": args.momentum, "clip_norm": args.clip_norm, "seed": args.seed,
+                "codec_options": {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))},
+                "dgc_schedule": repr(compression.memory.schedule) if own_momentum else None,
+                "nan_at": args.nan_at, "nan_rank": args.nan_rank if args.nan_at is not None else None,
+                "skipped_steps_per_rank": [len(s) for s in skipped_all], "skipped_at": skipped_all[0],
+                "same_skips_on_all_ranks": same_skips, "nonfinite_steps": stats.get("nonfinite_steps"),
+                **({"context": args.context, "stride": args.stride, "rnn": args.rnn, "hidden": args.hidden,
+                    "train_windows": len(x_tr), "test_predictions": y_te.numel() * args.context}
+                   if args.task == "charlm" else {}),
             }), flush=True)
     hvd.shutdown()
-    return 0 if identical else 3
+    if not identical:
+        return 3
+    return 0 if same_skips else 4
 
 
 if __name__ == "__main__":
