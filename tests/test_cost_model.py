@@ -70,19 +70,21 @@ def test_command_line_table(tmp_path, capsys):
 
 
 def test_in_situ_steps_and_contention():
-    """With in-situ inputs the CPU term is the method's own -np 1 step plus what K adds to the
-    codec; the contention factor scales it on a shared machine only (cores given)."""
+    """With in-situ inputs the CPU term is the method's own step at -np 2 plus what K adds to
+    the codec; the contention factor scales the other methods' CPU term on a shared machine."""
     inp = _inputs()
-    inp.in_situ = {"onebit/allgather": 80.0, "onebit/two_phase": 120.0, "fp32": 55.0}
+    inp.in_situ = {"onebit/allgather": 80.0, "onebit/two_phase": 120.0}
     inp.contention = {2: 1.5}
+    assert cm.IN_SITU_NP == 2
     p = cm.predict("onebit/allgather", 8, 1e9, inp)
-    assert p["cpu_ms"] == pytest.approx(80 + (10 + 8 * 4) - (10 + 4))        # + dmean(8) - dmean(1)
+    assert p["cpu_ms"] == pytest.approx(80 + (10 + 8 * 4) - (10 + 2 * 4))        # + dmean(8) - dmean(2)
     q = cm.predict("onebit/two_phase", 4, 1e9, inp)
-    assert q["cpu_ms"] == pytest.approx(120 + ((1 + 1 / 4) * 10 + 4 * 4 / 4 + 4) - (2 * 10 + 4 + 4))
-    assert cm.predict("fp32", 8, 1e9, inp)["cpu_ms"] == pytest.approx(55)
+    assert q["cpu_ms"] == pytest.approx(120 + ((1 + 1 / 4) * 10 + 4 * 4 / 4 + 4) - ((1 + 1 / 2) * 10 + 2 * 4 / 2 + 4))
     assert cm.predict("terngrad/allgather", 8, 1e9, inp)["cpu_ms"] == pytest.approx(50 + 12 + 8 * 5)  # no in-situ figure
     shared = cm.predict("onebit/allgather", 4, 1e9, inp, layout="loopback", cores=2)
-    assert shared["cpu_ms"] == pytest.approx(2 * 1.5 * (80 + 3 * 4))
+    assert shared["cpu_ms"] == pytest.approx(2 * (80 + 2 * 4))                     # no contention factor on top
+    dense = cm.predict("fp32", 4, 1e9, inp, layout="loopback", cores=2)
+    assert dense["cpu_ms"] == pytest.approx(2 * 1.5 * 50)
     assert inp.contention_at(1) == 1.0 and inp.contention_at(3) == 1.5
     again = cm.Inputs.from_json(json.loads(json.dumps(inp.to_json())))
     assert again.in_situ == inp.in_situ and again.contention == inp.contention

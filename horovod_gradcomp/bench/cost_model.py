@@ -25,10 +25,12 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
 
 Two refinements when the inputs have them (``--measure`` records both):
 
-* in situ: ``compute + codec(1)`` is replaced by the measured step of the method itself at
-  -np 1 (``bench exchange --np 1 --net none``: the hooks, Horovod's placeholder round trip,
-  the preamble's non-finite check, the encode, the one-payload decode, the optimizer), and
-  ``codec(K) - codec(1)`` is added from the isolated figures above;
+* in situ (codecs and PowerSGD): ``compute + codec(2)`` is replaced by the measured step of
+  the method itself at -np 2 without a rate limit (``bench exchange --np 2 --net none``: the
+  hooks, Horovod's placeholder round trip and background thread, the preamble's non-finite
+  check, the encode, the decode-mean of 2 payloads, the optimizer, two ranks sharing the
+  machine; at -np 1 Horovod calls no hooks, so the codecs would not run), and
+  ``codec(K) - codec(2)`` is added from the isolated figures above;
 * contention: ranks that run at once on one machine share its memory bandwidth; the factor
   (the codec step timed in ``min(K, cores)`` processes at once over the same step alone) scales
   the CPU term on the harness. A cluster with one rank per machine has none (the tables).
@@ -70,7 +72,7 @@ class Inputs:
     fp16: dict                            # {"encode_ms", "decode_ms"}: the casts
     powersgd: Dict[int, dict]             # rank -> {"compute_ms", "bytes"} (fp32 bytes allreduced)
     source: str = ""
-    in_situ: Dict[str, float] = field(default_factory=dict)   # method -> ms per step at -np 1
+    in_situ: Dict[str, float] = field(default_factory=dict)   # method -> ms per step at -np IN_SITU_NP
     contention: Dict[int, float] = field(default_factory=dict)  # ranks at once -> slowdown (1 for one)
 
     def to_json(self) -> dict:
@@ -110,16 +112,16 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
     n = inputs.numel
     log_k = math.ceil(math.log2(k)) if k > 1 else 0
     ring = 2.0 * (k - 1) / k
-    codec_ms, codec1_ms, messages = 0.0, 0.0, 0
+    codec_ms, codec_ref_ms, messages = 0.0, 0.0, 0
     if method == "fp32":
         sent, messages = ring * 4 * n, 2 * (k - 1)
     elif method == "fp16":
         sent, messages = ring * 2 * n, 2 * (k - 1)
-        codec_ms = codec1_ms = inputs.fp16["encode_ms"] + inputs.fp16["decode_ms"]
+        codec_ms = codec_ref_ms = inputs.fp16["encode_ms"] + inputs.fp16["decode_ms"]
     elif method.startswith("powersgd"):
         p = inputs.powersgd[int(method[len("powersgd"):])]
         sent, messages = ring * p["bytes"], 3 * 2 * (k - 1)     # uncompressed tensors, P, Q: three allreduces
-        codec_ms = codec1_ms = p["compute_ms"]
+        codec_ms = codec_ref_ms = p["compute_ms"]
     else:
         key, pattern = method.split("/")
         c = inputs.codecs[key]
@@ -127,24 +129,25 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         if pattern == "allgather":
             sent = (k - 1) * c["bytes"]
             messages += (k - 1) * (2 if key in VARIABLE else 1)  # variable size: sizes first
-            codec_ms, codec1_ms = c["encode_ms"] + dmean(c, k), c["encode_ms"] + dmean(c, 1)
+            codec_ms, codec_ref_ms = c["encode_ms"] + dmean(c, k), c["encode_ms"] + dmean(c, IN_SITU_NP)
         elif pattern == "two_phase":
             if key in VARIABLE:
                 raise ValueError(f"{key} has variable-size payloads: allgather only")
             sent = ring * c["bytes"]
             messages += 2 * (k - 1)
             codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
-            codec1_ms = 2 * c["encode_ms"] + dmean(c, 1) + c["decode_ms"]
+            m = IN_SITU_NP
+            codec_ref_ms = (1 + 1 / m) * c["encode_ms"] + dmean(c, m) / m + c["decode_ms"]
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
     cpu = max(1.0, k / cores) if cores else 1.0
-    if cores:  # ranks of one machine: they also share its memory bandwidth
-        cpu *= inputs.contention_at(min(k, int(cores)))
+    if cores and method not in inputs.in_situ:  # ranks of one machine share its memory bandwidth
+        cpu *= inputs.contention_at(min(k, int(cores)))  # (an in-situ step was measured sharing it)
     on_link = sent * (k if layout == "loopback" else 1)
     wire_ms = 1e3 * 8 * on_link / bits_per_s if k > 1 else 0.0
     latency_ms = 1e3 * messages * alpha_s
-    if method in inputs.in_situ:  # the method's own step at K = 1, plus what K adds
-        cpu_ms = cpu * (inputs.in_situ[method] + codec_ms - codec1_ms)
+    if method in inputs.in_situ:  # the method's own step at K = IN_SITU_NP, plus what K adds
+        cpu_ms = cpu * (inputs.in_situ[method] + codec_ms - codec_ref_ms)
     else:
         cpu_ms = cpu * (inputs.compute_ms + codec_ms)
     return {"method": method, "k": k, "rate_bits_per_s": bits_per_s, "step_ms": cpu_ms + wire_ms + latency_ms,
@@ -268,18 +271,22 @@ def measure_inputs(compute_ms: float, repeat: int = 3, in_situ: Optional[Dict[st
                   in_situ=dict(in_situ or {}), contention=dict(contention or {}))
 
 
-#: ``bench exchange`` configs whose -np 1 step is each method's in-situ input.
-IN_SITU_CONFIGS = {"none": "fp32", "fp16": "fp16", "onebit:pattern=allgather": "onebit/allgather",
+#: ``bench exchange`` configs whose -np IN_SITU_NP step is each method's in-situ input (not the
+#: dense ones: their in-situ step would include the allreduce of the whole model).
+IN_SITU_CONFIGS = {"onebit:pattern=allgather": "onebit/allgather",
                    "onebit:pattern=two_phase": "onebit/two_phase", "terngrad:pattern=allgather": "terngrad/allgather",
                    "terngrad:pattern=two_phase": "terngrad/two_phase", "qsgd:bits=4,pattern=allgather": "qsgd4/allgather",
                    "qsgd:bits=4,pattern=two_phase": "qsgd4/two_phase", "dgc:density=0.001": "dgc/allgather",
                    "ddp_powersgd:rank=1": "powersgd1", "ddp_powersgd:rank=4": "powersgd4"}
 
 
+IN_SITU_NP = 2
+
+
 def measure_in_situ(timeout: float, steps: int = 5) -> Dict[str, float]:
-    """Each method's whole step at -np 1 (``bench exchange --np 1 --net none``), by method label."""
+    """Each method's whole step at -np IN_SITU_NP (``bench exchange --net none``), by method label."""
     from . import exchange_bench as eb
-    ns = _exchange_args(np=1, net="none", rates=None, shapes="resnet50", steps=steps, warmup=2, timeout=timeout)
+    ns = _exchange_args(np=IN_SITU_NP, net="none", rates=None, shapes="resnet50", steps=steps, warmup=2, timeout=timeout)
     rows = eb.launch(ns, list(IN_SITU_CONFIGS), [None])
     return {IN_SITU_CONFIGS[r["config"]]: r["ms_per_step"] for r in rows
             if r.get("config") in IN_SITU_CONFIGS and "ms_per_step" in r and "skipped" not in r}
@@ -373,7 +380,7 @@ def inputs_table(inputs: Inputs) -> str:
         lines.append(f"| PowerSGD rank {r} | {p['compute_ms']:.1f} (all its arithmetic) | - | - | "
                      f"{p['bytes']:,} (allreduced) |")
     if inputs.in_situ:
-        lines += ["", "In situ (each method's whole step at -np 1, ms): "
+        lines += ["", f"In situ (each method's whole step at -np {IN_SITU_NP}, no rate limit, ms): "
                   + ", ".join(f"{m} {v:.1f}" for m, v in inputs.in_situ.items())]
     if inputs.contention:
         lines += ["", "Contention (ranks computing at once on this machine -> slowdown): "
@@ -436,7 +443,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: measured now by that command")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--no-in-situ", dest="in_situ", action="store_false",
-                        help="with --measure: skip the -np 1 steps of every method and the contention factor "
+                        help="with --measure: skip the in-situ -np 2 steps and the contention factor "
                              "(the model then adds isolated codec times to the compute-only step)")
     parser.add_argument("--alpha-us", type=float, default=25.0, help="latency per message, microseconds (25)")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="write the inputs and tables as markdown")

@@ -300,6 +300,10 @@ def measure(configs: Sequence[Config], shapes: Sequence[Shape], steps: int, warm
     k, rank = hvd.size(), hvd.rank()
     grads = make_gradients(shapes, seed=1 + rank)
     numel = total_numel(shapes)
+    # Untimed: the process's first steps fault in the allocator's pages and warm caches; without
+    # this the first config measured (the ``local`` row of --breakdown) paid for it.
+    _try_time(hvd, parse_config("local"), shapes, grads, max(steps, 3), warmup, False, net)
+    hvd.barrier()
     rows = []
     for cfg in configs:
         mine = _try_time(hvd, cfg, shapes, grads, steps, warmup, record, net)

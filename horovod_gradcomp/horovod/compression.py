@@ -49,7 +49,7 @@ class CodecCompression:
     """
 
     def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
-                 pattern: str = "auto", bucket_bytes: Optional[int] = None, overlap: bool = True,
+                 pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
                  communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
                  timeout: Optional[float] = None):
         owner = f"Compression.{codec.name}"

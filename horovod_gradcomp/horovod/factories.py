@@ -52,7 +52,7 @@ class Compression:
 
     @staticmethod
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, memory=None,
-              pattern: str = "auto", bucket_bytes: Optional[int] = None, overlap: bool = True,
+              pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               timeout: Optional[float] = None, transport: str = "auto", process_set=None,
               **codec_options) -> CodecCompression:
@@ -60,9 +60,11 @@ class Compression:
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
         "two_phase" (owner-of-1/K with requantization: about 2 payloads per rank whatever K;
-        fixed-size codecs only) or "auto" (the default: per bucket, whichever of the two sends fewer
-        bytes per rank, allgather for K <= 2, variable-size codecs and small buckets; see
-        :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). ``bucket_bytes``: exchange in buckets of about
+        fixed-size codecs only) or "auto" (per bucket, whichever of the two sends fewer bytes per
+        rank; allgather for K <= 2, variable-size codecs and small buckets; see
+        :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). The default stays
+        "allgather": two-phase's second quantization costs CPU, and measured at K=4 it was faster
+        at 1 Gbit/s but slower at 10 Gbit/s (README, "Exchange patterns"). ``bucket_bytes``: exchange in buckets of about
         this many gradient bytes, from a communication thread during backward when
         ``overlap`` (None: one exchange per step at ``synchronize()``).
 
