@@ -237,3 +237,31 @@ def test_adasum_and_sparse_gradients_are_refused_at_the_first_step():
     with pytest.raises(Exception, match="sparse"):
         emb(torch.tensor([1, 2])).sum().backward()
         opt.step()
+
+
+@needs_peers
+@pytest.mark.parametrize("option", [{"groups": 2}, {"gradient_predivide_factor": 2.0}, {"op": "sum"}])
+def test_groups_predivide_and_sum_give_the_plain_optimizers_result(option):
+    """``groups`` (grouped allreduce of the placeholders) and ``gradient_predivide_factor`` change
+    nothing in the result; ``op=hvd.Sum`` gives K times the mean's update (checked with lr / K)."""
+    def train(**kwargs):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+        comp = hgc.Compression.onebit(model.named_parameters())
+        lr = 0.1 / SIZE if kwargs.get("op") == hvd.Sum else 0.1
+        opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=lr),
+                                       named_parameters=model.named_parameters(), compression=comp, **kwargs)
+        for step in range(3):
+            g = torch.Generator().manual_seed(10 * step + RANK)
+            opt.zero_grad()
+            model(torch.randn(5, 6, generator=g)).pow(2).sum().backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+    kwargs = {"op": hvd.Sum} if option.get("op") == "sum" else option
+    torch.manual_seed(0)
+    initial = [p.detach().clone() for p in torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(),
+                                                                torch.nn.Linear(8, 3)).parameters()]
+    plain, other = train(), train(**kwargs)
+    assert not any(torch.equal(a, b) for a, b in zip(initial, plain)), "training did not move the parameters"
+    for a, b in zip(plain, other):
+        torch.testing.assert_close(b, a, rtol=1e-6, atol=1e-7)
