@@ -13,6 +13,7 @@ status is 3 if parameters differ across ranks.
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 import time
@@ -108,6 +109,10 @@ def main(argv=None):
                 "seconds": seconds, "params_identical": identical, "params_digest": digests[0],
                 "steps": stats.get("steps"),
             }), flush=True)
+    # DDP's reducer (and a codec hook's state) hold the process group: release them before the
+    # group is destroyed, not during interpreter shutdown (where gloo's threads were seen to abort).
+    del ddp, state, optimizer
+    gc.collect()
     dist.destroy_process_group()
     return 0 if identical else 3
 

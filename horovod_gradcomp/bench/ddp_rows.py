@@ -59,6 +59,16 @@ def ensure_group(hvd, net: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://{addr}:{port}", rank=hvd.rank(), world_size=hvd.size())
 
 
+def close_group() -> None:
+    """Destroy the gloo group of :func:`ensure_group`, if any, while the process is still whole
+    (not during interpreter shutdown, where gloo's threads were seen to abort the process)."""
+    import gc
+    import torch.distributed as dist
+    if dist.is_initialized():
+        gc.collect()          # the DDP models of the rows hold the group
+        dist.destroy_process_group()
+
+
 def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: str, inject) -> dict:
     """Measure DDP config ``cfg`` (``ddp`` or ``ddp_powersgd`` with option ``rank``) on this rank:
     the same result keys as a Horovod config. ValueError for bad options."""

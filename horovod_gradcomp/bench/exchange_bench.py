@@ -312,6 +312,7 @@ def measure(configs: Sequence[Config], shapes: Sequence[Shape], steps: int, warm
         if log and rank == 0:
             log(format_row_brief(row))
         hvd.barrier()
+    ddp_rows.close_group()
     return rows
 
 
