@@ -42,7 +42,7 @@ def attach(name, ddp, options, momentum):
     if name == "onebit-noef":
         return hgc.ddp.register(ddp, "onebit", error_feedback=False, **options)
     if name == "dgc":
-        options = {"momentum": momentum, "warmup_length": 4, **options}
+        options = {"momentum": momentum, "warmup_length": 4, "warmup_unit": "epoch", **options}
     return hgc.ddp.register(ddp, name, **options)
 
 
