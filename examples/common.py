@@ -1,4 +1,4 @@
-"""What the examples share: the two data sets and the parameter digest.
+"""What the examples share: the two data sets, the sharding of the training set, the parameter digest.
 
 The examples are run as ``python examples/X.py``, which puts ``examples/`` on ``sys.path``;
 they import this module as ``from common import ...``.
@@ -22,6 +22,15 @@ def load_data(seed):
     as_t = lambda a, dt: torch.from_numpy(np.ascontiguousarray(a)).to(dt)  # noqa: E731
     return (as_t((x_tr - mean) / std, torch.float32), as_t(y_tr, torch.long),
             as_t((x_te - mean) / std, torch.float32), as_t(y_te, torch.long))
+
+
+def shard(x_tr, y_tr, rank, size, batch_size):
+    """This rank's share of the training set (every ``size``-th sample from ``rank``) and the
+    number of steps per epoch, the same on every rank (shards differ by at most one sample)."""
+    steps = len(x_tr) // (size * batch_size)
+    if steps == 0:
+        raise SystemExit(f"--batch-size {batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
+    return x_tr[rank::size], y_tr[rank::size], steps
 
 
 def load_text(context, train_stride=16, test_stride=64):

@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train import load_data  # noqa: E402  (the same split and scaling as the demo)
+from common import load_data  # noqa: E402  (the same split and scaling as the demo)
 
 from horovod_gradcomp.training.minibatch import select_minibatch_size, slice_trial  # noqa: E402
 

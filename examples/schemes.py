@@ -28,7 +28,7 @@ from mpi4py import MPI
 from tqdm import tqdm
 
 import horovod_gradcomp as hgc
-from common import load_data, load_text, params_digest
+from common import load_data, load_text, params_digest, shard
 
 SCHEMES = ("sync-sgd", "model-averaging", "easgd", "easgd-async", "downpour", "adag")
 
@@ -94,10 +94,7 @@ def main(argv=None):
     else:
         x_tr, y_tr, x_te, y_te = load_data(args.seed)
         classes = 10
-    x_shard, y_shard = x_tr[rank::size], y_tr[rank::size]
-    steps = len(x_tr) // (size * args.batch_size)
-    if steps == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
+    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
 
     model = make_model(args, x_tr, classes)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)

@@ -39,7 +39,7 @@ import horovod.torch as hvd
 from tqdm import tqdm
 
 import horovod_gradcomp as hgc
-from common import load_data, load_text, params_digest
+from common import load_data, load_text, params_digest, shard
 
 DENSE = {"none": hgc.Compression.none, "fp16": hgc.Compression.fp16}
 # Per task: epochs, learning rate.
@@ -158,11 +158,7 @@ def main(argv=None):
         x_tr, y_tr, x_te, y_te, vocab = load_text(args.context, train_stride=args.stride)
     else:
         x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    x_shard, y_shard = x_tr[rank::size], y_tr[rank::size]
-    # Same number of steps on every rank (shards differ in size by at most one sample).
-    steps = len(x_tr) // (size * args.batch_size)
-    if steps == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
+    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
 
     if args.task == "charlm":
         model = CharRNN(vocab, hidden=args.hidden, rnn=args.rnn)

@@ -24,7 +24,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
-from train import codec_options, load_data, params_digest, parse_args
+from common import load_data, params_digest, shard
+from train import codec_options, parse_args
 
 BASELINES = ("none", "powersgd")
 
@@ -59,10 +60,7 @@ def main(argv=None):
     torch.manual_seed(args.seed)
 
     x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    x_shard, y_shard = x_tr[rank::size], y_tr[rank::size]
-    steps = len(x_tr) // (size * args.batch_size)
-    if steps == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
+    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
 
     model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
     # One DDP bucket: DDP's PowerSGD hook on gloo fails across several (see DESIGN.md).

@@ -28,7 +28,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
-from train import codec_options, load_data, make_compression, params_digest, parse_args
+from common import load_data, params_digest
+from train import codec_options, make_compression, parse_args
 
 
 def main(argv=None):

@@ -26,7 +26,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from train import codec_options, load_data, make_compression, params_digest  # noqa: E402
+from common import load_data, params_digest, shard  # noqa: E402
+from train import codec_options, make_compression  # noqa: E402
 
 import horovod_gradcomp as hgc  # noqa: E402
 
@@ -54,10 +55,7 @@ def main(argv=None):
     torch.set_num_threads(1)
     torch.manual_seed(args.seed)
     x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    x_shard, y_shard = x_tr[rank::size], y_tr[rank::size]
-    steps = len(x_tr) // (size * args.batch_size)
-    if steps == 0:
-        raise SystemExit(f"--batch-size {args.batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
+    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
 
     model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
