@@ -44,6 +44,13 @@ def run(cmd: list, timeout: int) -> subprocess.CompletedProcess:
     return proc
 
 
+def final_json(proc: subprocess.CompletedProcess) -> dict:
+    """The JSON object an example prints as the last line of its stdout (asserted to be one)."""
+    lines = proc.stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("{"), f"the last line of stdout is not a JSON object:\n{proc.stdout[-4000:]}"
+    return json.loads(lines[-1])
+
+
 def last_json(proc: subprocess.CompletedProcess) -> dict:
     """The last line of stdout that is a JSON object (launchers may prefix lines with a rank tag)."""
     for line in reversed(proc.stdout.splitlines()):

@@ -2,15 +2,13 @@
 character LM task (a few steps) and a step made NaN on one rank (skipped on every rank)."""
 from __future__ import annotations
 
-import json
 import math
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from launchers import final_json, mpirun, run
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train.py"
@@ -30,18 +28,8 @@ def run_train(codec: str, *extra: str) -> dict:
     """Run train.py once per codec and extra arguments (cached); return its JSON summary."""
     key = (codec, *extra)
     if key not in _results:
-        env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-        cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(NP), sys.executable, str(TRAIN),
-               "--codec", codec, "--epochs", str(EPOCHS), "--json", "--no-progress", *extra]
-        try:
-            proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-        except subprocess.TimeoutExpired as e:
-            pytest.fail(f"{' '.join(cmd)} timed out after {RUN_TIMEOUT}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
-        out = f"$ {' '.join(cmd)}\nrc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-        assert proc.returncode == 0, out
-        lines = proc.stdout.strip().splitlines()
-        assert lines and lines[-1].startswith("{"), out
-        _results[key] = json.loads(lines[-1])
+        cmd = mpirun(NP, str(TRAIN), "--codec", codec, "--epochs", str(EPOCHS), "--json", "--no-progress", *extra)
+        _results[key] = final_json(run(cmd, RUN_TIMEOUT))
     return _results[key]
 
 

@@ -2,16 +2,12 @@
 examples/onebit_adagrad.py under ``mpirun -np 2``."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from launchers import final_json, mpirun, run
+
 RUN_TIMEOUT = 180
 
 pytestmark = [
@@ -22,13 +18,7 @@ pytestmark = [
 
 def run_example(script: str, *args: str) -> dict:
     """Run an example under mpirun -np 2; its last line (JSON) as a dict."""
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1",
-           sys.executable, f"examples/{script}", "--epochs", "5", "--json", *args]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    out = f"$ {' '.join(cmd)}\nrc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    assert proc.returncode == 0, out
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return final_json(run(mpirun(2, f"examples/{script}", "--epochs", "5", "--json", *args), RUN_TIMEOUT))
 
 
 @pytest.mark.parametrize("pipeline", [False, True])

@@ -3,14 +3,12 @@ schemes, one of them with onebit-encoded pushes (the synchronous ones are checke
 tests/mpi/mpi_schemes.py)."""
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from launchers import final_json, mpirun, run
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "examples" / "schemes.py"
@@ -23,19 +21,7 @@ pytestmark = [
 
 
 def run_example(*args: str) -> dict:
-    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
-           sys.executable, str(SCRIPT), *args, "--epochs", "6", "--json", "--no-progress"]
-    try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT)
-    except subprocess.TimeoutExpired as e:
-        pytest.fail(f"{' '.join(cmd)} timed out after {RUN_TIMEOUT}s\nstdout:\n{e.stdout}\nstderr:\n{e.stderr}")
-    out = f"$ {' '.join(cmd)}\nrc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr[-4000:]}"
-    assert proc.returncode == 0, out
-    lines = proc.stdout.strip().splitlines()
-    assert lines and lines[-1].startswith("{"), out
-    return json.loads(lines[-1])
+    return final_json(run(mpirun(2, str(SCRIPT), *args, "--epochs", "6", "--json", "--no-progress"), RUN_TIMEOUT))
 
 
 @pytest.mark.parametrize("args", [
