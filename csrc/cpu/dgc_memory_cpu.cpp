@@ -1,34 +1,21 @@
 // DGC momentum correction, CPU: one pass over (g, u, v) instead of the three or four
-// passes of separate torch ops. Each operation is written as its own rounded step
-// (a product stored to a variable of the element type, then the sum); the build uses
-// -ffp-contract=off so that no compiler turns them into a fused multiply-add.
+// passes of separate torch ops (the step of one value: ../dgc_accumulate_step.h).
 #include "dgc_memory_cpu.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>
 
 #include "../checks.h"
+#include "../dgc_accumulate_step.h"
 
 namespace {
 
 constexpr int64_t kGrain = 1 << 15;
 
+// The flags as template arguments: each of the four loops is compiled without branches.
 template <typename T, bool kClip, bool kNesterov>
 void accumulate_range(T* u, T* v, const T* g, T m, T c, int64_t lo, int64_t hi) {
-  for (int64_t i = lo; i < hi; ++i) {
-    T h = g[i];
-    if (kClip) h = h * c;
-    const T mu = u[i] * m;
-    const T un = mu + h;
-    u[i] = un;
-    if (kNesterov) {
-      const T vh = v[i] + h;
-      const T mun = un * m;
-      v[i] = vh + mun;
-    } else {
-      v[i] = v[i] + un;
-    }
-  }
+  for (int64_t i = lo; i < hi; ++i) hgc::dgc_accumulate_step(u[i], v[i], g[i], m, c, kClip, kNesterov);
 }
 
 template <typename T>

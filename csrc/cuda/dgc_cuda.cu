@@ -21,6 +21,7 @@
 #include <cstring>
 #include <limits>
 
+#include "../dgc_accumulate_step.h"
 #include "common_cuda.cuh"
 
 namespace hgc_cuda {
@@ -245,20 +246,8 @@ __global__ void finish_kernel(const A* __restrict__ acc, int64_t n, A sc, T* __r
 template <typename T>
 __global__ void accumulate_kernel(T* __restrict__ u, T* __restrict__ v, const T* __restrict__ g, int64_t n, T m,
                                   T c, bool clip, bool nesterov) {
-  for (int64_t i = global_thread(); i < n; i += grid_stride()) {
-    T h = g[i];
-    if (clip) h = h * c;
-    const T mu = u[i] * m;
-    const T un = mu + h;
-    u[i] = un;
-    if (nesterov) {
-      const T vh = v[i] + h;
-      const T mun = un * m;
-      v[i] = vh + mun;
-    } else {
-      v[i] = v[i] + un;
-    }
-  }
+  for (int64_t i = global_thread(); i < n; i += grid_stride())
+    hgc::dgc_accumulate_step(u[i], v[i], g[i], m, c, clip, nesterov);
 }
 
 template <typename I>
