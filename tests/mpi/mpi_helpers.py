@@ -61,3 +61,16 @@ def fresh_state(error_feedback: bool = True):
     """A CompressionState with an error-feedback memory (enabled or not) at step 0."""
     from horovod_gradcomp.state import CompressionState, ErrorFeedback
     return CompressionState(ErrorFeedback(enabled=error_feedback))
+
+
+def assert_alltoallv_uneven(comm) -> None:
+    """``comm.alltoallv`` with rank-dependent sizes, some zero: rank r sends (r + j) % 3 bytes of
+    value 10 r + j to rank j, and receives what every rank sent it, in rank order."""
+    rank, size = comm.rank, comm.size
+    send_counts = [(rank + j) % 3 for j in range(size)]
+    send = torch.cat([torch.full((c,), 10 * rank + j, dtype=torch.uint8) for j, c in enumerate(send_counts)])
+    recv_counts = [(j + rank) % 3 for j in range(size)]
+    recv = comm.alltoallv(send, send_counts, recv_counts)
+    expect = torch.cat([torch.full((c,), 10 * j + rank, dtype=torch.uint8) for j, c in enumerate(recv_counts)])
+    assert torch.equal(recv, expect)
+
