@@ -4,11 +4,7 @@
 // devices and the torch reference agree bit for bit.
 #pragma once
 
-#if defined(__CUDACC__)
-#define HGC_HOST_DEVICE __host__ __device__
-#else
-#define HGC_HOST_DEVICE
-#endif
+#include "host_device.h"
 
 namespace hgc {
 

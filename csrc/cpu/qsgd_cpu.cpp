@@ -35,6 +35,7 @@
 #endif
 
 #include "../checks.h"
+#include "../elias_bit_reader.h"
 #include "../payload_checks.h"
 
 namespace {
@@ -267,43 +268,6 @@ struct BitWriter {
       n -= 8;
     }
     n = 0;
-  }
-};
-
-// LSB-first bit reader over [data, data + size); reads past the end see zero bits.
-struct BitReader {
-  const uint8_t* data;
-  int64_t size;
-  int64_t pos = 0;
-  inline uint64_t peek() const {
-    const int64_t byte = pos >> 3;
-    uint64_t w = 0;
-    if (byte + 8 <= size) {
-      std::memcpy(&w, data + byte, 8);
-    } else {
-      for (int64_t b = byte; b < size; ++b) w |= static_cast<uint64_t>(data[b]) << (8 * (b - byte));
-    }
-    return w >> (pos & 7);  // >= 57 valid bits
-  }
-  // Elias gamma; returns 0 on a malformed code.
-  inline uint64_t gamma() {
-    const uint64_t w = peek();
-    if (w == 0) return 0;
-    const int N = __builtin_ctzll(w);
-    if (N > 31) return 0;
-    if (2 * N + 1 <= 57) {
-      pos += 2 * N + 1;
-      return (uint64_t(1) << N) | ((w >> (N + 1)) & ((uint64_t(1) << N) - 1));
-    }
-    pos += N + 1;
-    const uint64_t m = peek() & ((uint64_t(1) << N) - 1);
-    pos += N;
-    return (uint64_t(1) << N) | m;
-  }
-  inline uint32_t bit() {
-    const uint32_t b = (data[pos >> 3] >> (pos & 7)) & 1;  // caller keeps pos < 8 * size
-    ++pos;
-    return b;
   }
 };
 
@@ -589,7 +553,7 @@ void decode_elias_impl(const float* norms, const int64_t* nbits, const uint8_t* 
   const int64_t B = num_buckets(n, d);
   at::parallel_for(0, G, 1, [&](int64_t g0, int64_t g1) {
     for (int64_t g = g0; g < g1; ++g) {
-      BitReader br{stream + start[g], start[g + 1] - start[g]};
+      hgc::EliasBitReader br{stream + start[g], start[g + 1] - start[g]};
       const int64_t limit = nbits[g];
       for (int64_t b = g * gb, be = std::min(B, (g + 1) * gb); b < be; ++b) {
         const int64_t i0 = b * d, len = std::min(d, n - i0);

@@ -12,6 +12,7 @@
 // (thread per group, sequential like the CPU's, with the same validity checks).
 #include "qsgd_cuda.h"
 
+#include "../elias_bit_reader.h"
 #include "common_cuda.cuh"
 
 namespace hgc_cuda {
@@ -228,39 +229,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// LSB-first reader; reads past the end see zero bits (as the CPU's BitReader).
-struct Reader {
-  const uint8_t* data;
-  int64_t size;
-  int64_t pos = 0;
-  __device__ uint64_t peek() const {
-    const int64_t byte = pos >> 3;
-    uint64_t w = 0;
-    for (int t = 0; t < 8; ++t)
-      if (byte + t < size) w |= static_cast<uint64_t>(data[byte + t]) << (8 * t);
-    return w >> (pos & 7);
-  }
-  __device__ uint64_t gamma() {  // 0: malformed
-    const uint64_t w = peek();
-    if (w == 0) return 0;
-    const int N = __ffsll(static_cast<long long>(w)) - 1;
-    if (N > 31) return 0;
-    if (2 * N + 1 <= 57) {
-      pos += 2 * N + 1;
-      return (uint64_t(1) << N) | ((w >> (N + 1)) & ((uint64_t(1) << N) - 1));
-    }
-    pos += N + 1;
-    const uint64_t m = peek() & ((uint64_t(1) << N) - 1);
-    pos += N;
-    return (uint64_t(1) << N) | m;
-  }
-  __device__ uint32_t bit() {
-    const uint32_t b = (data[pos >> 3] >> (pos & 7)) & 1;
-    ++pos;
-    return b;
-  }
-};
-
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     elias_decode_kernel(const float* __restrict__ norms, const int64_t* __restrict__ nbits,
@@ -271,7 +239,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int64_t g = global_thread(); g < G; g += grid_stride()) {
     const int64_t start = gstart[g];
     const int64_t end = g + 1 < G ? gstart[g + 1] : stream_bytes;
-    Reader br{stream + start, end - start};
+    hgc::EliasBitReader br{stream + start, end - start};
     const int64_t limit = nbits[g];
     bool ok = true;
     for (int64_t b = g * gb, be = min(B, (g + 1) * gb); b < be && ok; ++b) {
