@@ -35,6 +35,9 @@ PHASES = {
     "encode/collective": "scale allreduce",
     "exchange": "packing / framing",
     "exchange/collective": "data collectives (wire)",
+    "wait": "pipelined chunks: waiting for the wire thread's allgather",
+    "wire": "wire thread: framing around its collectives",
+    "wire/collective": "wire thread: pipelined chunks' allgathers (wire)",
     "decode": "decode mean",
     "decompress": "decompress()",
     "optimizer": "optimizer update",
@@ -44,7 +47,7 @@ COLORS = {
     "zero_grad": "#c7c7c7", "backward": "#7f7f7f", "hooks": "#bcbd22", "synchronize": "#d62728",
     "flush": "#c5b0d5", "preamble": "#ff9896", "preamble/collective": "#ff7f0e", "encode": "#1f77b4",
     "encode/collective": "#aec7e8", "exchange": "#9467bd", "exchange/collective": "#2ca02c",
-    "decode": "#17becf", "decompress": "#8c564b", "optimizer": "#98df8a", "step": "#f7b6d2",
+    "wait": "#dbdb8d", "wire": "#e377c2", "wire/collective": "#2ca02c", "decode": "#17becf", "decompress": "#8c564b", "optimizer": "#98df8a", "step": "#f7b6d2",
 }
 
 

@@ -6,26 +6,39 @@ for the pattern whose traffic stays flat in K). Each gradient is encoded through
 memory (error feedback or DGC) from stream position ``step * P + i``; fixed-size payloads then
 travel in one allgather of the fused buffer, variable-size ones (``codec.variable_size``) in an
 allgather of the sizes and an allgatherv; every rank decodes the mean of the K payloads.
+
+With ``chunk_bytes`` and a communicator that may be called from a second thread, a bucket of
+fixed-size payloads larger than one chunk is pipelined (:mod:`horovod_gradcomp.exchange.pipeline`):
+one allgather per chunk on the wire thread while the next chunk is encoded and the previous
+one decoded. The bytes sent and the results are the same as in one allgather.
 """
 from __future__ import annotations
 
-from typing import Dict, Mapping, Sequence
+from collections import deque
+from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout, pack_variable, unpack_variable
+from .pipeline import WireThread, plan_chunks
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
 class AllgatherPattern:
-    """Fields: codec; a cache of fused layouts by bucket (buckets rarely change)."""
+    """Fields: codec; chunk_bytes (payload bytes per pipelined chunk, None: no pipeline);
+    threads_allowed (a callable: may this communicator be called from the wire thread);
+    caches of fused layouts and chunk plans by bucket (buckets rarely change)."""
 
     name = "allgather"
 
-    def __init__(self, codec: Codec):
+    def __init__(self, codec: Codec, chunk_bytes: Optional[int] = None, threads_allowed=lambda comm: True):
         self.codec = codec
+        self.chunk_bytes = chunk_bytes
+        self.threads_allowed = threads_allowed
         self._layouts: Dict[tuple, FusedLayout] = {}
+        self._chunks: Dict[tuple, List[list]] = {}
+        self._wire = WireThread()
 
     def layout(self, names: Sequence[str], pending: Mapping[str, Payload]) -> FusedLayout:
         entries = tuple((n, tuple(pending[n].shape), pending[n].dtype) for n in names)
@@ -36,8 +49,24 @@ class AllgatherPattern:
             layout = self._layouts[entries] = FusedLayout(self.codec, entries)
         return layout
 
+    def chunks(self, bucket: Bucket, k: int) -> Optional[List[list]]:
+        """The bucket's pipeline chunks (lists of (name, shape, dtype)), or None when it goes in
+        one collective (no ``chunk_bytes``, variable-size payloads, one rank, or one chunk)."""
+        if not self.chunk_bytes or k <= 1 or getattr(self.codec, "variable_size", False):
+            return None
+        entries = tuple((n, tuple(bucket.grads[n].shape), bucket.grads[n].dtype) for n in bucket.names)
+        chunks = self._chunks.get(entries)
+        if chunks is None:
+            if len(self._chunks) >= 64:
+                self._chunks.clear()
+            chunks = self._chunks[entries] = plan_chunks(self.codec, entries, self.chunk_bytes)
+        return chunks if len(chunks) > 1 else None
+
     def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
         """Encode, exchange and decode ``bucket`` (every rank calls it with the same names)."""
+        chunks = self.chunks(bucket, comm.size)
+        if chunks is not None and self.threads_allowed(comm):
+            return self._exchange_pipelined(comm, bucket, chunks, stats, totals)
         pending = self.encode(comm, bucket, stats, totals)
         names, codec = bucket.names, self.codec
         results = {}
@@ -61,19 +90,72 @@ class AllgatherPattern:
                     results[name] = codec.decode_mean_stacked(stacked, out=bucket.outs.get(name))
         return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size))
 
-    def encode(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, Payload]:
-        """Every gradient of the bucket through this rank's memory, each from its stream position,
-        with the shared scales agreed first when the codec has them."""
+    def _exchange_pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats,
+                            totals: StepTotals) -> BucketOutcome:
+        """The fixed-size exchange chunk by chunk: chunk i's allgather on the wire thread while
+        chunk i+1 is encoded here; each chunk decoded as soon as its bytes are in."""
+        options = self.agree(comm, bucket, stats, totals)
+        results, payload = {}, 0
+        inflight: deque = deque()
+
+        def decode(layout: FusedLayout, future) -> None:
+            with stats.timed("exchange_s", phase="wait"):
+                recv = future.result()
+            with stats.timed("decode_s"):
+                devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
+                for name, stacked in layout.unpack(recv, devices):
+                    results[name] = self.codec.decode_mean_stacked(stacked, out=bucket.outs.get(name))
+
+        try:
+            for chunk in chunks:
+                names = [n for n, _, _ in chunk]
+                pending = self.encode_names(bucket, names, options, stats)
+                layout = self.layout(names, pending)
+                with stats.timed("exchange_s"):
+                    send = layout.pack(pending)
+                inflight.append((layout, self._wire.submit(_timed_wire, stats, comm.allgather, send)))
+                payload += layout.nbytes
+                while inflight and inflight[0][1].done():
+                    decode(*inflight.popleft())
+            while inflight:
+                decode(*inflight.popleft())
+        except BaseException:
+            WireThread.cancel([f for _, f in inflight])
+            raise
+        return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size))
+
+    def agree(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, dict]:
+        """name -> encode options: the shared scales agreed over ranks when the codec has them
+        (one collective for the whole bucket), ``{}`` otherwise."""
         memory, names, grads = bucket.state.memory, bucket.names, bucket.grads
         options = agree_scales(self.codec, comm, len(names), lambda: [memory.compensated(n, grads[n]) for n in names],
                                stats, totals)
+        return dict(zip(names, options))
+
+    def encode_names(self, bucket: Bucket, names: Sequence[str], options: Mapping[str, dict],
+                     stats: ExchangeStats) -> Dict[str, Payload]:
+        """``names``' gradients through this rank's memory, each from its stream position."""
+        memory, grads = bucket.state.memory, bucket.grads
         positions = StepPositions(bucket.state.step, bucket.order)
         pending = {}
         with stats.timed("encode_s"):
-            for n, opts in zip(names, options):
+            for n in names:
                 self.codec.reset_stream(positions(n))
-                pending[n] = memory.encode(self.codec, n, grads[n], **opts)
+                pending[n] = memory.encode(self.codec, n, grads[n], **options[n])
         return pending
+
+    def encode(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, Payload]:
+        """Every gradient of the bucket through this rank's memory, each from its stream position,
+        with the shared scales agreed first when the codec has them."""
+        return self.encode_names(bucket, bucket.names, self.agree(comm, bucket, stats, totals), stats)
+
+
+def _timed_wire(stats: ExchangeStats, collective, send):
+    """``collective(send)`` on the wire thread, recorded as ``wire`` when a timeline is attached."""
+    if stats.timeline is None:
+        return collective(send)
+    with stats.timeline.span("wire"):
+        return collective(send)
 
 
 __all__ = ["AllgatherPattern"]

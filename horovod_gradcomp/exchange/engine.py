@@ -46,6 +46,7 @@ from .bucket import Bucket
 from .buckets import BucketPlan
 from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
+from .pipeline import DEFAULT_CHUNK_BYTES
 from .stripes import stripe_key
 from .two_phase import TwoPhasePattern
 from .watchdog import default_watchdog, resolve_timeout
@@ -64,7 +65,8 @@ class StepEngine:
         registration: name -> position in ``named_parameters`` and ``sizes``: name -> gradient
             bytes (the bucket plan's order and sizes).
         order: name -> index among the sorted names: the exchange order and stream positions.
-        pattern, bucket_bytes, overlap, check_agreement: the options (see the factories).
+        pattern, bucket_bytes, overlap, check_agreement, pipeline_bytes: the options (see the
+            factories; ``pipeline_bytes`` None: no pipelined chunks).
         timeout: seconds a bucket may wait before the job is aborted (0: no deadline).
         communicator: a callable returning the communicator (resolved at each bucket, so that
             the default one is created only when first needed).
@@ -76,7 +78,7 @@ class StepEngine:
     def __init__(self, codec: Codec, state: CompressionState, registration: Sequence[str], sizes: Mapping[str, int],
                  *, owner: str, communicator: Callable[[], object], pattern: str = "allgather",
                  bucket_bytes: Optional[int] = None, overlap: bool = True, check_agreement: bool = True,
-                 timeout: Optional[float] = None):
+                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
         if pattern not in PATTERNS:
             raise ValueError(f"{owner}: pattern must be one of {PATTERNS}, got {pattern!r}")
         variable = bool(getattr(codec, "variable_size", False))
@@ -87,18 +89,22 @@ class StepEngine:
             raise ValueError(f"{owner}: pattern='two_phase' works with error feedback only")
         if bucket_bytes is not None:
             BucketPlan([], {}, bucket_bytes)  # validates
+        if pipeline_bytes is not None and (isinstance(pipeline_bytes, bool) or not isinstance(pipeline_bytes, int)
+                                           or pipeline_bytes < 0):
+            raise ValueError(f"{owner}: pipeline_bytes must be a non-negative int or None, got {pipeline_bytes!r}")
         self.codec, self.state, self.owner = codec, state, owner
         self.registration = {n: i for i, n in enumerate(registration)}
         self.sizes = dict(sizes)
         self.order = {n: i for i, n in enumerate(sorted(self.registration))}
         self.pattern, self.bucket_bytes = pattern, bucket_bytes
         self.overlap, self.check_agreement = bool(overlap), check_agreement
+        self.pipeline_bytes = pipeline_bytes or None
         self.communicator = communicator
         self.timeout = resolve_timeout(timeout)
         self.watchdog = default_watchdog()
         self.stats = ExchangeStats()
         self.plan: Optional[BucketPlan] = None
-        self._patterns = {"allgather": AllgatherPattern(codec)}
+        self._patterns = {"allgather": AllgatherPattern(codec, self.pipeline_bytes, _threads_allowed)}
         if not variable and isinstance(state.memory, ErrorFeedback):
             self._patterns["two_phase"] = TwoPhasePattern(codec)
         self._cv = threading.Condition()
@@ -283,6 +289,7 @@ def _threads_allowed(comm) -> bool:
         return True
     if not _warned_thread_level:
         _warned_thread_level = True
-        warnings.warn("horovod_gradcomp: the MPI library did not grant MPI_THREAD_MULTIPLE; buckets are exchanged "
-                      "at synchronize() on the main thread (no overlap with backward)", RuntimeWarning, stacklevel=2)
+        warnings.warn("horovod_gradcomp: the MPI library did not grant MPI_THREAD_MULTIPLE; no communication "
+                      "thread: buckets are exchanged at synchronize() on the main thread (no overlap with backward) "
+                      "and in one collective each (no pipelined chunks)", RuntimeWarning, stacklevel=2)
     return False

@@ -23,6 +23,7 @@ import torch
 from ..codecs.base import Codec
 from ..exchange.communicator import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
+from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
 from .options_check import calling_optimizer, check_dense, check_horovod_options, reduction_of
@@ -51,7 +52,7 @@ class CodecCompression:
     def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
                  pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
                  communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
-                 timeout: Optional[float] = None):
+                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
         owner = f"Compression.{codec.name}"
         self.codec = codec
         self.index = ParamIndex(named_parameters, owner=owner)
@@ -60,7 +61,7 @@ class CodecCompression:
         sizes = {n: p.numel() * p.element_size() for n, p in zip(self.index.names, self.index.params)}
         self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self._comm,
                                  pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
-                                 check_agreement=check_agreement, timeout=timeout)
+                                 check_agreement=check_agreement, timeout=timeout, pipeline_bytes=pipeline_bytes)
         self._results: Dict[str, torch.Tensor] = {}
         self._options_checked = False
 
@@ -150,4 +151,4 @@ class CodecCompression:
     def __repr__(self) -> str:
         e = self.engine
         return (f"CodecCompression({self.codec!r}, memory={self.memory!r}, pattern={e.pattern!r}, "
-                f"bucket_bytes={e.bucket_bytes}, overlap={e.overlap})")
+                f"bucket_bytes={e.bucket_bytes}, overlap={e.overlap}, pipeline_bytes={e.pipeline_bytes})")

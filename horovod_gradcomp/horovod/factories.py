@@ -26,6 +26,7 @@ import torch
 from ..codecs import get_codec
 from ..codecs.registry import codec_class
 from ..exchange.communicator import MPICommunicator
+from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.dgc_memory import DensitySchedule, DGCMemory
 from .compression import CodecCompression
 from .dense import DenseCompression
@@ -55,7 +56,7 @@ class Compression:
               pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               timeout: Optional[float] = None, transport: str = "auto", process_set=None,
-              **codec_options) -> CodecCompression:
+              pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -66,7 +67,11 @@ class Compression:
         "allgather": two-phase's second quantization costs CPU, and measured at K=4 it was faster
         at 1 Gbit/s but slower at 10 Gbit/s (README, "Exchange patterns"). ``bucket_bytes``: exchange in buckets of about
         this many gradient bytes, from a communication thread during backward when
-        ``overlap`` (None: one exchange per step at ``synchronize()``).
+        ``overlap`` (None: one exchange per step at ``synchronize()``). ``pipeline_bytes``: a
+        bucket of fixed-size payloads (allgather pattern) larger than this many payload bytes is
+        sent in chunks of about that size, each chunk's allgather on a communication thread while
+        the next one is encoded and the previous one decoded (None or 0: one allgather per
+        bucket; the bytes sent and the results are the same either way).
 
         ``timeout``: seconds any bucket may wait for the other ranks before the MPI job is
         aborted with an error naming the step and bucket (None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT``
@@ -93,7 +98,8 @@ class Compression:
             codec_options["rank_stream"] = communicator.rank
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
-                                communicator=communicator, check_agreement=check_agreement, timeout=timeout)
+                                communicator=communicator, check_agreement=check_agreement, timeout=timeout,
+                                pipeline_bytes=pipeline_bytes)
 
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",

@@ -1,0 +1,86 @@
+"""Pipelined exchange of one bucket: encode, wire and decode of consecutive chunks overlap.
+
+Without it a bucket is encoded whole, then sent whole, then decoded whole: on a slow link the
+CPU waits for the wire and the wire waits for the CPU, and the step costs encode + wire +
+decode. Cut into chunks of about ``chunk_bytes`` of payload, chunk i+1 is encoded while chunk i
+is on the wire, and chunk i-1 decoded meanwhile: the step tends to max(encode + decode, wire)
+plus one chunk's encode and decode.
+
+Only one thread, :class:`WireThread`'s, calls the communicator while a pipelined bucket is in
+flight, and it runs the collectives in the order they were submitted, an order that depends on
+the bucket's names alone: every rank issues the same collectives in the same order, whatever
+its timing. Decoding is on the calling thread, in whatever order the chunks arrive (decoding
+is local).
+"""
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Callable, List, Sequence, Tuple
+
+import torch
+
+from ..codecs.base import Codec
+
+#: Default payload bytes per chunk (the factories' ``pipeline_bytes``): measured on ResNet-50's
+#: shapes (docs/results/README.md, "Pipelined exchange").
+DEFAULT_CHUNK_BYTES = 1 << 19
+
+
+def plan_chunks(codec: Codec, entries: Sequence[Tuple[str, torch.Size, torch.dtype]],
+                chunk_bytes: int) -> List[List[Tuple[str, torch.Size, torch.dtype]]]:
+    """``entries`` (name, shape, dtype in exchange order) cut into consecutive chunks of at least
+    ``chunk_bytes`` of payload each (whole tensors; the last chunk takes the remainder, and one
+    of less than half ``chunk_bytes`` joins the chunk before it). Depends on shapes only, so
+    every rank gets the same chunks."""
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    chunks: List[list] = []
+    current, size = [], 0
+    for entry in entries:
+        current.append(entry)
+        size += codec.payload_nbytes(entry[1], entry[2])
+        if size >= chunk_bytes:
+            chunks.append(current)
+            current, size = [], 0
+    if current:
+        if chunks and size < chunk_bytes // 2:
+            chunks[-1].extend(current)
+        else:
+            chunks.append(current)
+    return chunks
+
+
+class WireThread:
+    """One daemon thread running collectives one at a time, in submission order.
+
+    :meth:`submit` returns a :class:`~concurrent.futures.Future` of the call's result (its
+    exception re-raised by ``result()``). The thread starts on the first submit and lives as
+    long as its owner (a pattern)."""
+
+    def __init__(self, name: str = "hgc-wire"):
+        self._name = name
+        self._executor = None
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable, *args) -> Future:
+        with self._lock:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
+            return self._executor.submit(fn, *args)
+
+    @staticmethod
+    def cancel(futures: Sequence[Future]) -> None:
+        """Cancel the calls that have not started; wait for the one that has (a collective cannot
+        be abandoned halfway: its peers may still be in it), ignoring its outcome."""
+        for f in futures:
+            f.cancel()
+        for f in futures:
+            if not f.cancelled():
+                try:
+                    f.exception()
+                except BaseException:  # noqa: BLE001 - only waiting for it to end
+                    pass
+
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "WireThread", "plan_chunks"]
