@@ -21,7 +21,7 @@ from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .pipeline import WireThread, plan_chunks
+from .pipeline import WireThread, plan_chunks, timed_wire
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
@@ -113,7 +113,7 @@ class AllgatherPattern:
                 layout = self.layout(names, pending)
                 with stats.timed("exchange_s"):
                     send = layout.pack(pending)
-                inflight.append((layout, self._wire.submit(_timed_wire, stats, comm.allgather, send)))
+                inflight.append((layout, self._wire.submit(timed_wire, stats, comm.allgather, send)))
                 payload += layout.nbytes
                 while inflight and inflight[0][1].done():
                     decode(*inflight.popleft())
@@ -148,14 +148,6 @@ class AllgatherPattern:
         """Every gradient of the bucket through this rank's memory, each from its stream position,
         with the shared scales agreed first when the codec has them."""
         return self.encode_names(bucket, bucket.names, self.agree(comm, bucket, stats, totals), stats)
-
-
-def _timed_wire(stats: ExchangeStats, collective, send):
-    """``collective(send)`` on the wire thread, recorded as ``wire`` when a timeline is attached."""
-    if stats.timeline is None:
-        return collective(send)
-    with stats.timeline.span("wire"):
-        return collective(send)
 
 
 __all__ = ["AllgatherPattern"]

@@ -106,7 +106,8 @@ class StepEngine:
         self.plan: Optional[BucketPlan] = None
         self._patterns = {"allgather": AllgatherPattern(codec, self.pipeline_bytes, _threads_allowed)}
         if not variable and isinstance(state.memory, ErrorFeedback):
-            self._patterns["two_phase"] = TwoPhasePattern(codec)
+            self._patterns["two_phase"] = TwoPhasePattern(codec, chunk_bytes=self.pipeline_bytes,
+                                                          threads_allowed=_threads_allowed)
         self._cv = threading.Condition()
         self._grads: Dict[str, torch.Tensor] = {}
         self._results: Dict[str, torch.Tensor] = {}

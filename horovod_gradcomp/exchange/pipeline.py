@@ -83,4 +83,12 @@ class WireThread:
                     pass
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "WireThread", "plan_chunks"]
+def timed_wire(stats, collective, *args):
+    """``collective(*args)`` on the wire thread, recorded as ``wire`` when a timeline is attached."""
+    if stats.timeline is None:
+        return collective(*args)
+    with stats.timeline.span("wire"):
+        return collective(*args)
+
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "WireThread", "plan_chunks", "timed_wire"]

@@ -23,6 +23,13 @@ One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same 
    its part of the result. Each gradient is thus quantized twice; every rank gets bitwise
    the same result (all decode the same bytes).
 
+Pipelined chunks (``chunk_bytes``): the bucket's tensors are cut into consecutive chunks
+(:func:`~horovod_gradcomp.exchange.pipeline.plan_chunks`), each exchanged through the four phases
+with its own stripe plan; the two collectives of each chunk run on the wire thread while the
+next chunk is encoded and the previous ones requantized or decoded. The shared scales of all
+chunks are still agreed in one allreduce first, and every stripe keeps its stream position and
+residuals, so the results are the same bits as without chunks.
+
 Stream positions (:mod:`horovod_gradcomp.exchange.encoding`, S = K stripes, F = 2 phases):
 the worker encode of stripe s is phase 0, the owner's requantization phase 1, each drawn from
 the encoding rank's own stream (its codec's ``rank_stream``; the owner of stripe s is rank s).
@@ -45,7 +52,8 @@ fixed size: variable-size codecs (dgc, qsgd with coding="elias") are rejected.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -54,6 +62,7 @@ from ..state.error_feedback import ErrorFeedback, encode_with_residual
 from .bucket import Bucket, BucketOutcome, result_tensor
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout
+from .pipeline import WireThread, plan_chunks, timed_wire
 from .stats import ExchangeStats, StepTotals
 from .stripes import AXES, Stripe, matrix_shape, stripe_key, stripes
 
@@ -126,6 +135,20 @@ class StripePlan:
         return phase1 + (self.k - 1) * self.layouts[rank].nbytes
 
 
+@dataclass
+class _ChunkWork:
+    """One chunk of a bucket on its way through the four phases (fields filled phase by phase)."""
+    plan: StripePlan
+    jobs: list
+    options: list
+    phase1: tuple = ()
+    recv: Optional[torch.Tensor] = None
+    phase3: tuple = ()
+    parts: Optional[list] = None
+    alltoallv: object = None
+    allgatherv: object = None
+
+
 def _first(stacked: Payload) -> Payload:
     """Payload k=0 of a stacked payload (buffers ``[1, n]`` -> ``[n]``)."""
     return Payload({b: v[0] for b, v in stacked.buffers.items()}, stacked.shape, stacked.dtype, stacked.device)
@@ -137,13 +160,16 @@ class TwoPhasePattern:
     Fields:
         codec: the fixed-size :class:`~horovod_gradcomp.codecs.base.Codec` used in both phases.
         axis: ``"auto"`` | ``"rows"`` | ``"columns"`` (see the module doc).
+        chunk_bytes: payload bytes per pipelined chunk (None: the whole bucket at once);
+        threads_allowed: may this communicator be called from the wire thread.
     The residuals live in the bucket's state (``memory``: full-size worker residuals;
     ``owner_memory``: the owned stripes'); this object keeps only a cache of plans.
     """
 
     name = "two_phase"
 
-    def __init__(self, codec: Codec, *, axis: str = "auto"):
+    def __init__(self, codec: Codec, *, axis: str = "auto", chunk_bytes: Optional[int] = None,
+                 threads_allowed=lambda comm: True):
         if getattr(codec, "variable_size", False):
             raise ValueError(
                 f"two-phase exchange: codec {codec.name!r} ({codec!r}) has variable-size payloads "
@@ -153,14 +179,17 @@ class TwoPhasePattern:
             raise ValueError(f"two-phase exchange: axis must be 'auto', 'rows' or 'columns', got {axis!r}")
         self.codec = codec
         self.axis = axis
+        self.chunk_bytes = chunk_bytes
+        self.threads_allowed = threads_allowed
         self._plans: Dict[tuple, StripePlan] = {}
+        self._wire = WireThread()
 
     def plan(self, entries: Sequence[Entry], k: int) -> StripePlan:
         """The (cached) :class:`StripePlan` of these ``(name, shape, dtype)`` entries among k owners."""
         key = (tuple((n, tuple(s), dt) for n, s, dt in entries), k)
         plan = self._plans.get(key)
         if plan is None:
-            if len(self._plans) >= 32:  # parameter sets rarely change; do not grow without bound
+            if len(self._plans) >= 256:  # parameter sets rarely change; do not grow without bound
                 self._plans.clear()
             plan = self._plans[key] = StripePlan(self.codec, key[0], k, self.axis)
         return plan
@@ -172,17 +201,103 @@ class TwoPhasePattern:
         Results: the mean over ranks, twice quantized, of each gradient's shape, dtype and device;
         bitwise equal on every rank. ``info``: ``k``, ``payload_bytes_phase1`` (this rank's K
         segments), ``payload_bytes_phase2`` (its owned stripes' requantized payloads),
-        ``sent_bytes`` (phase 1 to the K-1 other owners plus its phase-2 part times K-1)."""
+        ``sent_bytes`` (phase 1 to the K-1 other owners plus its phase-2 part times K-1).
+
+        With ``chunk_bytes`` the bucket goes in chunks of consecutive tensors, each through the
+        four phases on its own (:meth:`_exchange_chunks`); the results are the same bits."""
         memory = bucket.state.memory
         if not isinstance(memory, ErrorFeedback):
             raise ValueError(f"two-phase exchange works with error feedback only, got {memory!r}")
         k, rank, names, grads = comm.size, comm.rank, bucket.names, bucket.grads
-        plan = self.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
+        entries = [(n, tuple(grads[n].shape), grads[n].dtype) for n in names]
+        chunks = plan_chunks(self.codec, entries, self.chunk_bytes) if self.chunk_bytes and k > 1 else [entries]
+        pipelined = len(chunks) > 1 and self.threads_allowed(comm)
+        plans = [self.plan(chunk, k) for chunk in chunks] if pipelined else [self.plan(entries, k)]
         positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
+        jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
+        flat = [job for chunk_jobs in jobs for job in chunk_jobs]
+        options = iter(agree_scales(self.codec, comm, len(flat),
+                                    lambda: [g_s if r_s is None else g_s + r_s for _, _, g_s, _, r_s in flat],
+                                    stats, totals))
+        chunk_options = [[next(options) for _ in chunk_jobs] for chunk_jobs in jobs]
+        results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
+        devices = {n: grads[n].device for n in names}
+        work = [_ChunkWork(plan, chunk_jobs, opts) for plan, chunk_jobs, opts in zip(plans, jobs, chunk_options)]
+        if pipelined:
+            self._exchange_chunks(comm, work, bucket, positions, devices, results, stats)
+        else:
+            for w in work:
+                w.phase1 = self._phase1(comm, w, positions, stats)
+                w.recv = comm.alltoallv(*w.phase1) if k > 1 else w.phase1[0]
+                w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
+                w.parts = comm.allgatherv_known(*w.phase3) if k > 1 else [w.phase3[0]]
+                self._phase4(w, devices, results, stats)
+        phase1 = sum(p.payload_bytes_phase1 for p in plans)
+        phase2 = sum(p.payload_bytes_phase2(rank) for p in plans)
+        sent = sum(p.sent_bytes(rank) for p in plans)
+        info = {"k": k, "payload_bytes_phase1": phase1, "payload_bytes_phase2": phase2, "sent_bytes": sent,
+                "chunks": len(plans)}
+        return BucketOutcome(results, phase1, sent, info)
 
-        # 1. worker side: compensate and encode every non-empty stripe
-        segments = self._encode_stripes(comm, plan, bucket, positions, stats, totals)
-        # 2. alltoallv: segment j (stripe j of every tensor) to owner j
+    def _exchange_chunks(self, comm, work: List["_ChunkWork"], bucket: Bucket, positions: StepPositions,
+                         devices, results, stats: ExchangeStats) -> None:
+        """The chunks' phases in a fixed schedule: encode chunk c, then the owner step of chunk
+        c-1, then the decode of chunk c-2; the two collectives of each chunk run on the wire
+        thread in the order they are submitted, which is the same on every rank."""
+        submitted = []
+        try:
+            def owner_step(w):
+                with stats.timed("exchange_s", phase="wait"):
+                    w.recv = w.alltoallv.result()
+                w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
+                w.allgatherv = self._wire.submit(timed_wire, stats, comm.allgatherv_known, *w.phase3)
+                submitted.append(w.allgatherv)
+
+            def finish(w):
+                with stats.timed("exchange_s", phase="wait"):
+                    w.parts = w.allgatherv.result()
+                self._phase4(w, devices, results, stats)
+
+            for c, w in enumerate(work):
+                w.phase1 = self._phase1(comm, w, positions, stats)
+                w.alltoallv = self._wire.submit(timed_wire, stats, comm.alltoallv, *w.phase1)
+                submitted.append(w.alltoallv)
+                if c >= 1:
+                    owner_step(work[c - 1])
+                if c >= 2:
+                    finish(work[c - 2])
+            owner_step(work[-1])
+            for w in work[-2:]:
+                finish(w)
+        except BaseException:
+            WireThread.cancel(submitted)
+            raise
+
+    # -- the phases -----------------------------------------------------------------
+    def _stripe_jobs(self, plan: StripePlan, bucket: Bucket, stats: ExchangeStats) -> list:
+        """``(name, stripe, g_s, full residual, r_s)`` of every non-empty stripe of the plan's tensors."""
+        memory = bucket.state.memory
+        with stats.timed("encode_s"):
+            jobs = []
+            for n, _, _ in plan.entries:
+                g = bucket.grads[n].detach()
+                r = memory.residual(n, g) if memory.enabled else None
+                for st in plan.stripes[n]:
+                    if st.numel:
+                        jobs.append((n, st, st.take(g), r, None if r is None else st.take(r)))
+        return jobs
+
+    def _phase1(self, comm, w: "_ChunkWork", positions: StepPositions, stats: ExchangeStats):
+        """Worker side: every stripe compensated and encoded (worker residual updated), packed
+        for the alltoallv: ``(send, send counts, receive counts)``."""
+        plan = w.plan
+        with stats.timed("encode_s"):
+            segments: List[Dict[str, Payload]] = [{} for _ in range(plan.k)]
+            for (n, st, g_s, r, r_s), opts in zip(w.jobs, w.options):
+                self.codec.reset_stream(positions(n, st.owner, 0))
+                segments[st.owner][stripe_key(n, st.owner)] = encode_with_residual(self.codec, g_s, r_s, **opts)
+                if r_s is not None and not st.is_view:
+                    st.put(r, r_s)
         with stats.timed("exchange_s"):
             counts = [layout.nbytes for layout in plan.layouts]
             send = torch.empty(sum(counts), dtype=torch.uint8)
@@ -190,59 +305,37 @@ class TwoPhasePattern:
             for layout, payloads, size in zip(plan.layouts, segments, counts):
                 layout.pack(payloads, out=send[offset:offset + size])
                 offset += size
-            mine = plan.layouts[rank]
-            recv = comm.alltoallv(send, counts, [mine.nbytes] * k) if k > 1 else send
-        # 3. owner side: mean over ranks, owner residual, requantize
-        devices = {key: grads[n].device for key, (n, _) in plan.where.items()}
+        return send, counts, [plan.layouts[comm.rank].nbytes] * plan.k
+
+    def _phase3(self, comm, w: "_ChunkWork", bucket: Bucket, positions: StepPositions, devices,
+                stats: ExchangeStats):
+        """Owner side: the mean over ranks of each owned stripe, owner residual, requantized and
+        packed for the allgatherv: ``(part, counts)``."""
+        plan, k = w.plan, w.plan.k
+        mine = plan.layouts[comm.rank]
+        stripe_devices = {key: devices[n] for key, (n, _) in plan.where.items()}
         with stats.timed("decode_s"):
             means = [(key, self.codec.decode_mean_stacked(stacked))
-                     for key, stacked in mine.unpack(recv.view(k, mine.nbytes), devices)]
+                     for key, stacked in mine.unpack(w.recv.view(k, mine.nbytes), stripe_devices)]
         with stats.timed("encode_s"):
             owned = {key: self._requantize(bucket.state.owner_memory, plan, key, mean, positions)
                      for key, mean in means}
-        # 4. allgatherv of the owners' payloads; decode every stripe into the results
         with stats.timed("exchange_s"):
             part = mine.pack(owned)
-            parts = comm.allgatherv_known(part, counts) if k > 1 else [part]
+        return part, [layout.nbytes for layout in plan.layouts]
+
+    def _phase4(self, w: "_ChunkWork", devices, results, stats: ExchangeStats) -> None:
+        """Every owner's requantized stripes decoded into their place in the results."""
+        plan = w.plan
+        stripe_devices = {key: devices[n] for key, (n, _) in plan.where.items()}
         with stats.timed("decode_s"):
-            results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
-            for layout, buf in zip(plan.layouts, parts):
-                for key, stacked in layout.unpack(buf.view(1, layout.nbytes), devices):
+            for layout, buf in zip(plan.layouts, w.parts):
+                for key, stacked in layout.unpack(buf.view(1, layout.nbytes), stripe_devices):
                     n, st = plan.where[key]
                     if st.is_view:
                         self.codec.decode(_first(stacked), out=st.take(results[n]))
                     else:
                         st.put(results[n], self.codec.decode(_first(stacked)))
-        info = {"k": k, "payload_bytes_phase1": plan.payload_bytes_phase1,
-                "payload_bytes_phase2": plan.payload_bytes_phase2(rank), "sent_bytes": plan.sent_bytes(rank)}
-        return BucketOutcome(results, plan.payload_bytes_phase1, plan.sent_bytes(rank), info)
-
-    # -- the phases -----------------------------------------------------------------
-    def _encode_stripes(self, comm, plan: StripePlan, bucket: Bucket, positions: StepPositions,
-                        stats: ExchangeStats, totals: StepTotals) -> List[dict]:
-        """Phase 1: ``segments[j][stripe_key(name, j)]`` = this rank's payload of stripe j of
-        ``name`` (worker residual compensated and updated when error feedback is on; shared
-        scales agreed in one MAX-allreduce)."""
-        memory = bucket.state.memory
-        with stats.timed("encode_s"):
-            jobs = []  # (name, stripe, g_s, full residual, r_s)
-            for n in bucket.names:
-                g = bucket.grads[n].detach()
-                r = memory.residual(n, g) if memory.enabled else None
-                for st in plan.stripes[n]:
-                    if st.numel:
-                        jobs.append((n, st, st.take(g), r, None if r is None else st.take(r)))
-        options = agree_scales(self.codec, comm, len(jobs),
-                               lambda: [g_s if r_s is None else g_s + r_s for _, _, g_s, _, r_s in jobs],
-                               stats, totals)
-        with stats.timed("encode_s"):
-            segments: List[Dict[str, Payload]] = [{} for _ in range(plan.k)]
-            for (n, st, g_s, r, r_s), opts in zip(jobs, options):
-                self.codec.reset_stream(positions(n, st.owner, 0))
-                segments[st.owner][stripe_key(n, st.owner)] = encode_with_residual(self.codec, g_s, r_s, **opts)
-                if r_s is not None and not st.is_view:
-                    st.put(r, r_s)
-        return segments
 
     def _requantize(self, owner_memory: ErrorFeedback, plan: StripePlan, key: str, mean: torch.Tensor,
                     positions: StepPositions) -> Payload:

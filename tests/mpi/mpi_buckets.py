@@ -88,27 +88,29 @@ def test_buckets_and_overlap_change_nothing(codec, pattern):
 
 
 @needs_peers
-@pytest.mark.parametrize("codec", ["onebit", "terngrad", "qsgd"])
-def test_pipelined_chunks_change_nothing(codec):
-    """A bucket sent as pipelined chunks (one allgather each on the wire thread) gives the same
-    bits as one allgather, with and without buckets and overlap, and the same bytes but for
-    each chunk's padding to 8 bytes."""
+@pytest.mark.parametrize("codec, pattern", [c for c in CASES if c[0] != "dgc"] + [("qsgd", "allgather")])
+def test_pipelined_chunks_change_nothing(codec, pattern):
+    """A bucket sent as pipelined chunks (each chunk's collectives on the wire thread) gives the
+    same bits as the bucket at once, with and without buckets and overlap, and the same bytes
+    but for each chunk's padding to 8 bytes."""
     make = CODECS[codec]
     for pipeline_bytes, bucket_bytes in ((1, None), (300, None), (300, 5000), (1, 64)):
-        baseline, base_comp = train(lambda named: make(named, pattern="allgather", pipeline_bytes=None,
+        baseline, base_comp = train(lambda named: make(named, pattern=pattern, pipeline_bytes=None,
                                                        bucket_bytes=bucket_bytes))
-        history, comp = train(lambda named: make(named, pattern="allgather", pipeline_bytes=pipeline_bytes,
+        history, comp = train(lambda named: make(named, pattern=pattern, pipeline_bytes=pipeline_bytes,
                                                  bucket_bytes=bucket_bytes))
         for step, (got, want) in enumerate(zip(history, baseline)):
             assert torch.equal(got, want), f"{codec} pipeline_bytes={pipeline_bytes} bucket_bytes={bucket_bytes} " \
                                            f"step {step}: differs from one allgather per bucket"
         got, want = comp.stats(), base_comp.stats()
         assert got["tensors"] == want["tensors"]
-        padding = 8 * got["tensors"]  # at most 7 bytes per chunk, at most one chunk per tensor
-        assert 0 <= got["bytes_payload"] - want["bytes_payload"] < padding
-        assert 0 <= got["bytes_sent"] - want["bytes_sent"] < (SIZE - 1) * padding
-        assert comp.engine._patterns["allgather"]._wire._executor is not None, "the bucket was not pipelined"
-    assert base_comp.engine._patterns["allgather"]._wire._executor is None
+        # at most 7 bytes per fused layout (1 per chunk for the allgather, K for two-phase), at most
+        # one chunk per tensor
+        padding = 8 * got["tensors"]
+        assert 0 <= got["bytes_payload"] - want["bytes_payload"] < SIZE * padding
+        assert 0 <= got["bytes_sent"] - want["bytes_sent"] < 2 * SIZE * padding
+        assert comp.engine._patterns[pattern]._wire._executor is not None, "the bucket was not pipelined"
+        assert base_comp.engine._patterns[pattern]._wire._executor is None
 
 
 def test_bad_pipeline_bytes_is_a_clear_error():
