@@ -54,14 +54,16 @@ def test_memory_run_under_mpirun(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in eb.MPI_ENV and not k.startswith(("OMPI_COMM", "PMIX"))}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "horovod_gradcomp.bench", "memory", "--np", "2", "--shapes", "small", "--steps", "2",
-           "--configs", "onebit,onebit:pattern=two_phase,dgc:density=0.001", "--json", str(out),
+           "--configs", "onebit,onebit:pattern=two_phase,dgc:density=0.001,dgc:density=0.001,momentum=0.9", "--json", str(out),
            "--timeout", str(TIMEOUT_S - 10)]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert res.returncode == 0, res.stderr[-4000:]
     rows = {r["config"]: r for r in json.loads(out.read_text())}
     assert rows["onebit"]["x_model"]["residuals"] == 1.0 and "owner_residuals" not in rows["onebit"]["x_model"]
     assert rows["onebit:pattern=two_phase"]["x_model"]["owner_residuals"] == pytest.approx(0.5, abs=0.01)
-    assert rows["dgc:density=0.001"]["x_model"]["held_total"] == 2.0
+    # momentum 0 (the bench's plain SGD): the accumulation only; with momentum, the velocity too
+    assert rows["dgc:density=0.001"]["x_model"]["held_total"] == 1.0
+    assert rows["dgc:density=0.001,momentum=0.9"]["x_model"]["held_total"] == 2.0
     onebit = rows["onebit"]
     # 1-bit payloads are about 1/32 of fp32; at K=2 the allgather receives 2 payloads and sends 1
     assert 0.02 < onebit["x_model"]["payloads_per_step"] < 0.1

@@ -103,7 +103,8 @@ class DGCMemory:
         schedule: the :class:`DensitySchedule` giving each encode its density (the codec's
             own ``density`` stays the final one).
         velocities: name -> ``u``; accumulations: name -> ``v`` (both the gradient's shape
-            and dtype, created as zeros on first use).
+            and dtype, created as zeros on first use; no velocities with momentum 0, where
+            ``u`` would only ever hold the last gradient).
         epoch, step: the warm-up clock (``set_epoch``; ``end_step`` counts exchanges).
         momentum_from_optimizer: ``momentum``/``nesterov`` are taken from the wrapped optimizer
             (:meth:`adopt_momentum`) rather than given; they are then saved in checkpoints and
@@ -192,14 +193,22 @@ class DGCMemory:
         return buf
 
     def encode(self, codec: Codec, name: str, grad: torch.Tensor) -> Payload:
-        """Fold ``grad`` into ``name``'s momentum and accumulation, select, mask; return the payload."""
-        u = self._buffer(self.velocities, name, grad)
+        """Fold ``grad`` into ``name``'s momentum and accumulation, select, mask; return the payload.
+
+        With momentum 0, ``u`` would be ``c * g`` itself at every step (``u <- 0 * u + c g``), so
+        no velocity is kept: ``v <- v + c g`` directly, with the same two roundings (one pass
+        and one model-sized buffer less)."""
         v = self._buffer(self.accumulations, name, grad)
-        codec.accumulate_(u, v, grad, self.momentum, self.nesterov, self._clip_coef)
+        if self.momentum == 0.0:
+            u = None
+            v.add_(grad if self._clip_coef == 1.0 else grad * self._clip_coef)
+        else:
+            u = self._buffer(self.velocities, name, grad)
+            codec.accumulate_(u, v, grad, self.momentum, self.nesterov, self._clip_coef)
         payload, sent = codec.encode_with_indices(v, density=self.current_density())
         sent = sent.long()
         v.view(-1).index_fill_(0, sent, 0)
-        if self.momentum_masking:
+        if self.momentum_masking and u is not None:
             u.view(-1).index_fill_(0, sent, 0)
         return payload
 
