@@ -22,17 +22,30 @@ def _inputs():
 
 def test_allgather_and_two_phase_terms():
     inp = _inputs()
-    p = cm.predict("onebit/allgather", 8, 1e9, inp, alpha_s=1e-5)
+    p = cm.predict("onebit/allgather", 8, 1e9, inp, alpha_s=1e-5, pipeline_bytes=None)
     assert p["bytes_per_rank"] == 7 * 125_000
     assert p["wire_ms"] == pytest.approx(1e3 * 8 * 7 * 125_000 / 1e9)
     assert p["cpu_ms"] == pytest.approx(50 + 10 + 8 * 4)
     assert p["latency_ms"] == pytest.approx(1e3 * (2 * 3 + 7) * 1e-5)     # placeholder + preamble, ring allgather
-    q = cm.predict("onebit/two_phase", 8, 1e9, inp, alpha_s=1e-5)
+    q = cm.predict("onebit/two_phase", 8, 1e9, inp, alpha_s=1e-5, pipeline_bytes=None)
     assert q["bytes_per_rank"] == pytest.approx(2 * 7 / 8 * 125_000)
     assert q["cpu_ms"] == pytest.approx(50 + (1 + 1 / 8) * 10 + 8 * 4 / 8 + 4)
     inp.codecs["onebit"].update(dmean1_ms=5.0, dmean8_ms=12.0)       # measured decode-means: linear in K
     assert cm.predict("onebit/allgather", 15, 1e9, inp)["cpu_ms"] == pytest.approx(50 + 10 + 5 + 14 * 1.0)
     assert q["step_ms"] == pytest.approx(q["cpu_ms"] + q["wire_ms"] + q["latency_ms"])
+
+
+def test_pipelined_chunks_overlap_codec_and_wire():
+    inp = _inputs()
+    whole = cm.predict("qsgd4/allgather", 8, 1e9, inp, alpha_s=0, pipeline_bytes=None)
+    assert whole["chunks"] == 1 and whole["step_ms"] == pytest.approx(whole["cpu_ms"] + whole["wire_ms"])
+    piped = cm.predict("qsgd4/allgather", 8, 1e9, inp, alpha_s=0, pipeline_bytes=100_000)
+    assert piped["chunks"] == 5                           # 500 kB of payload in chunks of 100 kB
+    codec = 20 + 8 * 8                                    # encode + 8 single decodes (no decode-mean inputs)
+    wire = 1e3 * 8 * 7 * 500_000 / 1e9                    # 28 ms: less than the codec's 84
+    assert piped["step_ms"] == pytest.approx(50 + codec + wire - wire * (1 - 1 / 5))
+    # dgc is variable-size: never chunked
+    assert cm.predict("dgc/allgather", 8, 1e9, inp, pipeline_bytes=1)["chunks"] == 1
 
 
 def test_dense_powersgd_and_harness_layout():

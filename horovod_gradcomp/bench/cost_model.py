@@ -23,6 +23,11 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
   ``ceil(log2 K)`` each);
 * ``cpu``: ``max(1, K / cores)`` when K ranks share ``cores`` cores (the harness), else 1.
 
+Pipelined chunks (the default for fixed-size codecs, ``pipeline_bytes``): a bucket of ``N``
+chunks encodes chunk i+1 and decodes chunk i-1 while chunk i is on the wire, so the codec and
+the wire overlap: ``cpu * codec(K) + wire(K)`` becomes ``max(cpu * codec(K), wire(K)) +
+min(cpu * codec(K), wire(K)) / N`` (``N``: the payload over the chunk size).
+
 Two refinements when the inputs have them (``--measure`` records both):
 
 * in situ (codecs and PowerSGD): ``compute + codec(2)`` is replaced by the measured step of
@@ -49,6 +54,8 @@ import sys
 import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
+
+from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 
 COMMAND = "model"
 HELP = "PREDICTED step time per method, pattern, K and link rate, from measured inputs (--check: against the harness)"
@@ -103,16 +110,19 @@ def methods() -> List[str]:
 
 
 def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: float = 25e-6,
-            layout: str = "switch", cores: Optional[float] = None) -> dict:
+            layout: str = "switch", cores: Optional[float] = None,
+            pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES) -> dict:
     """Predicted ms of one step of ``method`` (a :func:`methods` label) on ``k`` ranks:
-    ``step_ms`` and its terms (``cpu_ms``, ``wire_ms``, ``latency_ms``, ``bytes_per_rank``).
-    ``layout``: ``switch`` (a full-duplex link per rank) or ``loopback`` (one link for all)."""
+    ``step_ms`` and its terms (``cpu_ms``, ``wire_ms``, ``latency_ms``, ``bytes_per_rank``,
+    ``chunks``: pipelined chunks, 1 without). ``layout``: ``switch`` (a full-duplex link per
+    rank) or ``loopback`` (one link for all). ``pipeline_bytes``: the factories' option (None:
+    no pipelined chunks)."""
     if k < 1:
         raise ValueError(f"K must be >= 1, got {k}")
     n = inputs.numel
     log_k = math.ceil(math.log2(k)) if k > 1 else 0
     ring = 2.0 * (k - 1) / k
-    codec_ms, codec_ref_ms, messages = 0.0, 0.0, 0
+    codec_ms, codec_ref_ms, messages, chunks = 0.0, 0.0, 0, 1
     if method == "fp32":
         sent, messages = ring * 4 * n, 2 * (k - 1)
     elif method == "fp16":
@@ -126,15 +136,17 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         key, pattern = method.split("/")
         c = inputs.codecs[key]
         messages = 2 * log_k                                   # Horovod's placeholder allreduce, the preamble
+        if pipeline_bytes and key not in VARIABLE and k > 1:
+            chunks = max(1, int(c["bytes"] // pipeline_bytes))
         if pattern == "allgather":
             sent = (k - 1) * c["bytes"]
-            messages += (k - 1) * (2 if key in VARIABLE else 1)  # variable size: sizes first
+            messages += (k - 1) * (2 if key in VARIABLE else chunks)  # variable size: sizes first
             codec_ms, codec_ref_ms = c["encode_ms"] + dmean(c, k), c["encode_ms"] + dmean(c, IN_SITU_NP)
         elif pattern == "two_phase":
             if key in VARIABLE:
                 raise ValueError(f"{key} has variable-size payloads: allgather only")
             sent = ring * c["bytes"]
-            messages += 2 * (k - 1)
+            messages += 2 * (k - 1) * chunks
             codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
             m = IN_SITU_NP
             codec_ref_ms = (1 + 1 / m) * c["encode_ms"] + dmean(c, m) / m + c["decode_ms"]
@@ -150,8 +162,13 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         cpu_ms = cpu * (inputs.in_situ[method] + codec_ms - codec_ref_ms)
     else:
         cpu_ms = cpu * (inputs.compute_ms + codec_ms)
-    return {"method": method, "k": k, "rate_bits_per_s": bits_per_s, "step_ms": cpu_ms + wire_ms + latency_ms,
-            "cpu_ms": cpu_ms, "wire_ms": wire_ms, "latency_ms": latency_ms, "bytes_per_rank": sent}
+    step_ms = cpu_ms + wire_ms + latency_ms
+    if chunks > 1:  # the codec's share of the CPU term overlaps the wire
+        overlapped = min(cpu * codec_ms, wire_ms)
+        step_ms -= overlapped * (1 - 1 / chunks)
+    return {"method": method, "k": k, "rate_bits_per_s": bits_per_s, "step_ms": step_ms,
+            "cpu_ms": cpu_ms, "wire_ms": wire_ms, "latency_ms": latency_ms, "bytes_per_rank": sent,
+            "chunks": chunks}
 
 
 def dmean(c: dict, k: int) -> float:
