@@ -26,7 +26,7 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
 Pipelined chunks (the default for fixed-size codecs, ``pipeline_bytes``): a bucket of ``N``
 chunks encodes chunk i+1 and decodes chunk i-1 while chunk i is on the wire, so the codec and
 the wire overlap: ``cpu * codec(K) + wire(K)`` becomes ``max(cpu * codec(K), wire(K)) +
-min(cpu * codec(K), wire(K)) / N`` (``N``: the payload over the chunk size).
+min(cpu * codec(K), wire(K)) / N`` (``N``: the payload over the chunk size, at most 8).
 
 Two refinements when the inputs have them (``--measure`` records both):
 
@@ -55,7 +55,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
+from ..exchange.pipeline import DEFAULT_CHUNK_BYTES, MAX_CHUNKS
 
 COMMAND = "model"
 HELP = "PREDICTED step time per method, pattern, K and link rate, from measured inputs (--check: against the harness)"
@@ -137,7 +137,7 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         c = inputs.codecs[key]
         messages = 2 * log_k                                   # Horovod's placeholder allreduce, the preamble
         if pipeline_bytes and key not in VARIABLE and k > 1:
-            chunks = max(1, int(c["bytes"] // pipeline_bytes))
+            chunks = max(1, min(MAX_CHUNKS, int(c["bytes"] // pipeline_bytes)))
         if pattern == "allgather":
             sent = (k - 1) * c["bytes"]
             messages += (k - 1) * (2 if key in VARIABLE else chunks)  # variable size: sizes first

@@ -25,21 +25,26 @@ from ..codecs.base import Codec
 #: Default payload bytes per chunk (the factories' ``pipeline_bytes``): measured on ResNet-50's
 #: shapes (docs/results/README.md, "Pipelined exchange").
 DEFAULT_CHUNK_BYTES = 1 << 19
+#: At most this many chunks per bucket: larger payloads get larger chunks (every chunk costs
+#: its collectives' latency and, on a shared core, the wire thread's polling).
+MAX_CHUNKS = 8
 
 
 def plan_chunks(codec: Codec, entries: Sequence[Tuple[str, torch.Size, torch.dtype]],
-                chunk_bytes: int) -> List[List[Tuple[str, torch.Size, torch.dtype]]]:
+                chunk_bytes: int, max_chunks: int = MAX_CHUNKS) -> List[List[Tuple[str, torch.Size, torch.dtype]]]:
     """``entries`` (name, shape, dtype in exchange order) cut into consecutive chunks of at least
-    ``chunk_bytes`` of payload each (whole tensors; the last chunk takes the remainder, and one
-    of less than half ``chunk_bytes`` joins the chunk before it). Depends on shapes only, so
-    every rank gets the same chunks."""
-    if chunk_bytes <= 0:
-        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    ``max(chunk_bytes, payload / max_chunks)`` of payload each (whole tensors; the last chunk
+    takes the remainder, and one of less than half that size joins the chunk before it).
+    Depends on shapes only, so every rank gets the same chunks."""
+    if chunk_bytes <= 0 or max_chunks <= 0:
+        raise ValueError(f"chunk_bytes and max_chunks must be positive, got {chunk_bytes}, {max_chunks}")
+    sizes = [codec.payload_nbytes(shape, dtype) for _, shape, dtype in entries]
+    chunk_bytes = max(chunk_bytes, -(-sum(sizes) // max_chunks))
     chunks: List[list] = []
     current, size = [], 0
-    for entry in entries:
+    for entry, nbytes in zip(entries, sizes):
         current.append(entry)
-        size += codec.payload_nbytes(entry[1], entry[2])
+        size += nbytes
         if size >= chunk_bytes:
             chunks.append(current)
             current, size = [], 0
@@ -91,4 +96,4 @@ def timed_wire(stats, collective, *args):
         return collective(*args)
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "WireThread", "plan_chunks", "timed_wire"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WireThread", "plan_chunks", "timed_wire"]
