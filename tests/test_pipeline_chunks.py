@@ -48,3 +48,22 @@ def test_wire_thread_runs_calls_in_submission_order_on_one_thread():
     with pytest.raises(ZeroDivisionError):
         failing.result(timeout=10)
     WireThread.cancel([failing, wire.submit(lambda: None)])            # waits, never raises
+
+
+def test_wire_poll_interval_from_the_environment(monkeypatch):
+    from horovod_gradcomp.exchange import pipeline
+    from horovod_gradcomp.exchange.communicator import MPICommunicator
+    monkeypatch.delenv(pipeline.WIRE_POLL_ENV, raising=False)
+    assert pipeline.wire_poll_s() == pipeline.WIRE_POLL_S
+    monkeypatch.setenv(pipeline.WIRE_POLL_ENV, "0")
+    plain = MPICommunicator(comm=object())
+    assert pipeline.wire_communicator(plain) is plain                  # 0: blocking collectives
+    monkeypatch.setenv(pipeline.WIRE_POLL_ENV, "1e-3")
+    polled = pipeline.wire_communicator(plain)
+    assert polled is not plain and polled.comm._interval == 1e-3
+    other = object()                                                   # no polling(): used as is
+    assert pipeline.wire_communicator(other) is other
+    for bad in ("-1", "soon", "inf", "nan"):
+        monkeypatch.setenv(pipeline.WIRE_POLL_ENV, bad)
+        with pytest.raises(ValueError, match=pipeline.WIRE_POLL_ENV):
+            pipeline.wire_poll_s()

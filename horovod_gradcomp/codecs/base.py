@@ -93,7 +93,7 @@ class Codec:
         return out
 
     def payload_nbytes(self, shape: Sequence[int], dtype: torch.dtype) -> int:
-        return sum(numel * torch.empty((), dtype=dt).element_size() for _, dt, numel in self.layout(shape, dtype))
+        return sum(numel * dt.itemsize for _, dt, numel in self.layout(shape, dtype))
 
     def decode_mean_stacked(self, stacked: Payload, scale: float | None = None,
                     out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -274,7 +274,7 @@ def reference_index_decode(code: torch.Tensor, count: int, n: int) -> torch.Tens
     """Inverse of :func:`reference_index_encode`: ``count`` indices (int32, or int64 when
     n >= 2^31), checked strictly increasing and in ``[0, n)``."""
     want = index_dtype(n)
-    absolute = torch.empty((), dtype=want).element_size()
+    absolute = want.itemsize
     if count == 0:
         if code.numel():
             raise ValueError(f"dgc: {code.numel()} bytes of index code for 0 values")

@@ -21,7 +21,7 @@ from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .pipeline import WireThread, plan_chunks, timed_wire
+from .pipeline import WireThread, plan_chunks, timed_wire, wire_communicator
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
@@ -95,6 +95,7 @@ class AllgatherPattern:
         """The fixed-size exchange chunk by chunk: chunk i's allgather on the wire thread while
         chunk i+1 is encoded here; each chunk decoded as soon as its bytes are in."""
         options = self.agree(comm, bucket, stats, totals)
+        wire = wire_communicator(comm)
         results, payload = {}, 0
         inflight: deque = deque()
 
@@ -113,7 +114,7 @@ class AllgatherPattern:
                 layout = self.layout(names, pending)
                 with stats.timed("exchange_s"):
                     send = layout.pack(pending)
-                inflight.append((layout, self._wire.submit(timed_wire, stats, comm.allgather, send)))
+                inflight.append((layout, self._wire.submit(timed_wire, stats, wire.allgather, send)))
                 payload += layout.nbytes
                 while inflight and inflight[0][1].done():
                     decode(*inflight.popleft())

@@ -43,6 +43,14 @@ class MPICommunicator:
     def size(self) -> int:
         return self.comm.Get_size()
 
+    def polling(self, interval_s: float) -> "MPICommunicator":
+        """This communicator (the same MPI communicator: collectives keep their order) with
+        collectives that wait by ``Test`` + ``sleep(interval_s)`` instead of spinning, for a
+        thread that waits while another thread of the rank computes
+        (:mod:`horovod_gradcomp.exchange.polling`)."""
+        from .polling import polling_view
+        return polling_view(self, interval_s)
+
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
         """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
         if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":

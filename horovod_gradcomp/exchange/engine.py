@@ -46,7 +46,7 @@ from .bucket import Bucket
 from .buckets import BucketPlan
 from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
-from .pipeline import DEFAULT_CHUNK_BYTES
+from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .stripes import stripe_key
 from .two_phase import TwoPhasePattern
 from .watchdog import default_watchdog, resolve_timeout
@@ -99,6 +99,7 @@ class StepEngine:
         self.pattern, self.bucket_bytes = pattern, bucket_bytes
         self.overlap, self.check_agreement = bool(overlap), check_agreement
         self.pipeline_bytes = pipeline_bytes or None
+        wire_poll_s()  # a bad HOROVOD_GRADCOMP_WIRE_POLL_S fails here, on every rank, before any step
         self.communicator = communicator
         self.timeout = resolve_timeout(timeout)
         self.watchdog = default_watchdog()

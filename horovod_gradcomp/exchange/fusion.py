@@ -29,11 +29,7 @@ class Slot:
 
     @property
     def nbytes(self) -> int:
-        return self.numel * _itemsize(self.dtype)
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+        return self.numel * self.dtype.itemsize
 
 
 class FusedLayout:
@@ -49,12 +45,12 @@ class FusedLayout:
         specs = [(k, name, dt, numel)
                  for k, shape, dtype in self.entries
                  for name, dt, numel in codec.layout(shape, dtype)]
-        specs.sort(key=lambda s: -_itemsize(s[2]))  # stable: keeps the exchange order within a size
+        specs.sort(key=lambda s: -s[2].itemsize)  # stable: keeps the exchange order within a size
         self.slots: Dict[str, Dict[str, Slot]] = {k: {} for k, _, _ in self.entries}
         offset = 0
         for k, name, dt, numel in specs:
             self.slots[k][name] = Slot(k, name, dt, numel, offset)
-            offset += numel * _itemsize(dt)
+            offset += numel * dt.itemsize
         self.payload_bytes = offset
         self.nbytes = (offset + ALIGN - 1) // ALIGN * ALIGN
 

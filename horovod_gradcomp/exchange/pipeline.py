@@ -14,6 +14,7 @@ is local).
 """
 from __future__ import annotations
 
+import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Sequence, Tuple
@@ -25,6 +26,12 @@ from ..codecs.base import Codec
 #: Default payload bytes per chunk (the factories' ``pipeline_bytes``): measured on ResNet-50's
 #: shapes (docs/results/README.md, "Pipelined exchange").
 DEFAULT_CHUNK_BYTES = 1 << 19
+#: How the wire thread waits for an MPI collective by default: ``Test`` every this many seconds,
+#: sleeping in between, so that it does not take the core from the thread that encodes the next
+#: chunk (measured: docs/results/README.md, "Pipelined exchange"). The environment variable
+#: ``HOROVOD_GRADCOMP_WIRE_POLL_S`` overrides it; 0 there means blocking (spinning) collectives.
+WIRE_POLL_S = 5e-5
+WIRE_POLL_ENV = "HOROVOD_GRADCOMP_WIRE_POLL_S"
 #: At most this many chunks per bucket: larger payloads get larger chunks (every chunk costs
 #: its collectives' latency and, on a shared core, the wire thread's polling).
 MAX_CHUNKS = 8
@@ -88,6 +95,30 @@ class WireThread:
                     pass
 
 
+def wire_poll_s() -> float:
+    """The wire thread's polling interval: ``HOROVOD_GRADCOMP_WIRE_POLL_S`` if set (seconds, >= 0;
+    0: blocking collectives), else :data:`WIRE_POLL_S`."""
+    raw = os.environ.get(WIRE_POLL_ENV)
+    if raw is None:
+        return WIRE_POLL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise ValueError(f"{WIRE_POLL_ENV} must be a number of seconds >= 0 (0: blocking collectives), got {raw!r}")
+    return value
+
+
+def wire_communicator(comm):
+    """What the wire thread calls: ``comm.polling(interval)`` when the communicator can poll
+    (mpi4py) and the interval (:func:`wire_poll_s`) is not 0; ``comm`` itself otherwise
+    (Horovod's and torch.distributed's collectives wait in their own threads)."""
+    interval = wire_poll_s()
+    polling = getattr(comm, "polling", None)
+    return polling(interval) if polling is not None and interval > 0 else comm
+
+
 def timed_wire(stats, collective, *args):
     """``collective(*args)`` on the wire thread, recorded as ``wire`` when a timeline is attached."""
     if stats.timeline is None:
@@ -96,4 +127,4 @@ def timed_wire(stats, collective, *args):
         return collective(*args)
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WireThread", "plan_chunks", "timed_wire"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WIRE_POLL_ENV", "WIRE_POLL_S", "WireThread", "plan_chunks", "timed_wire", "wire_communicator", "wire_poll_s"]

@@ -20,7 +20,7 @@ import time
 
 from .communicator import MPICommunicator
 
-__all__ = ["PollingCommunicator"]
+__all__ = ["PollingCommunicator", "polling_view"]
 
 
 class _PollingComm:
@@ -52,6 +52,15 @@ class _PollingComm:
     def _wait(self, request) -> None:
         while not request.Test():
             time.sleep(self._interval)
+
+
+def polling_view(comm: MPICommunicator, interval_s: float) -> MPICommunicator:
+    """``comm``'s MPI communicator behind polling waits (``comm`` itself when it already polls)."""
+    if isinstance(comm.comm, _PollingComm):
+        return comm
+    if not interval_s > 0:
+        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+    return MPICommunicator(_PollingComm(comm.comm, float(interval_s)))
 
 
 class PollingCommunicator(MPICommunicator):

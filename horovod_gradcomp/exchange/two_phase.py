@@ -62,7 +62,7 @@ from ..state.error_feedback import ErrorFeedback, encode_with_residual
 from .bucket import Bucket, BucketOutcome, result_tensor
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout
-from .pipeline import WireThread, plan_chunks, timed_wire
+from .pipeline import WireThread, plan_chunks, timed_wire, wire_communicator
 from .stats import ExchangeStats, StepTotals
 from .stripes import AXES, Stripe, matrix_shape, stripe_key, stripes
 
@@ -244,13 +244,13 @@ class TwoPhasePattern:
         """The chunks' phases in a fixed schedule: encode chunk c, then the owner step of chunk
         c-1, then the decode of chunk c-2; the two collectives of each chunk run on the wire
         thread in the order they are submitted, which is the same on every rank."""
-        submitted = []
+        submitted, wire = [], wire_communicator(comm)
         try:
             def owner_step(w):
                 with stats.timed("exchange_s", phase="wait"):
                     w.recv = w.alltoallv.result()
                 w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
-                w.allgatherv = self._wire.submit(timed_wire, stats, comm.allgatherv_known, *w.phase3)
+                w.allgatherv = self._wire.submit(timed_wire, stats, wire.allgatherv_known, *w.phase3)
                 submitted.append(w.allgatherv)
 
             def finish(w):
@@ -260,7 +260,7 @@ class TwoPhasePattern:
 
             for c, w in enumerate(work):
                 w.phase1 = self._phase1(comm, w, positions, stats)
-                w.alltoallv = self._wire.submit(timed_wire, stats, comm.alltoallv, *w.phase1)
+                w.alltoallv = self._wire.submit(timed_wire, stats, wire.alltoallv, *w.phase1)
                 submitted.append(w.alltoallv)
                 if c >= 1:
                     owner_step(work[c - 1])

@@ -113,6 +113,18 @@ def test_pipelined_chunks_change_nothing(codec, pattern):
         assert base_comp.engine._patterns[pattern]._wire._executor is None
 
 
+@needs_peers
+def test_pipelined_chunks_with_blocking_wire_collectives(monkeypatch):
+    """HOROVOD_GRADCOMP_WIRE_POLL_S=0: the wire thread's collectives block instead of polling;
+    same bits."""
+    make = CODECS["onebit"]
+    baseline, _ = train(lambda named: make(named, pipeline_bytes=None))
+    monkeypatch.setenv("HOROVOD_GRADCOMP_WIRE_POLL_S", "0")
+    history, comp = train(lambda named: make(named, pipeline_bytes=1))
+    assert all(torch.equal(g, w) for g, w in zip(history, baseline))
+    assert comp.engine._patterns["allgather"]._wire._executor is not None
+
+
 def test_bad_pipeline_bytes_is_a_clear_error():
     named = list(Branches().named_parameters())
     for bad in (-1, 1.5, "big", True):

@@ -65,7 +65,7 @@ def unpack_payload(data: np.ndarray, shape, dtype: torch.dtype) -> Payload:
     buffers: Dict[str, torch.Tensor] = {}
     for name, (code, numel, _) in zip(names, meta):
         dt = _DTYPES[int(code)]
-        nbytes = int(numel) * torch.empty((), dtype=dt).element_size()
+        nbytes = int(numel) * dt.itemsize
         if pos + nbytes > data.size:
             raise ValueError(f"unpack_payload: buffer {name!r} runs past the end of the message")
         buffers[name] = torch.from_numpy(data[pos:pos + nbytes].copy()).view(dt)
