@@ -24,7 +24,7 @@ def test_breakdown_adds_up(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in eb.MPI_ENV and not k.startswith(("OMPI_COMM", "PMIX"))}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "horovod_gradcomp.bench", "exchange", "--net", "none", "--np", "2",
-           "--shapes", "small", "--steps", "3", "--warmup", "1", "--configs", "none,onebit,dgc:density=0.001",
+           "--shapes", "small", "--steps", "3", "--warmup", "1", "--configs", "none,onebit,dgc:density=0.001,onebit:pipeline_bytes=64",
            "--breakdown", str(prefix), "--json", str(rows_path), "--timeout", str(TIMEOUT_S - 10)]
     try:
         res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
@@ -34,7 +34,7 @@ def test_breakdown_adds_up(tmp_path):
     assert Path(f"{prefix}.png").read_bytes()[:4] == b"\x89PNG"
     summary = json.loads(Path(f"{prefix}.json").read_text())["configs"]
     rows = {r["config"]: r for r in json.loads(rows_path.read_text())}
-    assert [s["config"] for s in summary] == ["none", "onebit", "dgc:density=0.001"]
+    assert [s["config"] for s in summary] == ["none", "onebit", "dgc:density=0.001", "onebit:pipeline_bytes=64"]
     for s in summary:
         assert len(s["ranks"]) == 2
         for r in s["ranks"]:
@@ -44,7 +44,11 @@ def test_breakdown_adds_up(tmp_path):
                 assert all(v >= -1e-3 for v in main.values()), main          # nesting is consistent
                 assert sum(main.values()) == pytest.approx(st["step_ms"], rel=1e-3, abs=1e-2)
                 assert {"zero_grad", "backward", "hooks", "synchronize", "optimizer"} <= set(main)
-                if s["config"] != "none":     # the codec's exchange runs in the first decompress
+                if s["config"] == "onebit:pipeline_bytes=64":   # chunks: collectives on the wire thread
+                    assert {"decompress", "flush", "preamble", "encode", "wait", "decode"} <= set(main), main
+                    wire = [t for name, t in st["threads"].items() if name.startswith("hgc-wire")]
+                    assert len(wire) == 1 and wire[0]["wire/collective"] > 0, st["threads"]
+                elif s["config"] != "none":     # the codec's exchange runs in the first decompress
                     assert {"decompress", "flush", "preamble", "preamble/collective", "encode",
                             "exchange/collective", "decode"} <= set(main), main
                     assert main["encode"] > 0 and main["exchange/collective"] > 0
@@ -54,7 +58,7 @@ def test_breakdown_adds_up(tmp_path):
     assert "synchronize" in res.stdout and "encode" in res.stdout      # the breakdown table
     # the floor of each codec from the same run: the local (no communication) step plus encode + decode
     floors = {f["config"]: f for f in json.loads(Path(f"{prefix}.json").read_text())["floors"]}
-    assert set(floors) == {"onebit", "dgc:density=0.001"} and "local" in rows
+    assert set(floors) == {"onebit", "dgc:density=0.001", "onebit:pipeline_bytes=64"} and "local" in rows
     for f in floors.values():
         assert f["local_ms"] == rows["local"]["ms_per_step"] and f["codec_ms"] > 0
         assert f["floor_ms"] == pytest.approx(f["local_ms"] + f["codec_ms"], abs=1e-3)   # no link limit here

@@ -54,7 +54,8 @@ def test_memory_run_under_mpirun(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in eb.MPI_ENV and not k.startswith(("OMPI_COMM", "PMIX"))}
     env.update(PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1")
     cmd = [sys.executable, "-m", "horovod_gradcomp.bench", "memory", "--np", "2", "--shapes", "small", "--steps", "2",
-           "--configs", "onebit,onebit:pattern=two_phase,dgc:density=0.001,dgc:density=0.001,momentum=0.9", "--json", str(out),
+           "--configs", "onebit,onebit:pattern=two_phase,dgc:density=0.001,dgc:density=0.001,momentum=0.9,onebit:pipeline_bytes=64",
+           "--json", str(out),
            "--timeout", str(TIMEOUT_S - 10)]
     res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert res.returncode == 0, res.stderr[-4000:]
@@ -68,3 +69,6 @@ def test_memory_run_under_mpirun(tmp_path):
     # 1-bit payloads are about 1/32 of fp32; at K=2 the allgather receives 2 payloads and sends 1
     assert 0.02 < onebit["x_model"]["payloads_per_step"] < 0.1
     assert onebit["buffers_per_step_bytes"] >= 3 * onebit["payload_per_step_bytes"]
+    # pipelined chunks: the wire thread's collectives are recorded too (same bytes, in chunks)
+    piped = rows["onebit:pipeline_bytes=64"]
+    assert piped["buffers_per_step_bytes"] >= 3 * piped["payload_per_step_bytes"] > 0

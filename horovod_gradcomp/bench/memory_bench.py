@@ -146,6 +146,11 @@ class _RecordingComm:
             return result
         return recorded
 
+    def polling(self, interval_s: float):
+        """The wrapped communicator's polling view (the pipelined chunks' wire thread), recorded too."""
+        inner = getattr(self._comm, "polling", None)
+        return _RecordingComm(inner(interval_s), self._rec) if inner is not None else self
+
 
 def measure_config(text: str, shapes, grads, steps: int) -> dict:
     """One rank's measurement of config ``text`` (see the module doc)."""

@@ -76,6 +76,11 @@ class TimedCommunicator:
             return self._timeline.wrap("collective", attr)
         return attr
 
+    def polling(self, interval_s: float):
+        """The wrapped communicator's polling view, recorded the same way."""
+        inner = getattr(self._comm, "polling", None)
+        return TimedCommunicator(inner(interval_s), self._timeline) if inner is not None else self
+
 
 def attach(engine, timeline: Timeline) -> None:
     """Record ``engine``'s timed blocks and collectives (a :class:`~horovod_gradcomp.exchange.engine.StepEngine`)
