@@ -51,9 +51,11 @@ COLORS = {
 }
 
 
-def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
+def time_local(cfg, shapes, grads, steps: int, warmup: int, inject, barrier=None) -> dict:
     """The ``local`` row: the bench's step with a plain SGD and no communication at all
-    (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor."""
+    (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor.
+    ``barrier`` (e.g. ``hvd.barrier``) is called after the warm-up, so that every rank times
+    its steps while the others do too (not while they still set up: that doubled the row)."""
     import time
     import torch
     from .exchange_bench import LR
@@ -66,8 +68,10 @@ def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
         opt.zero_grad()
         inject.apply(grads, *params).backward()
         opt.step()
-    for _ in range(warmup):
+    for _ in range(max(warmup, 3)):
         step()
+    if barrier is not None:
+        barrier()
     seconds = []
     for _ in range(steps):
         t0 = time.perf_counter()
