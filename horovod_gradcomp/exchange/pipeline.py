@@ -14,7 +14,6 @@ is local).
 """
 from __future__ import annotations
 
-import os
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable, List, Sequence, Tuple
@@ -22,6 +21,7 @@ from typing import Callable, List, Sequence, Tuple
 import torch
 
 from ..codecs.base import Codec
+from .env import seconds_from_env
 
 #: Default payload bytes per chunk (the factories' ``pipeline_bytes``): measured on ResNet-50's
 #: shapes (docs/results/README.md, "Pipelined exchange").
@@ -98,16 +98,8 @@ class WireThread:
 def wire_poll_s() -> float:
     """The wire thread's polling interval: ``HOROVOD_GRADCOMP_WIRE_POLL_S`` if set (seconds, >= 0;
     0: blocking collectives), else :data:`WIRE_POLL_S`."""
-    raw = os.environ.get(WIRE_POLL_ENV)
-    if raw is None:
-        return WIRE_POLL_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        raise ValueError(f"{WIRE_POLL_ENV} must be a number of seconds >= 0 (0: blocking collectives), got {raw!r}")
-    return value
+    value = seconds_from_env(WIRE_POLL_ENV, "blocking collectives")
+    return WIRE_POLL_S if value is None else value
 
 
 def wire_communicator(comm):

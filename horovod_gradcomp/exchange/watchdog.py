@@ -12,12 +12,13 @@ The timeout is ``timeout=`` of the compression factories, else the environment v
 from __future__ import annotations
 
 import itertools
-import os
 import sys
 import threading
 import time
 from contextlib import contextmanager
 from typing import Callable, Dict, Optional
+
+from .env import seconds_from_env
 
 DEFAULT_TIMEOUT_S = 300.0
 ENV_VAR = "HOROVOD_GRADCOMP_STALL_TIMEOUT"
@@ -26,13 +27,9 @@ ENV_VAR = "HOROVOD_GRADCOMP_STALL_TIMEOUT"
 def resolve_timeout(timeout: Optional[float]) -> float:
     """``timeout`` if given, else the environment variable, else the default (seconds; 0 = off)."""
     if timeout is None:
-        raw = os.environ.get(ENV_VAR)
-        if raw is None:
+        timeout = seconds_from_env(ENV_VAR, "no deadline")
+        if timeout is None:
             return DEFAULT_TIMEOUT_S
-        try:
-            timeout = float(raw)
-        except ValueError:
-            raise ValueError(f"{ENV_VAR} must be a number of seconds, got {raw!r}") from None
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise ValueError(f"timeout must be a number of seconds >= 0 (0: no deadline), got {timeout!r}")
     return float(timeout)

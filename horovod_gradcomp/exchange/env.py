@@ -1,0 +1,25 @@
+"""Settings read from the environment (one parser, one error message for all of them)."""
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+
+def seconds_from_env(name: str, meaning_of_zero: str) -> Optional[float]:
+    """The environment variable ``name`` as seconds >= 0 (finite), or None when it is not set.
+    A value that is not such a number raises ValueError naming the variable; ``meaning_of_zero``
+    says in that message what 0 does."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"{name} must be a number of seconds >= 0 (0: {meaning_of_zero}), got {raw!r}")
+    return value
+
+
+__all__ = ["seconds_from_env"]
