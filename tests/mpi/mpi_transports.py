@@ -37,6 +37,10 @@ CASES = {  # id: (factory, options)
     "qsgd-elias": ("qsgd", {"bits": 4, "coding": "elias", "seed": 7}),
     "dgc": ("dgc", {"density": 0.05, "momentum": 0.9, "check_optimizer": False, "seed": 8}),
     "auto-pattern": ("onebit", {"pattern": "auto"}),
+    # pipelined chunks: the collectives come from the wire thread on either transport
+    "onebit-pipelined": ("onebit", {"pipeline_bytes": 1}),
+    "terngrad-two_phase-pipelined": ("terngrad", {"seed": 4, "error_feedback": True, "pattern": "two_phase",
+                                                  "pipeline_bytes": 1}),
 }
 
 
