@@ -82,6 +82,28 @@ def test_native_threshold_set(dtype, density, n):
 
 
 @needs_native
+@pytest.mark.parametrize("n, density", [(400_003, 0.001), (1_000_003, 0.001), (300_000, 0.01), (50_000, 0.2)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=dt_id)
+def test_native_sampled_threshold_is_the_samples_rth_largest(dtype, density, n):
+    """Path 0's threshold, from an independent computation: the places of the m samples
+    (splitmix64(key + (j + 1) * golden) scaled to [0, n)), and the ceil(k m / n)-th largest of
+    their magnitudes (small r: the native heap; large r, density 0.2: its nth_element)."""
+    from horovod_gradcomp.codecs.dgc import sample_count
+    from horovod_gradcomp.codecs.streams import mix64
+    x = _grad(n, dtype, seed=n + 1)
+    k, m = target_count(n, density), sample_count(n, density, 0.01)
+    key = 0x1234_5678_9ABC_DEF0
+    golden, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+    places = torch.tensor([(mix64((key + (j + 1) * golden) & mask) * n) >> 64 for j in range(m)], dtype=torch.long)
+    assert m > 0
+    r = min(max(math.ceil(k * m / n), 1), m)
+    want = x[places].abs().sort(descending=True).values[r - 1].item()
+    _, _, t, path = get_codec("dgc")._C.dgc_select(x, k, m, key - (1 << 64) if key >> 63 else key)
+    assert path == 0, "continuous data: the sampled threshold is accepted"
+    assert t == want
+
+
+@needs_native
 def test_native_paths_and_stream():
     n = 400_000
     x = _grad(n, torch.float32, seed=1)

@@ -42,6 +42,13 @@ inline uint64_t mix64(uint64_t z) {
   return z ^ (z >> 31);
 }
 
+// Where sample j of a tensor of n values reads: splitmix64(key + (j + 1) * golden) scaled to
+// [0, n) (the CUDA kernel draws the same places).
+inline int64_t sample_place(uint64_t key, int64_t j, int64_t n) {
+  const uint64_t h = mix64(key + static_cast<uint64_t>(j + 1) * kGolden);
+  return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n)) >> 64);
+}
+
 template <typename U> constexpr U abs_mask() { return static_cast<U>(std::numeric_limits<U>::max() >> 1); }
 
 int64_t num_chunks(int64_t n) { return (n + kChunk - 1) / kChunk; }
@@ -104,6 +111,26 @@ int64_t count_collect(const U* p, int64_t n, U t, std::vector<int64_t>& counts,
     }
   });
   return sum_counts(counts);
+}
+
+// The r-th largest of s (1 <= r <= s.size()), counting repeated values. A small r (DGC's
+// ceil(k * m / n): about density * m) keeps the r largest in a min-heap: one comparison for
+// most values, instead of nth_element's passes over all of them. s may be reordered.
+template <typename U>
+U rth_largest(std::vector<U>& s, int64_t r) {
+  if (8 * r > static_cast<int64_t>(s.size())) {
+    std::nth_element(s.begin(), s.begin() + (r - 1), s.end(), std::greater<U>());
+    return s[r - 1];
+  }
+  std::vector<U> heap(s.begin(), s.begin() + r);
+  std::make_heap(heap.begin(), heap.end(), std::greater<U>());  // heap.front(): the smallest kept
+  for (size_t j = static_cast<size_t>(r); j < s.size(); ++j) {
+    if (s[j] <= heap.front()) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<U>());
+    heap.back() = s[j];
+    std::push_heap(heap.begin(), heap.end(), std::greater<U>());
+  }
+  return heap.front();
 }
 
 // Exclusive prefix sum of counts (size nc + 1).
@@ -215,20 +242,25 @@ int64_t choose_threshold(const U* p, int64_t n, int64_t k, int64_t m, uint64_t k
     exact_all();
     return 2;
   }
-  // (1) sample
+  // (1) sample: the places of a block of samples first, each prefetched, then their values
+  // (random reads of a tensor that is not in cache: many misses in flight instead of one).
   const U mask = abs_mask<U>();
   std::vector<U> s(m);
   at::parallel_for(0, m, 4096, [&](int64_t b, int64_t e) {
-    for (int64_t j = b; j < e; ++j) {
-      const uint64_t h = mix64(key + static_cast<uint64_t>(j + 1) * kGolden);
-      const int64_t i = static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n)) >> 64);
-      s[j] = static_cast<U>(p[i] & mask);
+    constexpr int64_t kBlock = 32;
+    int64_t at_[kBlock];
+    for (int64_t j0 = b; j0 < e; j0 += kBlock) {
+      const int64_t j1 = std::min(e, j0 + kBlock);
+      for (int64_t j = j0; j < j1; ++j) {
+        at_[j - j0] = sample_place(key, j, n);
+        __builtin_prefetch(p + at_[j - j0]);
+      }
+      for (int64_t j = j0; j < j1; ++j) s[j] = static_cast<U>(p[at_[j - j0]] & mask);
     }
   });
   int64_t r = static_cast<int64_t>(std::ceil(static_cast<double>(k) * static_cast<double>(m) / n));
   r = std::min(std::max<int64_t>(r, 1), m);
-  std::nth_element(s.begin(), s.begin() + (r - 1), s.end(), std::greater<U>());
-  const U t0 = std::max<U>(s[r - 1], one);
+  const U t0 = std::max<U>(rth_largest(s, r), one);
   // (2) count, collecting the candidates' indices
   const int64_t c0 = count_collect<U>(p, n, t0, counts, lists);
   if (2 * c0 >= k && c0 <= 2 * k) {
