@@ -21,23 +21,22 @@ from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .pipeline import WireThread, plan_chunks, timed_wire, wire_communicator
+from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
 class AllgatherPattern:
-    """Fields: codec; chunk_bytes (payload bytes per pipelined chunk, None: no pipeline);
+    """Fields: codec; chunker (the pipelined chunks of a bucket, :class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`);
     threads_allowed (a callable: may this communicator be called from the wire thread);
-    caches of fused layouts and chunk plans by bucket (buckets rarely change)."""
+    a cache of fused layouts by bucket (buckets rarely change)."""
 
     name = "allgather"
 
     def __init__(self, codec: Codec, chunk_bytes: Optional[int] = None, threads_allowed=lambda comm: True):
         self.codec = codec
-        self.chunk_bytes = chunk_bytes
+        self.chunker = ChunkPlanner(codec, chunk_bytes)
         self.threads_allowed = threads_allowed
         self._layouts: Dict[tuple, FusedLayout] = {}
-        self._chunks: Dict[tuple, List[list]] = {}
         self._wire = WireThread()
 
     def layout(self, names: Sequence[str], pending: Mapping[str, Payload]) -> FusedLayout:
@@ -49,22 +48,10 @@ class AllgatherPattern:
             layout = self._layouts[entries] = FusedLayout(self.codec, entries)
         return layout
 
-    def chunks(self, bucket: Bucket, k: int) -> Optional[List[list]]:
-        """The bucket's pipeline chunks (lists of (name, shape, dtype)), or None when it goes in
-        one collective (no ``chunk_bytes``, variable-size payloads, one rank, or one chunk)."""
-        if not self.chunk_bytes or k <= 1 or getattr(self.codec, "variable_size", False):
-            return None
-        entries = tuple((n, tuple(bucket.grads[n].shape), bucket.grads[n].dtype) for n in bucket.names)
-        chunks = self._chunks.get(entries)
-        if chunks is None:
-            if len(self._chunks) >= 64:
-                self._chunks.clear()
-            chunks = self._chunks[entries] = plan_chunks(self.codec, entries, self.chunk_bytes)
-        return chunks if len(chunks) > 1 else None
-
     def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
         """Encode, exchange and decode ``bucket`` (every rank calls it with the same names)."""
-        chunks = self.chunks(bucket, comm.size)
+        chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
+                                     comm.size)
         if chunks is not None and self.threads_allowed(comm):
             return self._exchange_pipelined(comm, bucket, chunks, stats, totals)
         pending = self.encode(comm, bucket, stats, totals)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -61,6 +61,29 @@ def plan_chunks(codec: Codec, entries: Sequence[Tuple[str, torch.Size, torch.dty
         else:
             chunks.append(current)
     return chunks
+
+
+class ChunkPlanner:
+    """A pattern's chunk plans, cached by bucket (buckets rarely change).
+
+    Fields: codec; chunk_bytes (payload bytes per chunk, None: no chunks)."""
+
+    def __init__(self, codec: Codec, chunk_bytes: Optional[int]):
+        self.codec, self.chunk_bytes = codec, chunk_bytes
+        self._plans: Dict[tuple, List[list]] = {}
+
+    def chunks(self, entries: Sequence[Tuple[str, Sequence[int], torch.dtype]], k: int) -> Optional[List[list]]:
+        """:func:`plan_chunks` of ``entries`` (name, shape, dtype), or None when the bucket goes
+        whole: no ``chunk_bytes``, one rank, variable-size payloads, or a single chunk."""
+        if not self.chunk_bytes or k <= 1 or getattr(self.codec, "variable_size", False):
+            return None
+        key = tuple((n, tuple(s), dt) for n, s, dt in entries)
+        chunks = self._plans.get(key)
+        if chunks is None:
+            if len(self._plans) >= 64:  # do not grow without bound
+                self._plans.clear()
+            chunks = self._plans[key] = plan_chunks(self.codec, key, self.chunk_bytes)
+        return chunks if len(chunks) > 1 else None
 
 
 class WireThread:
@@ -119,4 +142,4 @@ def timed_wire(stats, collective, *args):
         return collective(*args)
 
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WIRE_POLL_ENV", "WIRE_POLL_S", "WireThread", "plan_chunks", "timed_wire", "wire_communicator", "wire_poll_s"]
+__all__ = ["ChunkPlanner", "DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WIRE_POLL_ENV", "WIRE_POLL_S", "WireThread", "plan_chunks", "timed_wire", "wire_communicator", "wire_poll_s"]

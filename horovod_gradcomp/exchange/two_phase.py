@@ -24,7 +24,7 @@ One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same 
    the same result (all decode the same bytes).
 
 Pipelined chunks (``chunk_bytes``): the bucket's tensors are cut into consecutive chunks
-(:func:`~horovod_gradcomp.exchange.pipeline.plan_chunks`), each exchanged through the four phases
+(:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`), each exchanged through the four phases
 with its own stripe plan; the two collectives of each chunk run on the wire thread while the
 next chunk is encoded and the previous ones requantized or decoded. The shared scales of all
 chunks are still agreed in one allreduce first, and every stripe keeps its stream position and
@@ -62,7 +62,7 @@ from ..state.error_feedback import ErrorFeedback, encode_with_residual
 from .bucket import Bucket, BucketOutcome, result_tensor
 from .encoding import StepPositions, agree_scales
 from .fusion import FusedLayout
-from .pipeline import WireThread, plan_chunks, timed_wire, wire_communicator
+from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
 from .stats import ExchangeStats, StepTotals
 from .stripes import AXES, Stripe, matrix_shape, stripe_key, stripes
 
@@ -160,7 +160,8 @@ class TwoPhasePattern:
     Fields:
         codec: the fixed-size :class:`~horovod_gradcomp.codecs.base.Codec` used in both phases.
         axis: ``"auto"`` | ``"rows"`` | ``"columns"`` (see the module doc).
-        chunk_bytes: payload bytes per pipelined chunk (None: the whole bucket at once);
+        chunker: the pipelined chunks of a bucket (:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`;
+            ``chunk_bytes`` None: the whole bucket at once);
         threads_allowed: may this communicator be called from the wire thread.
     The residuals live in the bucket's state (``memory``: full-size worker residuals;
     ``owner_memory``: the owned stripes'); this object keeps only a cache of plans.
@@ -179,7 +180,7 @@ class TwoPhasePattern:
             raise ValueError(f"two-phase exchange: axis must be 'auto', 'rows' or 'columns', got {axis!r}")
         self.codec = codec
         self.axis = axis
-        self.chunk_bytes = chunk_bytes
+        self.chunker = ChunkPlanner(codec, chunk_bytes)
         self.threads_allowed = threads_allowed
         self._plans: Dict[tuple, StripePlan] = {}
         self._wire = WireThread()
@@ -210,8 +211,8 @@ class TwoPhasePattern:
             raise ValueError(f"two-phase exchange works with error feedback only, got {memory!r}")
         k, rank, names, grads = comm.size, comm.rank, bucket.names, bucket.grads
         entries = [(n, tuple(grads[n].shape), grads[n].dtype) for n in names]
-        chunks = plan_chunks(self.codec, entries, self.chunk_bytes) if self.chunk_bytes and k > 1 else [entries]
-        pipelined = len(chunks) > 1 and self.threads_allowed(comm)
+        chunks = self.chunker.chunks(entries, k)
+        pipelined = chunks is not None and self.threads_allowed(comm)
         plans = [self.plan(chunk, k) for chunk in chunks] if pipelined else [self.plan(entries, k)]
         positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
         jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
