@@ -47,15 +47,14 @@ COLORS = {
     "zero_grad": "#c7c7c7", "backward": "#7f7f7f", "hooks": "#bcbd22", "synchronize": "#d62728",
     "flush": "#c5b0d5", "preamble": "#ff9896", "preamble/collective": "#ff7f0e", "encode": "#1f77b4",
     "encode/collective": "#aec7e8", "exchange": "#9467bd", "exchange/collective": "#2ca02c",
-    "wait": "#dbdb8d", "wire": "#e377c2", "wire/collective": "#2ca02c", "decode": "#17becf", "decompress": "#8c564b", "optimizer": "#98df8a", "step": "#f7b6d2",
+    "wait": "#dbdb8d", "wire": "#e377c2", "wire/collective": "#2ca02c", "decode": "#17becf",
+    "decompress": "#8c564b", "optimizer": "#98df8a", "step": "#f7b6d2",
 }
 
 
-def time_local(cfg, shapes, grads, steps: int, warmup: int, inject, barrier=None) -> dict:
+def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
     """The ``local`` row: the bench's step with a plain SGD and no communication at all
-    (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor.
-    ``barrier`` (e.g. ``hvd.barrier``) is called after the warm-up, so that every rank times
-    its steps while the others do too (not while they still set up: that doubled the row)."""
+    (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor."""
     import time
     import torch
     from .exchange_bench import LR
@@ -68,10 +67,8 @@ def time_local(cfg, shapes, grads, steps: int, warmup: int, inject, barrier=None
         opt.zero_grad()
         inject.apply(grads, *params).backward()
         opt.step()
-    for _ in range(max(warmup, 3)):
+    for _ in range(warmup):
         step()
-    if barrier is not None:
-        barrier()
     seconds = []
     for _ in range(steps):
         t0 = time.perf_counter()

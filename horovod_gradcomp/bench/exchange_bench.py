@@ -247,7 +247,7 @@ def _try_time(hvd, cfg, shapes, grads, steps, warmup, record=False, net="none") 
     try:
         if cfg.name == "local":
             from .breakdown import time_local
-            return time_local(cfg, shapes, grads, steps, warmup, _inject_grads_function(), barrier=hvd.barrier)
+            return time_local(cfg, shapes, grads, steps, warmup, _inject_grads_function())
         if ddp_rows.is_ddp(cfg.name):
             return ddp_rows.time_ddp(hvd, cfg, shapes, grads, steps, warmup, net, _inject_grads_function())
         return time_config(hvd, cfg, shapes, grads, steps, warmup, record)

@@ -68,10 +68,11 @@ class Compression:
         at 1 Gbit/s but slower at 10 Gbit/s (README, "Exchange patterns"). ``bucket_bytes``: exchange in buckets of about
         this many gradient bytes, from a communication thread during backward when
         ``overlap`` (None: one exchange per step at ``synchronize()``). ``pipeline_bytes``: a
-        bucket of fixed-size payloads (allgather pattern) larger than this many payload bytes is
-        sent in chunks of about that size, each chunk's allgather on a communication thread while
-        the next one is encoded and the previous one decoded (None or 0: one allgather per
-        bucket; the bytes sent and the results are the same either way).
+        bucket of fixed-size payloads larger than this many payload bytes is sent in chunks of
+        at least that size (at most 8 per bucket), each chunk's collectives (the allgather, or
+        two-phase's alltoallv and allgatherv) on a communication thread while the next chunk is
+        encoded and the previous one decoded (None or 0: the bucket at once; the bytes sent and
+        the results are the same either way).
 
         ``timeout``: seconds any bucket may wait for the other ranks before the MPI job is
         aborted with an error naming the step and bucket (None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT``
