@@ -30,24 +30,11 @@
 
 #include "../checks.h"
 #include "../payload_checks.h"
+#include "../splitmix64.h"
 
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
 constexpr int64_t kChunk = 1 << 16;
-
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-// Where sample j of a tensor of n values reads: splitmix64(key + (j + 1) * golden) scaled to
-// [0, n) (the CUDA kernel draws the same places).
-inline int64_t sample_place(uint64_t key, int64_t j, int64_t n) {
-  const uint64_t h = mix64(key + static_cast<uint64_t>(j + 1) * kGolden);
-  return static_cast<int64_t>((static_cast<unsigned __int128>(h) * static_cast<uint64_t>(n)) >> 64);
-}
 
 template <typename U> constexpr U abs_mask() { return static_cast<U>(std::numeric_limits<U>::max() >> 1); }
 
@@ -252,7 +239,7 @@ int64_t choose_threshold(const U* p, int64_t n, int64_t k, int64_t m, uint64_t k
     for (int64_t j0 = b; j0 < e; j0 += kBlock) {
       const int64_t j1 = std::min(e, j0 + kBlock);
       for (int64_t j = j0; j < j1; ++j) {
-        at_[j - j0] = sample_place(key, j, n);
+        at_[j - j0] = hgc::dgc_sample_place(key, j, n);
         __builtin_prefetch(p + at_[j - j0]);
       }
       for (int64_t j = j0; j < j1; ++j) s[j] = static_cast<U>(p[at_[j - j0]] & mask);

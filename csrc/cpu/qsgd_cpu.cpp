@@ -37,6 +37,7 @@
 #include "../checks.h"
 #include "../elias_bit_reader.h"
 #include "../payload_checks.h"
+#include "../splitmix64.h"
 
 namespace {
 
@@ -45,16 +46,11 @@ static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the bit streams are wr
 template <typename T> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
+using hgc::kGolden;
+using hgc::mix64;
 constexpr int64_t kBlock = 2048;          // values quantized / decoded at once
 constexpr int64_t kFuseMax = 1 << 16;     // largest bucket whose norm is fused with its quantization
 constexpr int64_t kGrainValues = 1 << 15; // values per task below which threads do not pay off
-
-inline uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
 
 // The raw 32-bit random words of global indices i0 + k, k < len, written to dst[k] (4 bytes
 // each): value 2j takes the low half of hash(pair j), value 2j+1 the high half.

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "../splitmix64.h"
 #include "dtype_cuda.h"
 
 namespace hgc_cuda {
@@ -42,14 +43,9 @@ template <> struct Arith<double> {
   static __device__ __forceinline__ double store(double x) { return x; }
 };
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-
-// splitmix64 finalizer (QSGD's and DGC's streams).
-__host__ __device__ __forceinline__ uint64_t mix64(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+// splitmix64 (QSGD's and DGC's streams): the definition the CPU kernels use too.
+using hgc::kGolden;
+using hgc::mix64;
 
 // lowbias32 (TernGrad's stream).
 __host__ __device__ __forceinline__ uint32_t mix32(uint32_t x) {

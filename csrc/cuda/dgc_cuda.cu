@@ -39,9 +39,7 @@ template <typename U> struct KeyOf {
 template <typename U>
 __global__ void sample_kernel(const U* __restrict__ p, int64_t n, int64_t m, uint64_t key, U* __restrict__ s) {
   for (int64_t j = global_thread(); j < m; j += grid_stride()) {
-    const uint64_t h = mix64(key + static_cast<uint64_t>(j + 1) * kGolden);
-    const int64_t i = static_cast<int64_t>(__umul64hi(h, static_cast<uint64_t>(n)));
-    s[j] = static_cast<U>(p[i] & abs_mask<U>());
+    s[j] = static_cast<U>(p[hgc::dgc_sample_place(key, j, n)] & abs_mask<U>());
   }
 }
 
