@@ -17,7 +17,8 @@ set and every rank's parameters are checked to be bitwise identical.
 Every step runs ``optimizer.synchronize()``, then the skip rule (as ``torch.amp.GradScaler``:
 if any averaged gradient is non-finite, the step is skipped on every rank and counted), then
 ``--clip-norm`` (dense and quantizing codecs: ``clip_grad_norm_`` of the averaged gradient;
-dgc: the codec's own local clipping, ``clip_norm / sqrt(K)`` per rank, before its momentum),
+dgc: the codec's own local clipping, ``clip_norm * sqrt(K)`` per rank under Horovod's
+``op=hvd.Average``, before its momentum),
 then ``optimizer.step()`` under ``skip_synchronize()``. ``--nan-at S --nan-rank R`` makes
 rank R's loss NaN at global step S. With ``--json`` rank 0 prints one JSON object as its last
 line of output; the exit status is 3 if parameters differ across ranks, 4 if the ranks did not
@@ -62,7 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--clip-norm", type=float, default=None,
-                   help="clip the gradient norm (dgc: its local clipping, clip_norm / sqrt(K) per rank)")
+                   help="clip the gradient norm (dgc: its local clipping, clip_norm * sqrt(K) per rank)")
     p.add_argument("--context", type=int, default=32, help="charlm: characters per window")
     p.add_argument("--stride", type=int, default=16, help="charlm: a training window every STRIDE characters")
     p.add_argument("--rnn", choices=("gru", "lstm"), default="gru", help="charlm: the recurrent layer")
@@ -225,13 +226,12 @@ def main(argv=None):
     if rank == 0:
         model.eval()
         with torch.no_grad():
+            logits = model(x_te)
             if args.task == "charlm":
-                logits = model(x_te)
                 target = next_chars(x_te, y_te)
                 acc = (logits.argmax(-1) == target).float().mean().item()
                 test_loss = F.cross_entropy(logits.reshape(-1, vocab), target.reshape(-1)).item()
             else:
-                logits = model(x_te)
                 acc = (logits.argmax(1) == y_te).float().mean().item()
                 test_loss = F.cross_entropy(logits, y_te).item()
         sent, dense = stats["bytes_sent_per_step"], stats["bytes_dense_per_step"]
