@@ -168,6 +168,30 @@ def test_guard_goes_away_with_its_owner():
         torch.optim.SGD(params, lr=0.1, momentum=0.9).step()
 
 
+def test_guard_collected_during_a_step_does_not_break_it():
+    """A guard collected while torch iterates over the global step pre-hooks (inside step())
+    must not remove its hook there: that raised "OrderedDict mutated during iteration"."""
+    import gc
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+    params = make_params()
+    doomed = [PlainSGDGuard(make_params(), owner="x")]
+
+    def collect_during_step(optimizer, args, kwargs):
+        doomed.clear()
+        gc.collect()
+    handles = [register_optimizer_step_pre_hook(collect_during_step),
+               register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: None)]  # iteration goes on
+    try:
+        for p in params:
+            p.grad = torch.ones_like(p)
+        torch.optim.SGD(params, lr=0.1).step()
+        torch.optim.SGD(params, lr=0.1).step()
+    finally:
+        for handle in handles:
+            handle.remove()
+    PlainSGDGuard(make_params(), owner="y").remove()  # the next guard removes the dead hook
+
+
 def test_compression_dgc_factory_wires_memory_and_guard():
     params = [("w", torch.nn.Parameter(torch.zeros(10)))]
     comp = hgc.Compression.dgc(params, density=0.01, momentum=0.8, clip_norm=1.0, warmup_length=4,

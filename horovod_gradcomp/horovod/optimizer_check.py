@@ -80,12 +80,25 @@ def take_momentum(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tenso
     return momentum, nesterov
 
 
+#: Hook handles of guards that were garbage-collected, removed at the next guard's creation.
+#: A collection can run anywhere, also inside ``Optimizer.step()`` while torch iterates over the
+#: global pre-hooks (a hook allocates; another thread collects): removing the hook right there
+#: raised "OrderedDict mutated during iteration". A dead guard's hook does nothing meanwhile.
+_dead_handles: list = []
+
+
+def _remove_dead_hooks() -> None:
+    while _dead_handles:
+        _dead_handles.pop().remove()
+
+
 class PlainSGDGuard:
     """Before the first ``step()`` of each optimizer holding the compressed parameters: hand
     its momentum to ``adopt_momentum(momentum, nesterov)`` when given (:func:`take_momentum`),
     else run :func:`check_plain_sgd`."""
 
     def __init__(self, params: Iterable[torch.Tensor], owner: str, adopt_momentum=None):
+        _remove_dead_hooks()
         self._params = [p for p in params]
         self._owner = owner
         self._adopt = adopt_momentum
@@ -100,7 +113,7 @@ class PlainSGDGuard:
             return None
 
         self._handle = register_optimizer_step_pre_hook(hook)
-        weakref.finalize(self, self._handle.remove)
+        weakref.finalize(self, _dead_handles.append, self._handle)
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         if optimizer in self._checked:
