@@ -326,26 +326,37 @@ std::tuple<at::Tensor, at::Tensor, double, int64_t> select_impl(const at::Tensor
   return {idx, vals, key_value<U>(t, x.scalar_type()), path};
 }
 
+// Output chunk by chunk: every place no payload names gets the value an empty sum would
+// (0 * scale, rounded), written as one streaming fill; the places the payloads name are summed
+// in acc_t in rank order, scaled once and rounded once. acc is touched only at those places
+// (zeroed, accumulated, read back), so a chunk costs a fill plus O(payload entries), not
+// three passes over acc.
 template <typename T, typename I>
 void scatter_impl(const std::vector<const I*>& idx, const std::vector<const T*>& val,
                   const std::vector<int64_t>& cnt, int64_t n, double scale, T* out) {
   using acc_t = typename std::conditional<std::is_same<T, double>::value, double, float>::type;
   const acc_t sc = static_cast<acc_t>(scale);
+  const T empty = static_cast<T>(acc_t(0) * sc);
   const int64_t K = static_cast<int64_t>(idx.size());
   at::parallel_for(0, num_chunks(n), 1, [&](int64_t b, int64_t e) {
     std::vector<acc_t> acc(kChunk);
+    std::vector<const I*> from(K), to(K);
     for (int64_t c = b; c < e; ++c) {
       const int64_t lo = c * kChunk, hi = std::min(n, lo + kChunk);
-      std::fill(acc.begin(), acc.begin() + (hi - lo), acc_t(0));
+      std::fill(out + lo, out + hi, empty);
       for (int64_t r = 0; r < K; ++r) {
         const I* ib = idx[r];
         const I* ie = ib + cnt[r];
-        const I* a = std::lower_bound(ib, ie, static_cast<I>(lo));
-        const I* z = std::lower_bound(a, ie, static_cast<I>(hi));  // hi <= n fits I (see the index dtype rule)
-        const T* v = val[r] + (a - ib);
-        for (const I* q = a; q < z; ++q, ++v) acc[*q - lo] += static_cast<acc_t>(*v);
+        from[r] = std::lower_bound(ib, ie, static_cast<I>(lo));
+        to[r] = std::lower_bound(from[r], ie, static_cast<I>(hi));  // hi <= n fits I (see the index dtype rule)
+        for (const I* q = from[r]; q < to[r]; ++q) acc[*q - lo] = acc_t(0);
       }
-      for (int64_t i = lo; i < hi; ++i) out[i] = static_cast<T>(acc[i - lo] * sc);
+      for (int64_t r = 0; r < K; ++r) {
+        const T* v = val[r] + (from[r] - idx[r]);
+        for (const I* q = from[r]; q < to[r]; ++q, ++v) acc[*q - lo] += static_cast<acc_t>(*v);
+      }
+      for (int64_t r = 0; r < K; ++r)
+        for (const I* q = from[r]; q < to[r]; ++q) out[*q] = static_cast<T>(acc[*q - lo] * sc);
     }
   });
 }
