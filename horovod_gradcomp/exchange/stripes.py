@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import List, Sequence, Tuple
 
 import torch
@@ -72,7 +73,11 @@ def column_stripes(shape: Sequence[int], k: int) -> List[Tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Stripe:
-    """Owner ``owner``'s part ``[start, stop)`` along ``axis`` of a tensor of ``full_shape``."""
+    """Owner ``owner``'s part ``[start, stop)`` along ``axis`` of a tensor of ``full_shape``.
+
+    The derived geometry (``matrix``, ``shape``, ``numel``) is computed once per stripe: a
+    plan's stripes are reused every step, and the two-phase exchange reads them several
+    times per stripe and step."""
 
     full_shape: Tuple[int, ...]
     axis: str
@@ -80,11 +85,11 @@ class Stripe:
     start: int
     stop: int
 
-    @property
+    @cached_property
     def matrix(self) -> Tuple[int, int]:
         return matrix_shape(self.full_shape)
 
-    @property
+    @cached_property
     def shape(self) -> Tuple[int, ...]:
         """The shape the stripe is encoded as (see the module doc)."""
         rows, cols = self.matrix
@@ -92,7 +97,7 @@ class Stripe:
         part = (width, cols) if self.axis == "rows" else (rows, width)
         return (part[0] * part[1],) if len(self.full_shape) <= 1 else part
 
-    @property
+    @cached_property
     def numel(self) -> int:
         return math.prod(self.shape)
 
