@@ -131,13 +131,17 @@ def _with_option(config: str, option: str) -> str:
 
 def default_configs() -> tuple[List[str], List[str]]:
     """(configs to measure, variants left out with the reason): ``none``, ``fp16``, every
-    registered codec (options from :data:`PRESETS`), then a ``pattern=two_phase`` variant
-    of each fixed-size codec when the adapter accepts ``pattern``."""
+    registered codec (options from :data:`PRESETS`) at its default pattern, then each
+    fixed-size codec with the other pattern pinned (``pattern=two_phase`` for a codec whose
+    ``default_pattern`` is "allgather", else ``pattern=allgather``) when the adapter accepts
+    ``pattern``."""
     import horovod_gradcomp as hgc
     from ..codecs.registry import codec_class
     codecs = [PRESETS.get(name, name) for name in hgc.available_codecs()]
-    fixed = [c for c, name in zip(codecs, hgc.available_codecs()) if not getattr(codec_class(name), "variable_size", False)]
-    variants = [_with_option(c, "pattern=two_phase") for c in fixed]
+    variants = [_with_option(c, "pattern=two_phase" if codec_class(name).default_pattern == "allgather"
+                             else "pattern=allgather")
+                for c, name in zip(codecs, hgc.available_codecs())
+                if not getattr(codec_class(name), "variable_size", False)]
     ddp = list(ddp_rows.DEFAULT_ROWS) if ddp_rows.available() else []
     if adapter_accepts("pattern"):
         return list(DENSE) + codecs + variants + ddp, []

@@ -296,6 +296,7 @@ class QSGDCodec(CounterStream, Codec):
 
     fuses_feedback = False
     error_feedback_default = False
+    default_pattern = "auto"
     variable_size = False
 
     def __init__(self, impl: str = "native", levels: Optional[int] = None, bits: Optional[int] = None,

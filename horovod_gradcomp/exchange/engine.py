@@ -76,9 +76,11 @@ class StepEngine:
     """
 
     def __init__(self, codec: Codec, state: CompressionState, registration: Sequence[str], sizes: Mapping[str, int],
-                 *, owner: str, communicator: Callable[[], object], pattern: str = "allgather",
+                 *, owner: str, communicator: Callable[[], object], pattern: Optional[str] = None,
                  bucket_bytes: Optional[int] = None, overlap: bool = True, check_agreement: bool = True,
                  timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
+        if pattern is None:
+            pattern = getattr(codec, "default_pattern", "allgather")
         if pattern not in PATTERNS:
             raise ValueError(f"{owner}: pattern must be one of {PATTERNS}, got {pattern!r}")
         variable = bool(getattr(codec, "variable_size", False))

@@ -50,7 +50,7 @@ class CodecCompression:
     """
 
     def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
-                 pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
+                 pattern: Optional[str] = None, bucket_bytes: Optional[int] = None, overlap: bool = True,
                  communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
                  timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
         owner = f"Compression.{codec.name}"

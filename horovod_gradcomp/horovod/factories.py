@@ -53,7 +53,7 @@ class Compression:
 
     @staticmethod
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, memory=None,
-              pattern: str = "allgather", bucket_bytes: Optional[int] = None, overlap: bool = True,
+              pattern: Optional[str] = None, bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               timeout: Optional[float] = None, transport: str = "auto", process_set=None,
               pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, **codec_options) -> CodecCompression:
@@ -63,9 +63,11 @@ class Compression:
         "two_phase" (owner-of-1/K with requantization: about 2 payloads per rank whatever K;
         fixed-size codecs only) or "auto" (per bucket, whichever of the two sends fewer bytes per
         rank; allgather for K <= 2, variable-size codecs and small buckets; see
-        :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). The default stays
-        "allgather": two-phase's second quantization costs CPU, and measured at K=4 it was faster
-        at 1 Gbit/s but slower at 10 Gbit/s (README, "Exchange patterns"). ``bucket_bytes``: exchange in buckets of about
+        :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). None (the
+        default): the codec's ``default_pattern``: "auto" for qsgd, "allgather" for onebit,
+        terngrad and dgc (speed and accuracy measured at K=4: README, "Exchange patterns"). Two-phase quantizes each
+        mean a second time on its owner (with the owner's own error feedback when
+        ``error_feedback`` is on). ``bucket_bytes``: exchange in buckets of about
         this many gradient bytes, from a communication thread during backward when
         ``overlap`` (None: one exchange per step at ``synchronize()``). ``pipeline_bytes``: a
         bucket of fixed-size payloads larger than this many payload bytes is sent in chunks of

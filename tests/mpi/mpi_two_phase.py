@@ -247,3 +247,20 @@ def test_variable_size_codec_is_refused_on_every_rank(codec):
     name, options = codec
     with pytest.raises(ValueError, match=f"{name}.*variable-size.*pattern='allgather'"):
         TwoPhasePattern(hgc.get_codec(name, **options))
+
+
+@pytest.mark.parametrize("codec", ["onebit", "terngrad", "qsgd", "dgc"])
+def test_factory_default_pattern_is_the_codecs(codec):
+    """``pattern=None`` (the factories' default) takes the codec's ``default_pattern``: "auto"
+    for qsgd (two-phase from K = 3 on a large enough bucket), "allgather" for onebit, terngrad
+    and dgc; an explicit pattern still wins."""
+    model = torch.nn.Linear(256, 256)
+    expected = {"onebit": "allgather", "terngrad": "allgather", "qsgd": "auto", "dgc": "allgather"}[codec]
+    comp = getattr(hgc.Compression, codec)(model.named_parameters())
+    assert comp.engine.pattern == expected
+    big = {"weight": torch.zeros(1024, 512)}  # above AUTO_MIN_BYTES for every codec here
+    chosen = comp.engine.choose_pattern(big, SIZE)
+    assert chosen == ("two_phase" if expected == "auto" and SIZE >= 3 else "allgather")
+    if codec != "dgc":
+        pinned = hgc.Compression.codec(codec, model.named_parameters(), pattern="allgather")
+        assert pinned.engine.pattern == "allgather" and pinned.engine.choose_pattern(big, SIZE) == "allgather"
