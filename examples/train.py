@@ -116,6 +116,14 @@ class CharRNN(nn.Module):
         return self.out(h)  # (batch, time, vocab)
 
 
+def perplexity(loss):
+    """exp(loss): inf when the loss is beyond a float's exponent (a diverged run), not an error."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
 def next_chars(x, y):
     """The target of every position of the windows x: x shifted by one, then y."""
     return torch.cat([x[:, 1:], y[:, None]], dim=1)
@@ -235,7 +243,7 @@ def main(argv=None):
                 acc = (logits.argmax(1) == y_te).float().mean().item()
                 test_loss = F.cross_entropy(logits, y_te).item()
         sent, dense = stats["bytes_sent_per_step"], stats["bytes_dense_per_step"]
-        lm = f", test loss {test_loss:.4f} nats/char (perplexity {math.exp(test_loss):.2f})" \
+        lm = f", test loss {test_loss:.4f} nats/char (perplexity {perplexity(test_loss):.2f})" \
             if args.task == "charlm" else ""
         print(f"[{label}] {args.task}, {size} ranks, {args.epochs} epochs x {steps} steps: test accuracy {acc:.4f}{lm}, "
               f"train loss {train_loss:.4f}, {sent:,.0f} B/step sent vs {dense:,.0f} B/step dense "
@@ -245,7 +253,7 @@ def main(argv=None):
         if args.json:
             print(json.dumps({
                 "codec": label, "task": args.task, "ranks": size, "epochs": args.epochs, "test_accuracy": acc,
-                "test_loss": test_loss, "perplexity": math.exp(test_loss),
+                "test_loss": test_loss, "perplexity": perplexity(test_loss),
                 "train_loss": train_loss, "bytes_sent_per_step": sent, "bytes_dense_per_step": dense,
                 "wire_ratio": stats["wire_ratio"], "payload_ratio": stats["payload_ratio"],
                 "seconds": seconds, "params_identical": identical, "params_digest": digests[0],
