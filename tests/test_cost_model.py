@@ -101,3 +101,25 @@ def test_in_situ_steps_and_contention():
     assert inp.contention_at(1) == 1.0 and inp.contention_at(3) == 1.5
     again = cm.Inputs.from_json(json.loads(json.dumps(inp.to_json())))
     assert again.in_situ == inp.in_situ and again.contention == inp.contention
+
+
+def test_in_situ_cpu_time_on_shared_cores():
+    """With the in-situ step's CPU time, K ranks on fewer cores cost max(step, cpu * K / cores)
+    plus the codec's extra CPU for K scaled by K / cores; without cores (one rank per machine)
+    the CPU time is not used; old inputs without it load and predict as before."""
+    inp = _inputs()
+    inp.in_situ = {"onebit/allgather": 80.0}
+    inp.in_situ_cpu = {"onebit/allgather": 60.0}
+    extra = (10 + 4 * 4) - (10 + 2 * 4)                                            # dmean(4) - dmean(2)
+    busy = cm.predict("onebit/allgather", 4, 1e9, inp, layout="loopback", cores=2)
+    assert busy["cpu_ms"] == pytest.approx(max(80.0, 60.0 * 4 / 2) + 2 * extra)   # the CPU demand decides
+    inp.in_situ_cpu = {"onebit/allgather": 30.0}
+    idle = cm.predict("onebit/allgather", 4, 1e9, inp, layout="loopback", cores=2)
+    assert idle["cpu_ms"] == pytest.approx(80.0 + 2 * extra)                       # the measured step decides
+    alone = cm.predict("onebit/allgather", 4, 1e9, inp)
+    assert alone["cpu_ms"] == pytest.approx(80.0 + extra)
+    again = cm.Inputs.from_json(json.loads(json.dumps(inp.to_json())))
+    assert again.in_situ_cpu == inp.in_situ_cpu
+    old = inp.to_json()
+    del old["in_situ_cpu"]
+    assert cm.Inputs.from_json(old).in_situ_cpu == {}

@@ -20,6 +20,7 @@ import statistics
 from typing import Dict, List, Optional, Sequence
 
 from ..exchange.timeline import Timeline, attach, exclusive_times, split_steps
+from .timing import timed_steps
 
 MAIN = "MainThread"
 #: Phase keys of :func:`~horovod_gradcomp.exchange.timeline.exclusive_times` -> what they are.
@@ -55,7 +56,6 @@ COLORS = {
 def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
     """The ``local`` row: the bench's step with a plain SGD and no communication at all
     (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor."""
-    import time
     import torch
     from .exchange_bench import LR
     if cfg.options:
@@ -69,13 +69,8 @@ def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
         opt.step()
     for _ in range(warmup):
         step()
-    seconds = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - t0)
-    return {"seconds": seconds, "factory": "torch.optim.SGD (no communication)", "bytes_sent": 0.0,
-            "bytes_dense": 0.0}
+    return dict(timed_steps(step, steps), factory="torch.optim.SGD (no communication)", bytes_sent=0.0,
+                bytes_dense=0.0)
 
 
 def floors(rows: Sequence[dict]) -> List[dict]:

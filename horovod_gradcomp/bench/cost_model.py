@@ -36,6 +36,11 @@ Two refinements when the inputs have them (``--measure`` records both):
   check, the encode, the decode-mean of 2 payloads, the optimizer, two ranks sharing the
   machine; at -np 1 Horovod calls no hooks, so the codecs would not run), and
   ``codec(K) - codec(2)`` is added from the isolated figures above;
+* in-situ CPU time: with ``cores``, an in-situ step is at least ``cpu(2) * K / cores``, where
+  ``cpu(2)`` is the CPU time one rank used per step there (all its threads): K ranks on fewer
+  cores need that much CPU between them, while the time a rank spent waiting in the measured
+  step overlaps the others' work (scaling the whole step by ``K / cores`` counted the waiting
+  twice);
 * contention: ranks that run at once on one machine share its memory bandwidth; the factor
   (the codec step timed in ``min(K, cores)`` processes at once over the same step alone) scales
   the CPU term on the harness. A cluster with one rank per machine has none (the tables).
@@ -53,7 +58,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES, MAX_CHUNKS
 
@@ -81,17 +86,19 @@ class Inputs:
     source: str = ""
     in_situ: Dict[str, float] = field(default_factory=dict)   # method -> ms per step at -np IN_SITU_NP
     contention: Dict[int, float] = field(default_factory=dict)  # ranks at once -> slowdown (1 for one)
+    in_situ_cpu: Dict[str, float] = field(default_factory=dict)  # method -> CPU ms one rank took per step there
 
     def to_json(self) -> dict:
         return {"numel": self.numel, "compute_ms": self.compute_ms, "codecs": self.codecs, "fp16": self.fp16,
                 "powersgd": {str(r): v for r, v in self.powersgd.items()}, "source": self.source,
-                "in_situ": self.in_situ, "contention": {str(p): f for p, f in self.contention.items()}}
+                "in_situ": self.in_situ, "contention": {str(p): f for p, f in self.contention.items()},
+                "in_situ_cpu": self.in_situ_cpu}
 
     @classmethod
     def from_json(cls, d: dict) -> "Inputs":
         return cls(d["numel"], d["compute_ms"], d["codecs"], d["fp16"], {int(r): v for r, v in d["powersgd"].items()},
                    d.get("source", ""), dict(d.get("in_situ", {})),
-                   {int(p): float(f) for p, f in d.get("contention", {}).items()})
+                   {int(p): float(f) for p, f in d.get("contention", {}).items()}, dict(d.get("in_situ_cpu", {})))
 
     def contention_at(self, ranks: int) -> float:
         """The slowdown of ``ranks`` ranks computing at once on one machine (1 without a figure)."""
@@ -159,7 +166,14 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
     wire_ms = 1e3 * 8 * on_link / bits_per_s if k > 1 else 0.0
     latency_ms = 1e3 * messages * alpha_s
     if method in inputs.in_situ:  # the method's own step at K = IN_SITU_NP, plus what K adds
-        cpu_ms = cpu * (inputs.in_situ[method] + codec_ms - codec_ref_ms)
+        base = inputs.in_situ[method]
+        if cores and method in inputs.in_situ_cpu:
+            # K ranks on `cores` cores: a step lasts at least the CPU time all of them need over
+            # the cores (waiting in the measured step overlaps other ranks' work; CPU time does not)
+            base = max(base, inputs.in_situ_cpu[method] * k / cores)
+            cpu_ms = base + cpu * (codec_ms - codec_ref_ms)
+        else:
+            cpu_ms = cpu * (base + codec_ms - codec_ref_ms)
     else:
         cpu_ms = cpu * (inputs.compute_ms + codec_ms)
     step_ms = cpu_ms + wire_ms + latency_ms
@@ -260,10 +274,12 @@ def powersgd_compute_ms(shapes, rank: int, repeat: int = 3) -> float:
 
 
 def measure_inputs(compute_ms: float, repeat: int = 3, in_situ: Optional[Dict[str, float]] = None,
-                   contention: Optional[Dict[int, float]] = None) -> Inputs:
+                   contention: Optional[Dict[int, float]] = None,
+                   in_situ_cpu: Optional[Dict[str, float]] = None) -> Inputs:
     """Measure the codec and PowerSGD inputs here, on one thread;
     ``compute_ms`` is given (from ``bench exchange --np 1 --configs none``), and so are the
-    optional ``in_situ`` steps (:func:`measure_in_situ`) and ``contention`` (:func:`measure_contention`)."""
+    optional ``in_situ`` steps and their ``in_situ_cpu`` time (:func:`measure_in_situ`) and
+    ``contention`` (:func:`measure_contention`)."""
     import torch
     from .codecs_bench import run_bench
     from .shapes import resnet50_shapes, total_numel
@@ -285,7 +301,7 @@ def measure_inputs(compute_ms: float, repeat: int = 3, in_situ: Optional[Dict[st
     return Inputs(total_numel(shapes), compute_ms, by, fp16, psgd,
                   source=f"measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
                          f"{load[0]:.2f}, torch threads {__import__('torch').get_num_threads()}",
-                  in_situ=dict(in_situ or {}), contention=dict(contention or {}))
+                  in_situ=dict(in_situ or {}), contention=dict(contention or {}), in_situ_cpu=dict(in_situ_cpu or {}))
 
 
 #: ``bench exchange`` configs whose -np IN_SITU_NP step is each method's in-situ input (not the
@@ -300,13 +316,15 @@ IN_SITU_CONFIGS = {"onebit:pattern=allgather": "onebit/allgather",
 IN_SITU_NP = 2
 
 
-def measure_in_situ(timeout: float, steps: int = 5) -> Dict[str, float]:
-    """Each method's whole step at -np IN_SITU_NP (``bench exchange --net none``), by method label."""
+def measure_in_situ(timeout: float, steps: int = 5) -> Tuple[Dict[str, float], Dict[str, float]]:
+    """Each method's whole step at -np IN_SITU_NP (``bench exchange --net none``), by method
+    label: (wall ms per step, CPU ms one rank took per step)."""
     from . import exchange_bench as eb
     ns = _exchange_args(np=IN_SITU_NP, net="none", rates=None, shapes="resnet50", steps=steps, warmup=2, timeout=timeout)
-    rows = eb.launch(ns, list(IN_SITU_CONFIGS), [None])
-    return {IN_SITU_CONFIGS[r["config"]]: r["ms_per_step"] for r in rows
-            if r.get("config") in IN_SITU_CONFIGS and "ms_per_step" in r and "skipped" not in r}
+    rows = [r for r in eb.launch(ns, list(IN_SITU_CONFIGS), [None])
+            if r.get("config") in IN_SITU_CONFIGS and "ms_per_step" in r and "skipped" not in r]
+    return ({IN_SITU_CONFIGS[r["config"]]: r["ms_per_step"] for r in rows},
+            {IN_SITU_CONFIGS[r["config"]]: r["cpu_ms_per_step"] for r in rows if "cpu_ms_per_step" in r})
 
 
 def _contention_worker(barrier, queue, repeat: int) -> None:
@@ -399,6 +417,9 @@ def inputs_table(inputs: Inputs) -> str:
     if inputs.in_situ:
         lines += ["", f"In situ (each method's whole step at -np {IN_SITU_NP}, no rate limit, ms): "
                   + ", ".join(f"{m} {v:.1f}" for m, v in inputs.in_situ.items())]
+        if inputs.in_situ_cpu:
+            lines += ["", "CPU time one rank took per step there (ms; all its threads): "
+                      + ", ".join(f"{m} {v:.1f}" for m, v in inputs.in_situ_cpu.items())]
     if inputs.contention:
         lines += ["", "Contention (ranks computing at once on this machine -> slowdown): "
                   + ", ".join(f"{p}: {f:.2f}x" for p, f in sorted(inputs.contention.items()))]
@@ -496,9 +517,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         if args.measure:
             compute = args.compute_ms if args.compute_ms is not None else _compute_only_ms(args)
-            in_situ = measure_in_situ(args.timeout) if args.in_situ else {}
+            in_situ, in_situ_cpu = measure_in_situ(args.timeout) if args.in_situ else ({}, {})
             contention = measure_contention(int(args.cores)) if args.in_situ and args.cores >= 2 else {}
-            inputs = measure_inputs(compute, args.repeat, in_situ, contention)
+            inputs = measure_inputs(compute, args.repeat, in_situ, contention, in_situ_cpu)
             if args.inputs:
                 with open(args.inputs, "w") as f:
                     json.dump(inputs.to_json(), f, indent=1)

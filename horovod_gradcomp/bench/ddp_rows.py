@@ -22,8 +22,9 @@ it leaves uncompressed, fp32) over the timed steps; plain DDP's are COMPUTED fro
 from __future__ import annotations
 
 import socket
-import time
 from typing import Sequence
+
+from .timing import timed_steps
 
 NAMES = ("ddp", "ddp_powersgd")
 DEFAULT_ROWS = ("ddp_powersgd:rank=1", "ddp_powersgd:rank=4")
@@ -125,12 +126,7 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
                            f"(it compresses from {state.start_powerSGD_iter}): the timed steps would not compress")
     dist.barrier()
     counted0 = state.total_numel_after_compression if cfg.name == "ddp_powersgd" else 0
-    seconds = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - t0)
-    out = {"seconds": seconds, "factory": factory, "bytes_sent": sent, "bytes_dense": dense, "bytes_computed": True}
+    out = dict(timed_steps(step, steps), factory=factory, bytes_sent=sent, bytes_dense=dense, bytes_computed=True)
     if cfg.name == "ddp_powersgd":   # the hook's own count of the values it allreduced (fp32)
         out["bytes_sent"] = ring * 4 * (state.total_numel_after_compression - counted0) / steps
         out["bytes_computed"] = False

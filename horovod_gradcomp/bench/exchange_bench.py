@@ -63,7 +63,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -71,6 +70,7 @@ from typing import Dict, List, Optional, Sequence
 from . import ddp_rows, slownet
 from .codecs_bench import make_gradients, parse_codec_spec
 from .shapes import Shape, resnet50_shapes, total_numel
+from .timing import timed_steps
 
 COMMAND = "exchange"
 HELP = "ms per Horovod optimizer step with each compression, on a rate-limited network"
@@ -226,19 +226,14 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
     if timeline is not None:
         timeline.take()    # the warm-up steps
     before = compression.stats()
-    seconds = []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - t0)
+    timed = timed_steps(step, steps)
     after = compression.stats()
     done = max(after["steps"] - before["steps"], 0)     # 0 with one rank: Horovod calls no hooks
 
     def per_step(key: str) -> float:
         return (after[key] - before[key]) / done if done else 0.0
 
-    out = {"seconds": seconds, "factory": factory, "bytes_sent": per_step("bytes_sent"),
-           "bytes_dense": per_step("bytes_dense")}
+    out = dict(timed, factory=factory, bytes_sent=per_step("bytes_sent"), bytes_dense=per_step("bytes_dense"))
     if timeline is not None:
         from .breakdown import step_phases
         out["breakdown"] = step_phases(timeline)
@@ -279,6 +274,8 @@ def summarize(cfg: Config, per_rank: List[dict], k: int, numel: int, net: str, r
                bytes_sent_per_step=round(sent), bytes_dense_per_step=round(dense),
                wire_ratio=round(dense / sent, 3) if sent else None,
                link_ms=link_ms(sent, k, net, row["rate_bits_per_s"]))
+    if all("cpu_seconds" in r for r in per_rank):   # CPU time one rank took per step, mean over ranks
+        row["cpu_ms_per_step"] = round(1e3 * statistics.fmean(r["cpu_seconds"] for r in per_rank), 3)
     if per_rank[0].get("bytes_computed"):
         row["bytes_computed"] = True    # DDP rows: from the shapes, not counted (see ddp_rows.py)
     if "breakdown" in per_rank[0]:
