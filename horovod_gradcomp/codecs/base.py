@@ -89,6 +89,12 @@ class Codec:
         """
         raise NotImplementedError
 
+    def owner_sum_codec(self, k: int) -> Optional["Codec"]:
+        """The codec of a two-phase owner's exact sum of K of this codec's payloads, for codecs
+        whose sum has a compact exact form (TernGrad: the shared scale times an integer in
+        [-K, K]); None (the default): the owner quantizes the mean again with this codec."""
+        return None
+
     # -- shared -------------------------------------------------------------------
     def check_out(self, out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
         """Validate an ``out=`` tensor for ``payload``: contiguous, its shape, dtype and device."""

@@ -58,6 +58,7 @@ from .dtypes import accumulation_dtype, check_float
 from .payload_checks import check_fixed
 from .registry import register_codec
 from .streams import CounterStream, stream_keys32, uniform_bits
+from .ternary_sum import TernarySumCodec
 
 _MAX_VALUES = 1 << 32
 _MAX_INT_K = 32767                       # the native integer sum path's limit (biased 16-bit lanes)
@@ -161,6 +162,12 @@ class TernGradCodec(CounterStream, Codec):
     def layout(self, shape: Sequence[int], dtype: torch.dtype) -> List[BufferSpec]:
         n = math.prod(shape)
         return [("codes", torch.uint8, (n + 3) // 4), ("scale", torch.float32, 1)]
+
+    def owner_sum_codec(self, k: int):
+        """The two-phase owner sends the exact sum of the K ternary payloads (the shared scale
+        times an integer in [-K, K]; :mod:`horovod_gradcomp.codecs.ternary_sum`) instead of
+        ternarizing their mean again."""
+        return TernarySumCodec(k, self.impl)
 
     # -- scale ----------------------------------------------------------------------
     def local_scale(self, tensor: torch.Tensor) -> float:

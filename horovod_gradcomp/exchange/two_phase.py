@@ -18,10 +18,13 @@ One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same 
    (``codec.decode_mean_stacked`` of the K stacked payloads), adds its owner residual
    (``state.owner_memory``, keyed ``f"{name}[{j}]"``, enabled iff the worker feedback is) and
    encodes it again with the same codec (a shared-scale codec uses the owner's own
-   ``local_scale``: there is one sender, nothing to agree on).
+   ``local_scale``: there is one sender, nothing to agree on). A codec whose sum of K payloads
+   has an exact compact form (``codec.owner_sum_codec(K)``; TernGrad: the shared scale times an
+   integer in [-K, K], :mod:`horovod_gradcomp.codecs.ternary_sum`) sends that sum instead:
+   no second quantization and no owner residual.
 4. Allgatherv of the owners' payloads (sizes known); every rank decodes every stripe into
-   its part of the result. Each gradient is thus quantized twice; every rank gets bitwise
-   the same result (all decode the same bytes).
+   its part of the result. Each gradient is thus quantized twice (once, with an exact owner
+   sum); every rank gets bitwise the same result (all decode the same bytes).
 
 Pipelined chunks (``chunk_bytes``): the bucket's tensors are cut into consecutive chunks
 (:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`), each exchanged through the four phases
@@ -98,12 +101,19 @@ class StripePlan:
         stripes: name -> its K :class:`~horovod_gradcomp.exchange.stripes.Stripe` (stripe s owned by rank s).
         layouts: ``layouts[s]`` fuses stripe s of every tensor whose stripe s is not empty
             (keys ``stripe_key(name, s)``, tensor order). It is the layout of what every rank
-            sends owner s in phase 1 and of what owner s sends everyone in phase 2.
+            sends owner s in phase 1.
+        owner_codec: what owners send in phase 2: the codec itself (the mean quantized again),
+            or its exact-sum codec (:meth:`~horovod_gradcomp.codecs.base.Codec.owner_sum_codec`);
+            ``exact_sum`` says which.
+        owner_layouts: ``owner_layouts[s]``: what owner s sends everyone in phase 2 (the same
+            stripes as ``layouts[s]``, in ``owner_codec``'s format).
         where: stripe key -> (name, stripe).
     """
 
     def __init__(self, codec: Codec, entries: Sequence[Entry], k: int, axis: str = "auto"):
         self.k = k
+        self.owner_codec = codec.owner_sum_codec(k) or codec
+        self.exact_sum = self.owner_codec is not codec
         self.entries = [(n, tuple(int(d) for d in s), dt) for n, s, dt in entries]
         self.stripes: Dict[str, List[Stripe]] = {
             n: stripes(s, k, choose_axis(codec, s, dt, k, axis)) for n, s, dt in self.entries}
@@ -118,6 +128,8 @@ class StripePlan:
                     self.where[key] = (n, st)
                     rows.append((key, torch.Size(st.shape), dt))
             self.layouts.append(FusedLayout(codec, rows))
+        self.owner_layouts = (self.layouts if self.owner_codec is codec
+                              else [FusedLayout(self.owner_codec, layout.entries) for layout in self.layouts])
 
     @property
     def payload_bytes_phase1(self) -> int:
@@ -125,14 +137,14 @@ class StripePlan:
         return sum(layout.nbytes for layout in self.layouts)
 
     def payload_bytes_phase2(self, rank: int) -> int:
-        """Bytes of owner ``rank``'s requantized stripes (padded)."""
-        return self.layouts[rank].nbytes
+        """Bytes of owner ``rank``'s phase-2 payloads (padded)."""
+        return self.owner_layouts[rank].nbytes
 
     def sent_bytes(self, rank: int) -> int:
         """Bytes rank ``rank`` sends: its phase-1 segments to the K-1 other owners, plus its
         phase-2 part to each of the K-1 others (what a direct allgatherv would send)."""
         phase1 = sum(layout.nbytes for j, layout in enumerate(self.layouts) if j != rank)
-        return phase1 + (self.k - 1) * self.layouts[rank].nbytes
+        return phase1 + (self.k - 1) * self.owner_layouts[rank].nbytes
 
 
 @dataclass
@@ -315,28 +327,33 @@ class TwoPhasePattern:
         plan, k = w.plan, w.plan.k
         mine = plan.layouts[comm.rank]
         stripe_devices = {key: devices[n] for key, (n, _) in plan.where.items()}
-        with stats.timed("decode_s"):
-            means = [(key, self.codec.decode_mean_stacked(stacked))
-                     for key, stacked in mine.unpack(w.recv.view(k, mine.nbytes), stripe_devices)]
-        with stats.timed("encode_s"):
-            owned = {key: self._requantize(bucket.state.owner_memory, plan, key, mean, positions)
-                     for key, mean in means}
+        received = mine.unpack(w.recv.view(k, mine.nbytes), stripe_devices)
+        if plan.exact_sum:
+            with stats.timed("encode_s"):
+                owned = {key: plan.owner_codec.encode_stacked(self.codec, stacked) for key, stacked in received}
+        else:
+            with stats.timed("decode_s"):
+                means = [(key, self.codec.decode_mean_stacked(stacked)) for key, stacked in received]
+            with stats.timed("encode_s"):
+                owned = {key: self._requantize(bucket.state.owner_memory, plan, key, mean, positions)
+                         for key, mean in means}
         with stats.timed("exchange_s"):
-            part = mine.pack(owned)
-        return part, [layout.nbytes for layout in plan.layouts]
+            part = plan.owner_layouts[comm.rank].pack(owned)
+        return part, [layout.nbytes for layout in plan.owner_layouts]
 
     def _phase4(self, w: "_ChunkWork", devices, results, stats: ExchangeStats) -> None:
         """Every owner's requantized stripes decoded into their place in the results."""
         plan = w.plan
+        codec = plan.owner_codec
         stripe_devices = {key: devices[n] for key, (n, _) in plan.where.items()}
         with stats.timed("decode_s"):
-            for layout, buf in zip(plan.layouts, w.parts):
+            for layout, buf in zip(plan.owner_layouts, w.parts):
                 for key, stacked in layout.unpack(buf.view(1, layout.nbytes), stripe_devices):
                     n, st = plan.where[key]
                     if st.is_view:
-                        self.codec.decode(_first(stacked), out=st.take(results[n]))
+                        codec.decode(_first(stacked), out=st.take(results[n]))
                     else:
-                        st.put(results[n], self.codec.decode(_first(stacked)))
+                        st.put(results[n], codec.decode(_first(stacked)))
 
     def _requantize(self, owner_memory: ErrorFeedback, plan: StripePlan, key: str, mean: torch.Tensor,
                     positions: StepPositions) -> Payload:

@@ -128,6 +128,9 @@ class Expected:
                     if self.feedback:
                         put_part(self.worker[k][n], axis, a, b, rs[k])
                 mean = (torch.stack(decoded).double().sum(0) / SIZE).float()
+                if shared:  # TernGrad's owner sends the exact sum (scale * integer): the mean itself
+                    put_part(result, axis, a, b, mean)
+                    continue
                 key = f"{n}[{s}]"
                 r_own = self.owner.setdefault(key, torch.zeros_like(mean)) if self.feedback else None
                 owner = self.refs[s]
@@ -183,7 +186,14 @@ def test_matches_independent_reference(case):
                          f"step {step} owner residual {key}")
         assert_same_on_every_rank(results)
         assert info["k"] == SIZE and info["sent_bytes"] == plan.sent_bytes(RANK)
-        assert info["payload_bytes_phase2"] == plan.layouts[RANK].nbytes
+        assert info["payload_bytes_phase2"] == plan.owner_layouts[RANK].nbytes
+        if codec_name == "terngrad":  # exact owner sums: 4-bit biased levels (K <= 7) and the scale
+            assert plan.exact_sum and plan.owner_codec.width == (4 if SIZE <= 7 else 8)
+            for owner, layout in enumerate(plan.owner_layouts):
+                assert layout.payload_bytes == sum((math.prod(st.shape) * plan.owner_codec.width + 7) // 8 + 4
+                                                   for n in NAMES for st in [plan.stripes[n][owner]] if st.numel)
+        else:
+            assert not plan.exact_sum and plan.owner_layouts is plan.layouts
         assert info["payload_bytes_phase1"] == sum(layout.nbytes for layout in plan.layouts)
         if SIZE == 1:
             assert info["sent_bytes"] == 0
