@@ -88,6 +88,17 @@ at::Tensor qsgd_decode_elias(const at::Tensor& norms, const at::Tensor& nbits, c
   return qsgd_decode_elias_cpu(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out);
 }
 
+at::Tensor terngrad_sum_levels(const at::Tensor& codes, int64_t n, int64_t width) {
+  TORCH_CHECK(!codes.is_cuda(), "terngrad_sum_levels: CPU tensors only (CUDA: torch ops in codecs/ternary_sum.py)");
+  return terngrad_sum_levels_cpu(codes, n, width);
+}
+
+at::Tensor terngrad_sum_decode(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
+                               at::ScalarType dtype, const c10::optional<at::Tensor>& out) {
+  TORCH_CHECK(!levels.is_cuda(), "terngrad_sum_decode: CPU tensors only (CUDA: torch ops in codecs/ternary_sum.py)");
+  return terngrad_sum_decode_cpu(levels, n, k, width, mult, dtype, out);
+}
+
 std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select(const at::Tensor& x, int64_t k, int64_t sample_count,
                                                                int64_t key) {
   HGC_ON_CUDA(x.is_cuda(), dgc_select_cuda(x, k, sample_count, key));
@@ -153,6 +164,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("terngrad_decode_sum", &terngrad_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded TernGrad payloads",
         py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
+  m.def("terngrad_sum_levels", &terngrad_sum_levels, HGC_RELEASE_GIL,
+        "biased exact sums of K TernGrad payloads as width-bit fields (two-phase owner, CPU)", py::arg("codes"),
+        py::arg("n"), py::arg("width"));
+  m.def("terngrad_sum_decode", &terngrad_sum_decode, HGC_RELEASE_GIL,
+        "(field - K) * mult of terngrad_sum_levels' fields (CPU)", py::arg("levels"), py::arg("n"), py::arg("k"),
+        py::arg("width"), py::arg("mult"), py::arg("dtype"), py::arg("out") = py::none());
   m.def("qsgd_encode_fixed", &qsgd_encode_fixed, HGC_RELEASE_GIL, "QSGD encode, fixed-width coding -> (norms, packed)",
         py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"));
   m.def("qsgd_decode_fixed", &qsgd_decode_fixed, HGC_RELEASE_GIL, "scale * sum of K fixed-width QSGD payloads",

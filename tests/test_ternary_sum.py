@@ -77,3 +77,24 @@ def test_refuses_unshared_scales_and_wrong_k():
         TernarySumCodec(2, "reference").encode_stacked(ternary, stacked)
     with pytest.raises(NotImplementedError, match="encode_stacked"):
         TernarySumCodec(2).encode(torch.zeros(3))
+
+
+@pytest.mark.skipif(not native_available(), reason="native extension not built")
+@pytest.mark.parametrize("k", [4, 100, 300])
+def test_native_matches_reference_on_any_thread_split(k):
+    """Thread ranges may start in the middle of a byte of 4-bit fields: same bytes and values
+    with 1 and 3 threads, and as the torch-ops reference."""
+    ternary, stacked = stacked_payloads(k, 100_003, torch.float32, "native", seed=k)
+    ref = TernarySumCodec(k, "reference")
+    want_payload = ref.encode_stacked(ternary, stacked)
+    want = ref.decode(want_payload)
+    threads = torch.get_num_threads()
+    try:
+        for t in (1, 3):
+            torch.set_num_threads(t)
+            native = TernarySumCodec(k, "native")
+            payload = native.encode_stacked(ternary, stacked)
+            assert torch.equal(payload.buffers["levels"], want_payload.buffers["levels"])
+            assert torch.equal(native.decode(payload), want)
+    finally:
+        torch.set_num_threads(threads)

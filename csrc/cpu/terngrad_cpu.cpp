@@ -294,7 +294,117 @@ void decode_sum_range(const uint8_t* codes, int64_t cstride, const float* scales
   }
 }
 
+// The biased sums (sum_k v_k + K) of elements [lo, hi), lo % 4 == 0 (and even), as `width`-bit
+// fields: 4 (two per byte, low nibble first), 8 or 16 bits (little-endian).
+void sum_levels_range(const uint8_t* codes, int64_t cstride, int64_t K, int width, uint8_t* levels, int64_t lo,
+                      int64_t hi) {
+  constexpr int64_t kBlock = 4096;
+  const Luts& L = luts();
+  alignas(64) uint16_t acc[kBlock];
+  for (int64_t start = lo; start < hi; start += kBlock) {
+    const int64_t len = std::min(kBlock, hi - start), nb = (len + 3) / 4;
+    std::memset(acc, 0, nb * sizeof(uint64_t));
+    for (int64_t k = 0; k < K; ++k) {
+      const uint8_t* c = codes + k * cstride + start / 4;
+      for (int64_t j = 0; j < nb; ++j) {
+        uint64_t x;
+        std::memcpy(&x, acc + 4 * j, sizeof(x));
+        x += L.biased[c[j]];
+        std::memcpy(acc + 4 * j, &x, sizeof(x));
+      }
+    }
+    if (width == 4) {
+      for (int64_t t = 0; t < len; t += 2) {
+        const uint8_t hi4 = t + 1 < len ? static_cast<uint8_t>(acc[t + 1] << 4) : 0;
+        levels[(start + t) / 2] = static_cast<uint8_t>(acc[t]) | hi4;
+      }
+    } else if (width == 8) {
+      for (int64_t t = 0; t < len; ++t) levels[start + t] = static_cast<uint8_t>(acc[t]);
+    } else {
+      std::memcpy(levels + 2 * start, acc, 2 * len);  // little-endian hosts (as the whole wire format)
+    }
+  }
+}
+
+// Fields of 4 or 8 bits take their value from a table of the 16 or 256 possible ones (each
+// computed as below, so the bits are the same); 16-bit fields are computed one by one.
+template <typename scalar_t>
+void sum_decode_range(const uint8_t* levels, int64_t K, int width, double mult_d, scalar_t* out, int64_t lo,
+                      int64_t hi) {
+  using acc_t = typename Acc<scalar_t>::type;
+  const acc_t mult = static_cast<acc_t>(mult_d);
+  const int32_t bias = static_cast<int32_t>(K);
+  auto value = [&](int32_t f) { return static_cast<scalar_t>(static_cast<acc_t>(f - bias) * mult); };
+  if (width == 16) {
+    for (int64_t i = lo; i < hi; ++i) {
+      uint16_t u;
+      std::memcpy(&u, levels + 2 * i, 2);
+      out[i] = value(u);
+    }
+    return;
+  }
+  scalar_t table[256];
+  for (int f = 0; f < (width == 4 ? 16 : 256); ++f) table[f] = value(f);
+  if (width == 8) {
+    for (int64_t i = lo; i < hi; ++i) out[i] = table[levels[i]];
+    return;
+  }
+  int64_t i = lo;
+  if ((i & 1) && i < hi) {  // a range may start in the high nibble
+    out[i] = table[levels[i / 2] >> 4];
+    ++i;
+  }
+  for (; i + 1 < hi; i += 2) {
+    const uint8_t b = levels[i / 2];
+    out[i] = table[b & 15];
+    out[i + 1] = table[b >> 4];
+  }
+  if (i < hi) out[i] = table[levels[i / 2] & 15];
+}
+
 }  // namespace
+
+at::Tensor terngrad_sum_levels_cpu(const at::Tensor& codes, int64_t n, int64_t width) {
+  HGC_TG_CHECK_NOT_CUDA(codes);
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && codes.stride(1) == 1,
+              "terngrad_sum_levels: codes must be uint8 [K, bytes] with contiguous rows");
+  const int64_t K = codes.size(0);
+  TORCH_CHECK(K >= 1 && K <= kMaxIntK, "terngrad_sum_levels: K must be in [1, ", kMaxIntK, "], got ", K);
+  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_levels: width must be 4, 8 or 16, got ", width);
+  TORCH_CHECK(2 * K < (int64_t(1) << width), "terngrad_sum_levels: ", width, "-bit fields cannot hold sums of K=", K);
+  TORCH_CHECK(n >= 0 && codes.size(1) >= (n + 3) / 4, "terngrad_sum_levels: ", codes.size(1),
+              " bytes of codes cannot hold ", n, " values");
+  auto levels = at::empty({(n * width + 7) / 8}, codes.options());
+  if (n == 0) return levels;
+  const uint8_t* cp = codes.data_ptr<uint8_t>();
+  uint8_t* lp = levels.data_ptr<uint8_t>();
+  at::parallel_for(0, (n + 3) / 4, kGrain / 4, [&](int64_t b0, int64_t b1) {
+    sum_levels_range(cp, codes.stride(0), K, static_cast<int>(width), lp, b0 * 4, std::min(n, b1 * 4));
+  });
+  return levels;
+}
+
+at::Tensor terngrad_sum_decode_cpu(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
+                                   at::ScalarType dtype, const c10::optional<at::Tensor>& out_opt) {
+  HGC_TG_CHECK_NOT_CUDA(levels);
+  TORCH_CHECK(levels.dim() == 1 && levels.scalar_type() == at::kByte && levels.is_contiguous(),
+              "terngrad_sum_decode: levels must be contiguous uint8 [bytes]");
+  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_decode: width must be 4, 8 or 16, got ", width);
+  TORCH_CHECK(k >= 1 && 2 * k < (int64_t(1) << width), "terngrad_sum_decode: K=", k, " does not fit ", width,
+              "-bit fields");
+  TORCH_CHECK(n >= 0 && levels.numel() >= (n * width + 7) / 8, "terngrad_sum_decode: ", levels.numel(),
+              " bytes cannot hold ", n, " ", width, "-bit fields");
+  at::Tensor out = hgc_decode_output(out_opt, n, dtype, levels.device(), "terngrad_sum_decode");
+  if (n == 0) return out;
+  const uint8_t* lp = levels.data_ptr<uint8_t>();
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, dtype, "terngrad_sum_decode_cpu", [&] {
+    auto* o = out.data_ptr<scalar_t>();
+    at::parallel_for(0, n, kGrain, [&](int64_t i0, int64_t i1) {
+      sum_decode_range<scalar_t>(lp, k, static_cast<int>(width), mult, o, i0, i1);
+    });
+  });
+  return out;
+}
 
 double terngrad_max_abs_cpu(const at::Tensor& grad) {
   HGC_TG_CHECK_NOT_CUDA(grad);

@@ -25,3 +25,13 @@ std::tuple<at::Tensor, at::Tensor> terngrad_encode_cpu(const at::Tensor& grad, d
 // Written into `out` (contiguous CPU, n values of dtype) when given.
 at::Tensor terngrad_decode_sum_cpu(const at::Tensor& codes, const at::Tensor& scales, int64_t n,
                                    at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
+
+// The exact sums of K payloads that share one scale (a two-phase owner's payload): field i =
+// sum_k v_k(i) + K, `width` bits (4: two per byte, low nibble first; 8; 16 little-endian).
+// codes: uint8 [K, >= ceil(n/4)] (rows may be strided). Returns uint8[ceil(n * width / 8)].
+at::Tensor terngrad_sum_levels_cpu(const at::Tensor& codes, int64_t n, int64_t width);
+
+// out[i] = (field_i - K) * mult (in float, double for fp64), fields as terngrad_sum_levels writes
+// them; mult = s * scale is rounded once to the arithmetic type, as in terngrad_decode_sum.
+at::Tensor terngrad_sum_decode_cpu(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
+                                   at::ScalarType dtype, const c10::optional<at::Tensor>& out);

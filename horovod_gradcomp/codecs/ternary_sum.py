@@ -16,6 +16,10 @@ Wire format (``Payload.buffers``, in this order):
 
 Decoding gives the mean, ``(sum_k v_k) * (s * (1/K))`` in float32 (float64 for fp64), the
 same arithmetic as :meth:`TernGradCodec.decode_mean_stacked` of the K payloads themselves.
+
+Implementations: ``impl="native"`` on the CPU runs two C++ passes (``terngrad_sum_levels``:
+the K code rows to the packed fields; ``terngrad_sum_decode``); the reference, and CUDA
+tensors (no CUDA kernel for these two yet), use torch ops. All give the same bytes and values.
 """
 from __future__ import annotations
 
@@ -24,6 +28,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..native import require_native
 from .base import BufferSpec, Codec, Payload
 from .dtypes import accumulation_dtype
 from .payload_checks import check_fixed
@@ -49,6 +54,11 @@ class TernarySumCodec(Codec):
         super().__init__(impl)
         self.k = int(k)
         self.width = level_width(self.k)
+        if impl == "native":
+            self._C = require_native()
+
+    def _native_on(self, device: torch.device) -> bool:
+        return self.impl == "native" and device.type == "cpu"
 
     def __repr__(self) -> str:
         return f"TernarySumCodec(k={self.k}, impl={self.impl!r})"
@@ -72,12 +82,15 @@ class TernarySumCodec(Codec):
             raise ValueError(f"terngrad sum: the {k} payloads have different scales {scales.tolist()}; "
                              "the two-phase exchange agrees one scale per stripe before encoding")
         n = stacked.numel
-        ones = torch.ones_like(stacked.buffers["scale"])
-        # sum_k v_k as exact small integers (the sum of K values in {-1, 0, 1} times scales of 1)
-        sums = ternary.decode_mean_stacked(Payload({"codes": stacked.buffers["codes"], "scale": ones},
-                                                   torch.Size([n]), torch.float32, stacked.device), 1.0)
-        biased = sums.to(torch.int32).add_(self.k)
-        return Payload({"levels": self._pack(biased), "scale": stacked.buffers["scale"][0].clone()},
+        if self._native_on(stacked.device):
+            levels = self._C.terngrad_sum_levels(stacked.buffers["codes"], n, self.width)
+        else:
+            ones = torch.ones_like(stacked.buffers["scale"])
+            # sum_k v_k as exact small integers (K values in {-1, 0, 1} with scales of 1)
+            sums = ternary.decode_mean_stacked(Payload({"codes": stacked.buffers["codes"], "scale": ones},
+                                                       torch.Size([n]), torch.float32, stacked.device), 1.0)
+            levels = self._pack(sums.to(torch.int32).add_(self.k))
+        return Payload({"levels": levels, "scale": stacked.buffers["scale"][0].clone()},
                        stacked.shape, stacked.dtype, stacked.device)
 
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -85,10 +98,14 @@ class TernarySumCodec(Codec):
         when given)."""
         check_fixed(self, payload)
         n = payload.numel
-        acc = accumulation_dtype(payload.dtype)
-        sums = self._unpack(payload.buffers["levels"], n).to(acc).sub_(self.k)
-        mean = sums.mul_(payload.buffers["scale"][0].item() * (1.0 / self.k)).to(payload.dtype)
+        mult = payload.buffers["scale"][0].item() * (1.0 / self.k)
         flat_out = self.flat_out(out, payload)
+        if self._native_on(payload.device):
+            flat = self._C.terngrad_sum_decode(payload.buffers["levels"].contiguous(), n, self.k, self.width, mult,
+                                               payload.dtype, flat_out)
+            return flat.view(payload.shape) if out is None else out
+        acc = accumulation_dtype(payload.dtype)
+        mean = self._unpack(payload.buffers["levels"], n).to(acc).sub_(self.k).mul_(mult).to(payload.dtype)
         if flat_out is None:
             return mean.view(payload.shape)
         flat_out.copy_(mean)
