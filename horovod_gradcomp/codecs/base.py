@@ -60,12 +60,12 @@ class Codec:
     #: unbiased stochastic quantizers, whose papers use none).
     error_feedback_default: bool = True
     #: The exchange pattern the factories use unless told otherwise (``pattern=None``):
-    #: "allgather" or "auto" (two-phase for K >= 3 when it sends fewer bytes). Chosen from
-    #: speed and accuracy measured at K=4 (docs/results/README.md, "Default patterns"): QSGD
-    #: defaults to "auto" (two-phase 46% faster at 1 Gbit/s, ahead of fp16 at 10 Gbit/s, the
-    #: char-LM's loss unchanged); TernGrad stays on "allgather" (a second ternarization on
-    #: the owner, without error feedback, tripled the char-LM's perplexity), and so does
-    #: onebit (its two-phase step is level with fp16 at 10 Gbit/s: small payload, stripe copies).
+    #: "allgather" or "auto" (two-phase when it sends fewer bytes). Chosen from speed and
+    #: accuracy measured at K=4 (docs/results/README.md, "Default patterns"): QSGD and TernGrad
+    #: default to "auto" (two-phase faster at 1 Gbit/s, ahead of fp16 at 10 Gbit/s, the
+    #: char-LM's loss unchanged; TernGrad's owners send exact sums, see codecs/ternary_sum.py);
+    #: onebit stays on "allgather" (its two-phase step is level with fp16 at 10 Gbit/s: small
+    #: payload, stripe copies).
     default_pattern: str = "allgather"
 
     def __init__(self, impl: str = "native"):

@@ -103,6 +103,7 @@ class TernGradCodec(CounterStream, Codec):
     shared_scale = True
     fuses_feedback = False
     error_feedback_default = False
+    default_pattern = "auto"   # two-phase owners send exact sums: TernGrad's math, fewer bytes from K = 4
 
     def __init__(self, impl: str = "native", seed: int = 0, rank_stream: int = 0,
                  clip: Optional[float] = None):
