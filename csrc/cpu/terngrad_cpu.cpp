@@ -249,6 +249,22 @@ const Luts& luts() {
 
 constexpr int64_t kMaxIntK = 32767;  // biased 16-bit lanes hold sums up to 2K <= 65535
 
+// acc[t] = sum_k v_k + K for the 4 * nb elements from `start` (a multiple of 4): the K rows'
+// code bytes added as four biased uint16 lanes at once.
+inline void biased_sums(const uint8_t* codes, int64_t cstride, int64_t K, int64_t start, int64_t nb, uint16_t* acc) {
+  const Luts& L = luts();
+  std::memset(acc, 0, nb * sizeof(uint64_t));
+  for (int64_t k = 0; k < K; ++k) {
+    const uint8_t* c = codes + k * cstride + start / 4;
+    for (int64_t j = 0; j < nb; ++j) {
+      uint64_t x;
+      std::memcpy(&x, acc + 4 * j, sizeof(x));
+      x += L.biased[c[j]];
+      std::memcpy(acc + 4 * j, &x, sizeof(x));
+    }
+  }
+}
+
 // Elements [lo, hi), lo % 4 == 0.
 template <typename scalar_t>
 void decode_sum_range(const uint8_t* codes, int64_t cstride, const float* scales, int64_t sstride, int64_t K,
@@ -262,16 +278,7 @@ void decode_sum_range(const uint8_t* codes, int64_t cstride, const float* scales
     const int32_t bias = static_cast<int32_t>(K);
     for (int64_t start = lo; start < hi; start += kBlock) {
       const int64_t len = std::min(kBlock, hi - start), nb = (len + 3) / 4;
-      std::memset(acc, 0, nb * sizeof(uint64_t));
-      for (int64_t k = 0; k < K; ++k) {
-        const uint8_t* c = codes + k * cstride + start / 4;
-        for (int64_t j = 0; j < nb; ++j) {
-          uint64_t x;
-          std::memcpy(&x, acc + 4 * j, sizeof(x));
-          x += L.biased[c[j]];
-          std::memcpy(acc + 4 * j, &x, sizeof(x));
-        }
-      }
+      biased_sums(codes, cstride, K, start, nb, acc);
       for (int64_t t = 0; t < len; ++t)
         out[start + t] = static_cast<scalar_t>(static_cast<acc_t>(static_cast<int32_t>(acc[t]) - bias) * mult);
     }
@@ -299,20 +306,10 @@ void decode_sum_range(const uint8_t* codes, int64_t cstride, const float* scales
 void sum_levels_range(const uint8_t* codes, int64_t cstride, int64_t K, int width, uint8_t* levels, int64_t lo,
                       int64_t hi) {
   constexpr int64_t kBlock = 4096;
-  const Luts& L = luts();
   alignas(64) uint16_t acc[kBlock];
   for (int64_t start = lo; start < hi; start += kBlock) {
     const int64_t len = std::min(kBlock, hi - start), nb = (len + 3) / 4;
-    std::memset(acc, 0, nb * sizeof(uint64_t));
-    for (int64_t k = 0; k < K; ++k) {
-      const uint8_t* c = codes + k * cstride + start / 4;
-      for (int64_t j = 0; j < nb; ++j) {
-        uint64_t x;
-        std::memcpy(&x, acc + 4 * j, sizeof(x));
-        x += L.biased[c[j]];
-        std::memcpy(acc + 4 * j, &x, sizeof(x));
-      }
-    }
+    biased_sums(codes, cstride, K, start, nb, acc);
     if (width == 4) {
       for (int64_t t = 0; t < len; t += 2) {
         const uint8_t hi4 = t + 1 < len ? static_cast<uint8_t>(acc[t + 1] << 4) : 0;
