@@ -35,6 +35,18 @@ def test_allgather_and_two_phase_terms():
     assert q["step_ms"] == pytest.approx(q["cpu_ms"] + q["wire_ms"] + q["latency_ms"])
 
 
+def test_terngrad_two_phase_sends_exact_sums():
+    """TernGrad's owners send 4-bit sums up to K=7 and 8-bit ones up to 127: (K-1)/K (1 + w/2)
+    payloads per rank, and no requantizing encode."""
+    inp = _inputs()
+    for k, w in ((4, 4), (8, 8)):
+        t = cm.predict("terngrad/two_phase", k, 1e9, inp, alpha_s=0, pipeline_bytes=None)
+        assert t["bytes_per_rank"] == pytest.approx((k - 1) / k * 250_000 * (1 + w / 2))
+        assert t["cpu_ms"] == pytest.approx(50 + 12 + k * 5 / k + 5)
+    assert cm.predict("terngrad/two_phase", 4, 1e9, inp)["bytes_per_rank"] < \
+        cm.predict("terngrad/allgather", 4, 1e9, inp)["bytes_per_rank"]
+
+
 def test_pipelined_chunks_overlap_codec_and_wire():
     inp = _inputs()
     whole = cm.predict("qsgd4/allgather", 8, 1e9, inp, alpha_s=0, pipeline_bytes=None)

@@ -15,7 +15,8 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
   ``encode + decode`` (the casts); fp32 nothing; PowerSGD rank r: its matrix products,
   orthogonalization and error feedback (measured here on the same shapes: :func:`powersgd_compute_ms`);
 * ``wire(K)``: bytes per rank over the link rate: allgather ``(K-1) S``; two-phase
-  ``2 (K-1)/K S``; ring allreduce fp32/fp16 ``2 (K-1)/K`` of the dense bytes; PowerSGD the
+  ``2 (K-1)/K S`` (TernGrad, whose owners send exact sums of w = 4, 8 or 16 bits:
+  ``(K-1)/K (1 + w/2) S``, and its codec time ``encode + dmean(K)/K + decode``); ring allreduce fp32/fp16 ``2 (K-1)/K`` of the dense bytes; PowerSGD the
   ring allreduce of its P and Q factors and of the tensors it leaves uncompressed. On the
   ``loopback`` harness all K ranks' bytes share one link (``--layout loopback``);
 * ``messages(K) * alpha``: the latency of every collective (ring: K-1 messages per
@@ -60,6 +61,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from ..codecs.ternary_sum import level_width
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES, MAX_CHUNKS
 
 COMMAND = "model"
@@ -68,6 +70,9 @@ HELP = "PREDICTED step time per method, pattern, K and link rate, from measured 
 CODECS = {"onebit": ("onebit", {}), "terngrad": ("terngrad", {}), "qsgd4": ("qsgd", {"bits": 4}),
           "dgc": ("dgc", {"density": 0.001})}
 VARIABLE = {"dgc"}            # allgather only
+#: Codecs whose two-phase owners send the exact sum (codecs/ternary_sum.py): owner payloads of
+#: ``level_width(K) / 2`` times the codec's own (2-bit) payload, no requantization.
+EXACT_SUM = {"terngrad"}
 POWERSGD_RANKS = (1, 4)
 KS = (8, 16, 32, 64, 128, 256)
 RATES_GBIT = (1, 10, 25, 100)
@@ -152,11 +157,16 @@ def predict(method: str, k: int, bits_per_s: float, inputs: Inputs, *, alpha_s: 
         elif pattern == "two_phase":
             if key in VARIABLE:
                 raise ValueError(f"{key} has variable-size payloads: allgather only")
-            sent = ring * c["bytes"]
             messages += 2 * (k - 1) * chunks
-            codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
-            m = IN_SITU_NP
-            codec_ref_ms = (1 + 1 / m) * c["encode_ms"] + dmean(c, m) / m + c["decode_ms"]
+            if key in EXACT_SUM:  # owners add the K payloads as integers and send the sums
+                sent = (k - 1) / k * c["bytes"] * (1 + level_width(k) / 2)
+                codec_ms = c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
+                codec_ref_ms = c["encode_ms"] + dmean(c, IN_SITU_NP) / IN_SITU_NP + c["decode_ms"]
+            else:
+                sent = ring * c["bytes"]
+                codec_ms = (1 + 1 / k) * c["encode_ms"] + dmean(c, k) / k + c["decode_ms"]
+                m = IN_SITU_NP
+                codec_ref_ms = (1 + 1 / m) * c["encode_ms"] + dmean(c, m) / m + c["decode_ms"]
         else:
             raise ValueError(f"unknown pattern {pattern!r}")
     cpu = max(1.0, k / cores) if cores else 1.0
