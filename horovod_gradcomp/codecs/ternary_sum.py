@@ -33,7 +33,8 @@ from .base import BufferSpec, Codec, Payload
 from .dtypes import accumulation_dtype
 from .payload_checks import check_fixed
 
-#: Largest K whose sums fit the widest field (16 bits, biased).
+#: Largest K whose biased sums (0..2K) fit 16 bits: the widest field here, and the limit of
+#: TernGrad's integer decode-sum path (its native lanes are the same 16 bits).
 MAX_K = 32767
 
 

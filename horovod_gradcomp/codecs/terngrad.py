@@ -58,10 +58,9 @@ from .dtypes import accumulation_dtype, check_float
 from .payload_checks import check_fixed
 from .registry import register_codec
 from .streams import CounterStream, stream_keys32, uniform_bits
-from .ternary_sum import TernarySumCodec
+from .ternary_sum import MAX_K, TernarySumCodec
 
 _MAX_VALUES = 1 << 32
-_MAX_INT_K = 32767                       # the native integer sum path's limit (biased 16-bit lanes)
 
 
 def _f32(x: float) -> float:
@@ -254,7 +253,7 @@ class TernGradCodec(CounterStream, Codec):
         k = codes.shape[0]
         s = scales[:, 0]
         values = _unpack2(codes, n)  # int8 [K, n]
-        if k <= _MAX_INT_K and bool((s == s[0]).all()):
+        if k <= MAX_K and bool((s == s[0]).all()):  # the integer sums fit biased 16-bit lanes
             total = values.sum(0, dtype=torch.int32).to(acc)
             return total.mul_(s[0].item() * scale).to(dtype)
         total = torch.zeros(n, dtype=acc, device=codes.device)

@@ -128,8 +128,8 @@ class StripePlan:
                     self.where[key] = (n, st)
                     rows.append((key, torch.Size(st.shape), dt))
             self.layouts.append(FusedLayout(codec, rows))
-        self.owner_layouts = (self.layouts if self.owner_codec is codec
-                              else [FusedLayout(self.owner_codec, layout.entries) for layout in self.layouts])
+        self.owner_layouts = ([FusedLayout(self.owner_codec, layout.entries) for layout in self.layouts]
+                              if self.exact_sum else self.layouts)
 
     @property
     def payload_bytes_phase1(self) -> int:
