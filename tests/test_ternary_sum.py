@@ -34,6 +34,9 @@ def test_level_width():
     for bad in (0, MAX_K + 1):
         with pytest.raises(ValueError, match="K must be"):
             level_width(bad)
+    # beyond the widest field the two-phase owners ternarize the mean again, as before exact sums
+    assert hgc.get_codec("terngrad").owner_sum_codec(MAX_K) is not None
+    assert hgc.get_codec("terngrad").owner_sum_codec(MAX_K + 1) is None
 
 
 @pytest.mark.parametrize("impl", IMPLS)

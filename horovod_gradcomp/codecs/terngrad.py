@@ -166,8 +166,9 @@ class TernGradCodec(CounterStream, Codec):
     def owner_sum_codec(self, k: int):
         """The two-phase owner sends the exact sum of the K ternary payloads (the shared scale
         times an integer in [-K, K]; :mod:`horovod_gradcomp.codecs.ternary_sum`) instead of
-        ternarizing their mean again."""
-        return TernarySumCodec(k, self.impl)
+        ternarizing their mean again; beyond ``MAX_K`` ranks (sums wider than 16 bits) it
+        ternarizes again (None)."""
+        return TernarySumCodec(k, self.impl) if k <= MAX_K else None
 
     # -- scale ----------------------------------------------------------------------
     def local_scale(self, tensor: torch.Tensor) -> float:
