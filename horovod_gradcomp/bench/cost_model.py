@@ -18,7 +18,8 @@ PREDICTED figures, from measured inputs. One step at the defaults (one bucket, e
   ``2 (K-1)/K S`` (TernGrad, whose owners send exact sums of w = 4, 8 or 16 bits:
   ``(K-1)/K (1 + w/2) S``, and its codec time ``encode + dmean(K)/K + decode``); ring
   allreduce fp32/fp16 ``2 (K-1)/K`` of the dense bytes; PowerSGD the ring allreduce of its P
-  and Q factors and of the tensors it leaves uncompressed. On the ``loopback`` harness all K ranks' bytes share one link (``--layout loopback``);
+  and Q factors and of the tensors it leaves uncompressed. On the ``loopback`` harness all K
+  ranks' bytes share one link (``--layout loopback``);
 * ``messages(K) * alpha``: the latency of every collective (ring: K-1 messages per
   allgather, 2(K-1) per allreduce; the codecs' preamble and Horovod's placeholder allreduce:
   ``ceil(log2 K)`` each);
