@@ -36,6 +36,21 @@ at::Tensor onebit_decode_sum(const at::Tensor& bits, const at::Tensor& scales, i
   return onebit_decode_sum_cpu(bits, scales, n, cols, dtype, scale, out);
 }
 
+// Column windows have CPU kernels only: on CUDA the two-phase exchange copies its stripes.
+std::tuple<at::Tensor, at::Tensor> onebit_encode_columns(const at::Tensor& full,
+                                                         const c10::optional<at::Tensor>& residual, int64_t full_cols,
+                                                         int64_t col0, int64_t col1) {
+  TORCH_CHECK(!full.is_cuda(), "onebit_encode_columns: CPU tensors only (there is no CUDA kernel for column windows)");
+  return onebit_encode_columns_cpu(full, residual, full_cols, col0, col1);
+}
+
+void onebit_decode_columns(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out, int64_t full_cols,
+                           int64_t col0, int64_t col1) {
+  TORCH_CHECK(!out.is_cuda() && !bits.is_cuda() && !scales.is_cuda(),
+              "onebit_decode_columns: CPU tensors only (there is no CUDA kernel for column windows)");
+  onebit_decode_columns_cpu(bits, scales, out, full_cols, col0, col1);
+}
+
 at::Tensor onebit_decode(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                          at::ScalarType dtype, const c10::optional<at::Tensor>& out) {
   TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, "onebit_decode: expected flat bits and scales");
@@ -158,6 +173,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("onebit_decode_sum", &onebit_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
+  m.def("onebit_encode_columns", &onebit_encode_columns, HGC_RELEASE_GIL,
+        "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
+        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+  m.def("onebit_decode_columns", &onebit_decode_columns, HGC_RELEASE_GIL,
+        "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
+        py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
   m.def("terngrad_max_abs", &terngrad_max_abs, HGC_RELEASE_GIL, "max |grad| (NaN if any)", py::arg("grad"));
   m.def("terngrad_encode", &terngrad_encode, HGC_RELEASE_GIL, "TernGrad stochastic ternarize + pack -> (codes, scale)",
         py::arg("grad"), py::arg("scale"), py::arg("clip"), py::arg("key0"), py::arg("key1"));

@@ -61,6 +61,14 @@ inline void check_onebit_encode_args(const at::Tensor& grad, const c10::optional
   }
 }
 
+// A column window [col0, col1) of n values viewed as [n / full_cols, full_cols]: at least two
+// columns wide (a one-column matrix has its own contiguous path) and inside the matrix.
+inline void check_column_window(int64_t n, int64_t full_cols, int64_t col0, int64_t col1, const char* op) {
+  TORCH_CHECK(full_cols > 0 && n % full_cols == 0, op, ": ", n, " values do not split into columns of ", full_cols);
+  TORCH_CHECK(0 <= col0 && col0 + 2 <= col1 && col1 <= full_cols, op, ": the column window [", col0, ", ", col1,
+              ") must hold at least 2 of the ", full_cols, " columns");
+}
+
 // terngrad_encode: n < 2^32 values, scale >= 0, clip >= 0 (inf: none), two 32-bit keys.
 inline void check_terngrad_encode_args(int64_t n, double scale, double clip, int64_t key0, int64_t key1) {
   TORCH_CHECK(n <= (int64_t(1) << 32), "terngrad_encode: at most 2^32 values per tensor, got ", n);

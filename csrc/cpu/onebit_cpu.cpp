@@ -41,11 +41,14 @@ inline void finish_column(double p, double m, double cnt, double rows, float* a_
 }
 
 // Pass 1: per-column mean of the non-negative and of the negative entries of v = g (+ r).
+// Row `row` of the matrix starts at g + row * ld (ld == cols: contiguous; ld > cols: a column
+// window of a wider matrix, which needs cols >= 2). The sums run in the same order for any ld.
 template <typename scalar_t, bool kResidual>
-void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t cols, float* a_pos, float* a_neg) {
+void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t cols, int64_t ld, float* a_pos,
+                  float* a_neg) {
   using acc_t = typename Acc<scalar_t>::type;
   const int64_t n = rows * cols;
-  if (cols == 1) {
+  if (cols == 1) {  // contiguous only (the caller never passes a one-column window)
     // One column: a reduction over kLanes interleaved accumulators (vectorizes without
     // reassociating floats), chunks across threads, combined in double.
     const int64_t chunks = num_chunks(n, n / kLanes);
@@ -106,7 +109,7 @@ void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t co
         for (int64_t j0 = 0; j0 < cols; j0 += kColBlock) {
           const int64_t len = std::min(kColBlock, cols - j0);
           for (int64_t row = row0; row < row1; row += 4) {
-            hgc::sse_sums_rows<kResidual>(g + row * cols + j0, kResidual ? r + row * cols + j0 : nullptr, cols,
+            hgc::sse_sums_rows<kResidual>(g + row * ld + j0, kResidual ? r + row * ld + j0 : nullptr, ld,
                                           static_cast<int>(std::min<int64_t>(4, row1 - row)), len, p + j0, m + j0,
                                           cnt + j0);
           }
@@ -115,8 +118,8 @@ void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t co
       }
 #endif
       for (int64_t row = row0; row < row1; ++row) {
-        const scalar_t* __restrict__ gr = g + row * cols;
-        const scalar_t* __restrict__ rr = kResidual ? r + row * cols : nullptr;
+        const scalar_t* __restrict__ gr = g + row * ld;
+        const scalar_t* __restrict__ rr = kResidual ? r + row * ld : nullptr;
         for (int64_t j = 0; j < cols; ++j) {
           acc_t v = static_cast<acc_t>(gr[j]);
           if (kResidual) v += static_cast<acc_t>(rr[j]);
@@ -137,78 +140,87 @@ void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t co
   });
 }
 
-// Pass 2 over bytes [b0, b1): pack the sign bits and, with a residual, store v - decoded.
+// Pass 2 over bytes [b0, b1) of the bit stream of the rows x cols matrix (element i at row
+// i / cols, column i % cols, read from g[row * ld + column]): pack the sign bits and, with a
+// residual, store v - decoded at the same place of r.
 template <typename scalar_t, bool kResidual>
-void pack_range(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, const float* a_pos, const float* a_neg,
-                uint8_t* bits, int64_t b0, int64_t b1) {
+void pack_range(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, int64_t ld, const float* a_pos,
+                const float* a_neg, uint8_t* bits, int64_t b0, int64_t b1) {
   using acc_t = typename Acc<scalar_t>::type;
   int64_t i = b0 * 8;
+  const int64_t row_skip = ld - cols;  // from one row's end to the next row's start
   if (cols == 1 || cols % 8 == 0) {
-    // The 8 values of a byte share one row: their columns are j..j+7 (or the one column).
+    // The 8 values of a byte share one row: their columns are j..j+7 (or the one column),
+    // contiguous at src..src+7.
     acc_t ones_p[8], ones_n[8];
     std::fill(ones_p, ones_p + 8, static_cast<acc_t>(a_pos[0]));
     std::fill(ones_n, ones_n + 8, static_cast<acc_t>(a_neg[0]));
     acc_t col_p[8], col_n[8];
     const int64_t full_end = std::min(b1, n / 8);
     int64_t j = cols == 1 ? 0 : i % cols;
+    int64_t src = cols == 1 ? i : (i / cols) * ld + j;
     for (int64_t b = b0; b < full_end; ++b, i += 8) {
+      const scalar_t* gs = g + src;
+      scalar_t* rs = kResidual ? r + src : nullptr;
+      const acc_t* P = ones_p;
+      const acc_t* N = ones_n;
+      const int64_t jb = j;
+      src += 8;
+      if (cols != 1) {
+        j += 8;
+        if (j == cols) { j = 0; src += row_skip; }
+      }
 #if defined(__SSE2__)
       if constexpr (std::is_same<scalar_t, float>::value) {
-        if (cols == 1) {
-          bits[b] = hgc::sse_pack8<kResidual>(g + i, r + i, ones_p, ones_n);
-        } else {
-          bits[b] = hgc::sse_pack8<kResidual>(g + i, r + i, a_pos + j, a_neg + j);
-          j += 8;
-          if (j == cols) j = 0;
-        }
+        bits[b] = cols == 1 ? hgc::sse_pack8<kResidual>(gs, rs, ones_p, ones_n)
+                            : hgc::sse_pack8<kResidual>(gs, rs, a_pos + jb, a_neg + jb);
         continue;
       }
 #endif
       acc_t v[8];
       for (int k = 0; k < 8; ++k) {
-        v[k] = static_cast<acc_t>(g[i + k]);
-        if (kResidual) v[k] += static_cast<acc_t>(r[i + k]);
+        v[k] = static_cast<acc_t>(gs[k]);
+        if (kResidual) v[k] += static_cast<acc_t>(rs[k]);
       }
       bits[b] = hgc::sign_byte(v);
       if (kResidual) {
-        const acc_t* P = ones_p;
-        const acc_t* N = ones_n;
         if (cols != 1) {
-          for (int k = 0; k < 8; ++k) { col_p[k] = a_pos[j + k]; col_n[k] = a_neg[j + k]; }
+          for (int k = 0; k < 8; ++k) { col_p[k] = a_pos[jb + k]; col_n[k] = a_neg[jb + k]; }
           P = col_p; N = col_n;
-          j += 8;
-          if (j == cols) j = 0;
         }
-        for (int k = 0; k < 8; ++k) r[i + k] = static_cast<scalar_t>(v[k] - (v[k] >= acc_t(0) ? P[k] : N[k]));
+        for (int k = 0; k < 8; ++k) rs[k] = static_cast<scalar_t>(v[k] - (v[k] >= acc_t(0) ? P[k] : N[k]));
       }
     }
     b0 = full_end;
   }
   // Any column count (and the last, partial byte): element by element with a wrapping column.
   int64_t j = cols ? i % cols : 0;
+  int64_t src = cols ? (i / cols) * ld + j : 0;
   for (int64_t b = b0; b < b1; ++b) {
     uint8_t byte = 0;
     for (int k = 0; k < 8 && i < n; ++k, ++i) {
-      acc_t v = static_cast<acc_t>(g[i]);
-      if (kResidual) v += static_cast<acc_t>(r[i]);
+      acc_t v = static_cast<acc_t>(g[src]);
+      if (kResidual) v += static_cast<acc_t>(r[src]);
       const bool nonneg = v >= acc_t(0);
       byte |= static_cast<uint8_t>(nonneg) << k;
-      if (kResidual) r[i] = static_cast<scalar_t>(v - static_cast<acc_t>(nonneg ? a_pos[j] : a_neg[j]));
-      if (++j == cols) j = 0;
+      if (kResidual) r[src] = static_cast<scalar_t>(v - static_cast<acc_t>(nonneg ? a_pos[j] : a_neg[j]));
+      ++src;
+      if (++j == cols) { j = 0; src += row_skip; }
     }
     bits[b] = byte;
   }
 }
 
+// Encode the n-value rows x cols matrix whose row `row` starts at g + row * ld (and r + row * ld).
 template <typename scalar_t, bool kResidual>
-void encode_impl(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, uint8_t* bits, float* scales) {
+void encode_impl(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, int64_t ld, uint8_t* bits, float* scales) {
   const int64_t rows = cols ? n / cols : 0;
   float* a_pos = scales;
   float* a_neg = scales + cols;
   if (n == 0) return;
-  column_stats<scalar_t, kResidual>(g, r, rows, cols, a_pos, a_neg);
+  column_stats<scalar_t, kResidual>(g, r, rows, cols, ld, a_pos, a_neg);
   at::parallel_for(0, (n + 7) / 8, kGrain / 8, [&](int64_t b0, int64_t b1) {
-    pack_range<scalar_t, kResidual>(g, r, n, cols, a_pos, a_neg, bits, b0, b1);
+    pack_range<scalar_t, kResidual>(g, r, n, cols, ld, a_pos, a_neg, bits, b0, b1);
   });
 }
 
@@ -240,21 +252,24 @@ inline void add_payload(const uint8_t* bk, const float* ap, const float* an, int
   }
 }
 
-// out[i] = scale * sum_k (bit_k(i) ? a+_k[col(i)] : a-_k[col(i)]) for i in [lo, hi), lo % 8 == 0.
-// Sums in float (in double for double outputs), a cache-sized block at a time.
+// out[i] = scale * sum_k (bit_k(i) ? a+_k[col(i)] : a-_k[col(i)]) for i in [lo, hi), lo % 8 == 0,
+// element i (row i / cols, column i % cols) written at out[row * ld + column] (ld == cols:
+// contiguous). Sums in float (in double for double outputs), a cache-sized block at a time.
 template <typename scalar_t>
 void decode_sum_range(const uint8_t* bits, int64_t bits_stride, const float* scales, int64_t scales_stride,
-                      int64_t K, int64_t cols, double scale, scalar_t* out, int64_t lo, int64_t hi) {
+                      int64_t K, int64_t cols, int64_t ld, double scale, scalar_t* out, int64_t lo, int64_t hi) {
   constexpr int64_t kBlock = 4096;  // a multiple of 8: blocks start on byte boundaries
+  const int64_t row_skip = ld - cols;
   if (std::is_same<scalar_t, double>::value) {
+    int64_t j = lo % cols, dst = (lo / cols) * ld + j;
     for (int64_t i = lo; i < hi; ++i) {
       double acc = 0;
-      const int64_t j = i % cols;
       for (int64_t k = 0; k < K; ++k) {
         const float* ap = scales + k * scales_stride;
         acc += ((bits[k * bits_stride + (i >> 3)] >> (i & 7)) & 1) ? ap[j] : ap[cols + j];
       }
-      out[i] = static_cast<scalar_t>(acc * scale);
+      out[dst++] = static_cast<scalar_t>(acc * scale);
+      if (++j == cols) { j = 0; dst += row_skip; }
     }
     return;
   }
@@ -267,7 +282,20 @@ void decode_sum_range(const uint8_t* bits, int64_t bits_stride, const float* sca
       const float* ap = scales + k * scales_stride;
       add_payload(bits + k * bits_stride, ap, ap + cols, cols, start, len, acc);
     }
-    for (int64_t t = 0; t < len; ++t) out[start + t] = static_cast<scalar_t>(acc[t] * s);
+    if (row_skip == 0) {
+      for (int64_t t = 0; t < len; ++t) out[start + t] = static_cast<scalar_t>(acc[t] * s);
+    } else {  // row by row: each run of the block that stays in one row is contiguous in out
+      int64_t j = start % cols, dst = (start / cols) * ld + j;
+      for (int64_t t = 0; t < len;) {
+        const int64_t run = std::min(cols - j, len - t);
+        scalar_t* __restrict__ o = out + dst;
+        for (int64_t u = 0; u < run; ++u) o[u] = static_cast<scalar_t>(acc[t + u] * s);
+        t += run;
+        j += run;
+        dst += run;
+        if (j == cols) { j = 0; dst += row_skip; }
+      }
+    }
   }
 }
 
@@ -284,10 +312,10 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "onebit_encode_cpu", [&] {
     const auto* g = grad.data_ptr<scalar_t>();
     if (has_res) {
-      encode_impl<scalar_t, true>(g, residual->data_ptr<scalar_t>(), n, cols, bits.data_ptr<uint8_t>(),
+      encode_impl<scalar_t, true>(g, residual->data_ptr<scalar_t>(), n, cols, cols, bits.data_ptr<uint8_t>(),
                                   scales.data_ptr<float>());
     } else {
-      encode_impl<scalar_t, false>(g, nullptr, n, cols, bits.data_ptr<uint8_t>(), scales.data_ptr<float>());
+      encode_impl<scalar_t, false>(g, nullptr, n, cols, cols, bits.data_ptr<uint8_t>(), scales.data_ptr<float>());
     }
   });
   return {bits, scales};
@@ -302,8 +330,49 @@ at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scale
     const int64_t nbytes = (n + 7) / 8;
     at::parallel_for(0, nbytes, kGrain / 8, [&](int64_t b0, int64_t b1) {
       decode_sum_range<scalar_t>(bits.data_ptr<uint8_t>(), bits.stride(0), scales.data_ptr<float>(),
-                                 scales.stride(0), K, cols, scale, o, b0 * 8, std::min(n, b1 * 8));
+                                 scales.stride(0), K, cols, cols, scale, o, b0 * 8, std::min(n, b1 * 8));
     });
   });
   return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& full,
+                                                             const c10::optional<at::Tensor>& residual,
+                                                             int64_t full_cols, int64_t col0, int64_t col1) {
+  hgc::check_onebit_encode_args(full, residual, full_cols, at::kCPU);
+  hgc::check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
+  const int64_t rows = full.numel() / full_cols, cols = col1 - col0, n = rows * cols;
+  const bool has_res = residual.has_value() && residual->defined();
+  auto bits = at::empty({(n + 7) / 8}, full.options().dtype(at::kByte));
+  auto scales = at::zeros({2 * cols}, full.options().dtype(at::kFloat));
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, full.scalar_type(), "onebit_encode_columns_cpu", [&] {
+    const auto* g = full.data_ptr<scalar_t>() + col0;
+    if (has_res) {
+      encode_impl<scalar_t, true>(g, residual->data_ptr<scalar_t>() + col0, n, cols, full_cols,
+                                  bits.data_ptr<uint8_t>(), scales.data_ptr<float>());
+    } else {
+      encode_impl<scalar_t, false>(g, nullptr, n, cols, full_cols, bits.data_ptr<uint8_t>(), scales.data_ptr<float>());
+    }
+  });
+  return {bits, scales};
+}
+
+void onebit_decode_columns_cpu(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
+                               int64_t full_cols, int64_t col0, int64_t col1) {
+  constexpr const char* op = "onebit_decode_columns";
+  HGC_CHECK_CONTIGUOUS(out);
+  TORCH_CHECK(out.device().is_cpu(), op, ": out must be a CPU tensor, got ", out.device());
+  hgc::check_column_window(out.numel(), full_cols, col0, col1, op);
+  const int64_t rows = out.numel() / full_cols, cols = col1 - col0, n = rows * cols;
+  TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, op, ": expected flat bits and scales");
+  const auto stacked_bits = bits.unsqueeze(0), stacked_scales = scales.unsqueeze(0);
+  hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), at::kCPU);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, out.scalar_type(), "onebit_decode_columns_cpu", [&] {
+    auto* o = out.data_ptr<scalar_t>() + col0;
+    at::parallel_for(0, (n + 7) / 8, kGrain / 8, [&](int64_t b0, int64_t b1) {
+      decode_sum_range<scalar_t>(stacked_bits.data_ptr<uint8_t>(), stacked_bits.stride(0),
+                                 stacked_scales.data_ptr<float>(), stacked_scales.stride(0), 1, cols, full_cols,
+                                 1.0, o, b0 * 8, std::min(n, b1 * 8));
+    });
+  });
 }

@@ -16,3 +16,17 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
 at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n,
                                  int64_t cols, at::ScalarType dtype, double scale,
                                  const c10::optional<at::Tensor>& out);
+
+// Column window [col0, col1) of the contiguous tensor `full` viewed as [n / full_cols, full_cols]
+// (2 <= col1 - col0): encodes that [rows, col1 - col0] matrix exactly as onebit_encode_cpu
+// encodes a contiguous copy of it (same bits, scales and residual), reading and updating
+// `full` and the full-size `residual` in place at the window's places.
+std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& full,
+                                                             const c10::optional<at::Tensor>& residual,
+                                                             int64_t full_cols, int64_t col0, int64_t col1);
+
+// Decodes one payload of a [rows, col1 - col0] matrix (flat bits and scales) into the column
+// window [col0, col1) of `out` (contiguous, viewed as [n / full_cols, full_cols]); the other
+// columns are left as they are.
+void onebit_decode_columns_cpu(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
+                               int64_t full_cols, int64_t col0, int64_t col1);

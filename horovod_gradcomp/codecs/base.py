@@ -95,6 +95,26 @@ class Codec:
         [-K, K]); None (the default): the owner quantizes the mean again with this codec."""
         return None
 
+    def encodes_column_windows(self, tensor: torch.Tensor, width: int) -> bool:
+        """True when :meth:`encode_columns` and :meth:`decode_columns` work on a ``width``-column
+        window of ``tensor`` in place, with a native strided kernel for its device and dtype.
+        False (the default): the two-phase exchange copies its column stripes in and out."""
+        return False
+
+    def encode_columns(self, tensor: torch.Tensor, residual: Optional[torch.Tensor], start: int,
+                       stop: int) -> Payload:
+        """The payload of columns ``[start, stop)`` of ``tensor``'s 2-D view ``[shape[0], -1]``
+        (payload shape ``[shape[0], stop - start]``): the same bytes as encoding a contiguous
+        copy of that window with the same window of ``residual``, which is updated in place.
+        Only where :meth:`encodes_column_windows` says so."""
+        raise NotImplementedError(f"{self.name}: no column-window encode")
+
+    def decode_columns(self, payload: Payload, out: torch.Tensor, start: int) -> None:
+        """Decode ``payload`` (of shape ``[rows, width]``) into columns ``[start, start + width)``
+        of ``out``'s 2-D view, leaving its other columns alone. Only where
+        :meth:`encodes_column_windows` says so."""
+        raise NotImplementedError(f"{self.name}: no column-window decode")
+
     # -- shared -------------------------------------------------------------------
     def check_out(self, out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
         """Validate an ``out=`` tensor for ``payload``: contiguous, its shape, dtype and device."""

@@ -97,6 +97,41 @@ class OneBitCodec(Codec):
             residual.copy_((grid - decoded).view(residual.shape))
         return pack_bits(pos), scales
 
+    # -- column windows (two-phase column stripes without copies) -------------------
+    def encodes_column_windows(self, tensor: torch.Tensor, width: int) -> bool:
+        """Native CPU kernels read and write a window of >= 2 columns of a contiguous >= 2-D
+        tensor in place; CUDA tensors (no strided kernel yet) and the reference impl do not."""
+        return (self.impl == "native" and tensor.device.type == "cpu" and tensor.dim() >= 2 and width >= 2
+                and tensor.is_contiguous())
+
+    def _window(self, tensor: torch.Tensor, start: int, stop: int) -> int:
+        cols = onebit_columns(tensor.shape)
+        if not self.encodes_column_windows(tensor, stop - start) or start < 0 or stop > cols:
+            raise ValueError(f"onebit: no column-window kernel for a {tuple(tensor.shape)} {tensor.dtype} tensor on "
+                             f"{tensor.device} (contiguous={tensor.is_contiguous()}), window [{start}, {stop}): "
+                             f"native impl, CPU, >= 2-D, contiguous, 2 or more of its {cols} columns")
+        return cols
+
+    def encode_columns(self, tensor: torch.Tensor, residual: Optional[torch.Tensor], start: int,
+                       stop: int) -> Payload:
+        """See :meth:`Codec.encode_columns`; bitwise the payload and residual of ``encode``
+        of the window's contiguous copy (the kernel sums in the same order)."""
+        self._check(tensor, residual)
+        cols = self._window(tensor, start, stop)
+        bits, scales = self._C.onebit_encode_columns(tensor, residual, cols, start, stop)
+        return Payload({"bits": bits, "scales": scales}, torch.Size((tensor.shape[0], stop - start)), tensor.dtype,
+                       tensor.device)
+
+    def decode_columns(self, payload: Payload, out: torch.Tensor, start: int) -> None:
+        check_fixed(self, payload)
+        width = onebit_columns(payload.shape)
+        cols = self._window(out, start, start + width)
+        if out.dtype != payload.dtype or payload.numel != out.shape[0] * width:
+            raise ValueError(f"onebit: a {tuple(payload.shape)} {payload.dtype} payload does not fit columns "
+                             f"[{start}, {start + width}) of a {tuple(out.shape)} {out.dtype} tensor")
+        self._C.onebit_decode_columns(payload.buffers["bits"], payload.buffers["scales"], out, cols, start,
+                                      start + width)
+
     # -- decode -------------------------------------------------------------------
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits

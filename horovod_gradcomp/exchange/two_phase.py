@@ -45,8 +45,11 @@ default) therefore picks, per tensor and from the codec's layout alone (the same
 every rank), ``"columns"`` when the tensor is >= 2-D, has at least K columns and column
 stripes save at least 8 bytes per stripe; ``"rows"`` otherwise. TernGrad and QSGD never save
 that much (one scale per stripe, one partial bucket per stripe), so they stay on rows.
-Column stripes cost a strided copy in and out; onebit's reconstruction values are then
-exactly per column of the whole tensor, as in the paper (whose matrices are column-major).
+Column stripes are encoded and decoded in place where the codec has strided kernels for the
+tensor (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`: onebit on the CPU,
+the same bytes as encoding a copy); elsewhere (CUDA tensors, the reference impl) they cost a
+strided copy in and out. onebit's reconstruction values are then exactly per column of the
+whole tensor, as in the paper (whose matrices are column-major).
 
 Other choices: TernGrad's optional clipping and QSGD's buckets apply per stripe (buckets
 restart at each stripe). Tensors whose stripe is empty send nothing for it (a tensor with
@@ -56,7 +59,7 @@ fixed size: variable-size codecs (dgc, qsgd with coding="elias") are rejected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -147,6 +150,18 @@ class StripePlan:
         return phase1 + (self.k - 1) * self.owner_layouts[rank].nbytes
 
 
+class _StripeJob(NamedTuple):
+    """One stripe to encode in phase 1: the tensor's ``name``, its ``stripe``, the whole gradient
+    and residual (``residual`` None without error feedback), and the stripe's own copies or views
+    of them (``grad_part`` None: the codec encodes the column window in place)."""
+    name: str
+    stripe: Stripe
+    grad: torch.Tensor
+    grad_part: Optional[torch.Tensor]
+    residual: Optional[torch.Tensor]
+    residual_part: Optional[torch.Tensor]
+
+
 @dataclass
 class _ChunkWork:
     """One chunk of a bucket on its way through the four phases (fields filled phase by phase)."""
@@ -230,7 +245,8 @@ class TwoPhasePattern:
         jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
         flat = [job for chunk_jobs in jobs for job in chunk_jobs]
         options = iter(agree_scales(self.codec, comm, len(flat),
-                                    lambda: [g_s if r_s is None else g_s + r_s for _, _, g_s, _, r_s in flat],
+                                    lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part
+                                             for j in flat],
                                     stats, totals))
         chunk_options = [[next(options) for _ in chunk_jobs] for chunk_jobs in jobs]
         results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
@@ -287,17 +303,24 @@ class TwoPhasePattern:
             raise
 
     # -- the phases -----------------------------------------------------------------
-    def _stripe_jobs(self, plan: StripePlan, bucket: Bucket, stats: ExchangeStats) -> list:
-        """``(name, stripe, g_s, full residual, r_s)`` of every non-empty stripe of the plan's tensors."""
-        memory = bucket.state.memory
+    def _stripe_jobs(self, plan: StripePlan, bucket: Bucket, stats: ExchangeStats) -> List["_StripeJob"]:
+        """A :class:`_StripeJob` for every non-empty stripe of the plan's tensors: column stripes
+        the codec encodes in place (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`)
+        take no copies; other stripes are taken (a view for row stripes, a copy for columns)."""
+        memory, codec = bucket.state.memory, self.codec
+        in_place_ok = not getattr(codec, "shared_scale", False)  # a shared scale reads the stripe's values
         with stats.timed("encode_s"):
             jobs = []
             for n, _, _ in plan.entries:
                 g = bucket.grads[n].detach()
                 r = memory.residual(n, g) if memory.enabled else None
                 for st in plan.stripes[n]:
-                    if st.numel:
-                        jobs.append((n, st, st.take(g), r, None if r is None else st.take(r)))
+                    if not st.numel:
+                        continue
+                    if in_place_ok and not st.is_view and codec.encodes_column_windows(g, st.stop - st.start):
+                        jobs.append(_StripeJob(n, st, g, None, r, None))
+                    else:
+                        jobs.append(_StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r)))
         return jobs
 
     def _phase1(self, comm, w: "_ChunkWork", positions: StepPositions, stats: ExchangeStats):
@@ -306,11 +329,16 @@ class TwoPhasePattern:
         plan = w.plan
         with stats.timed("encode_s"):
             segments: List[Dict[str, Payload]] = [{} for _ in range(plan.k)]
-            for (n, st, g_s, r, r_s), opts in zip(w.jobs, w.options):
-                self.codec.reset_stream(positions(n, st.owner, 0))
-                segments[st.owner][stripe_key(n, st.owner)] = encode_with_residual(self.codec, g_s, r_s, **opts)
-                if r_s is not None and not st.is_view:
-                    st.put(r, r_s)
+            for job, opts in zip(w.jobs, w.options):
+                st = job.stripe
+                self.codec.reset_stream(positions(job.name, st.owner, 0))
+                if job.grad_part is None:  # in place, the residual's window updated by the codec
+                    payload = self.codec.encode_columns(job.grad, job.residual, st.start, st.stop)
+                else:
+                    payload = encode_with_residual(self.codec, job.grad_part, job.residual_part, **opts)
+                    if job.residual_part is not None and not st.is_view:
+                        st.put(job.residual, job.residual_part)
+                segments[st.owner][stripe_key(job.name, st.owner)] = payload
         with stats.timed("exchange_s"):
             counts = [layout.nbytes for layout in plan.layouts]
             send = torch.empty(sum(counts), dtype=torch.uint8)
@@ -352,6 +380,8 @@ class TwoPhasePattern:
                     n, st = plan.where[key]
                     if st.is_view:
                         codec.decode(_first(stacked), out=st.take(results[n]))
+                    elif codec.encodes_column_windows(results[n], st.stop - st.start):
+                        codec.decode_columns(_first(stacked), results[n], st.start)
                     else:
                         st.put(results[n], codec.decode(_first(stacked)))
 

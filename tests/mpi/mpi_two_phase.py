@@ -154,7 +154,14 @@ def test_matches_independent_reference(case):
     opts = dict(options)
     if codec_name != "onebit":
         opts["rank_stream"] = RANK
-    ex = TwoPhasePattern(hgc.get_codec(codec_name, impl="native", **opts), axis=axis)
+    codec = hgc.get_codec(codec_name, impl="native", **opts)
+    in_place = {"encode_columns": 0, "decode_columns": 0}
+    for method in in_place:  # count the column windows encoded and decoded without copies
+        def counted(*args, _method=getattr(codec, method), _name=method):
+            in_place[_name] += 1
+            return _method(*args)
+        setattr(codec, method, counted)
+    ex = TwoPhasePattern(codec, axis=axis)
     entries = [(n, SHAPES[n], torch.float32) for n in NAMES]
     plan = ex.plan(entries, SIZE)
     axes = {n: plan.stripes[n][0].axis for n in NAMES}
@@ -197,6 +204,11 @@ def test_matches_independent_reference(case):
         assert info["payload_bytes_phase1"] == sum(layout.nbytes for layout in plan.layouts)
         if SIZE == 1:
             assert info["sent_bytes"] == 0
+    columns = sum(1 for n in NAMES for st in plan.stripes[n] if st.axis == "columns" and st.stop - st.start >= 2)
+    # onebit's column stripes go through its CPU window kernels: every one encoded (each rank
+    # encodes all K stripes) and decoded (each rank decodes every owner's stripe) in place.
+    want_in_place = STEPS * columns if codec_name == "onebit" else 0
+    assert in_place == {"encode_columns": want_in_place, "decode_columns": want_in_place}, in_place
 
 
 def transposed_storage(t):
