@@ -53,31 +53,39 @@ class FusedLayout:
             offset += numel * dt.itemsize
         self.payload_bytes = offset
         self.nbytes = (offset + ALIGN - 1) // ALIGN * ALIGN
+        # The slots in offset order (they tile [0, payload_bytes) without gaps): packing is then
+        # one concatenation and unpacking one split, instead of a slice and a copy per buffer.
+        self._in_order = sorted((slot for slots in self.slots.values() for slot in slots.values()),
+                                key=lambda slot: slot.offset)
+        self._split_sizes = [slot.nbytes for slot in self._in_order]
 
     def pack(self, payloads: Dict[str, Payload], out: torch.Tensor | None = None) -> torch.Tensor:
         """Copy every payload's buffers into one uint8 tensor of ``nbytes`` (CPU)."""
         buf = out if out is not None else torch.empty(self.nbytes, dtype=torch.uint8)
         if self.nbytes > self.payload_bytes:
             buf[self.payload_bytes:].zero_()
-        for k, slots in self.slots.items():
-            payload = payloads[k]
-            for name, slot in slots.items():
-                src = payload.buffers[name]
-                if src.numel() != slot.numel or src.dtype != slot.dtype:
-                    raise ValueError(f"{self.codec.name}: payload buffer {k}/{name} is {src.numel()}x{src.dtype}, "
-                                     f"layout expects {slot.numel}x{slot.dtype}")
-                buf[slot.offset:slot.offset + slot.nbytes].copy_(src.reshape(-1).view(torch.uint8).cpu())
+        parts = []
+        for slot in self._in_order:
+            src = payloads[slot.key].buffers[slot.buffer]
+            if src.numel() != slot.numel or src.dtype != slot.dtype:
+                raise ValueError(f"{self.codec.name}: payload buffer {slot.key}/{slot.buffer} is {src.numel()}x"
+                                 f"{src.dtype}, layout expects {slot.numel}x{slot.dtype}")
+            parts.append(src.reshape(-1).view(torch.uint8).cpu())
+        if parts:
+            torch.cat(parts, out=buf[:self.payload_bytes])
         return buf
 
     def unpack(self, recv: torch.Tensor, devices: Dict[str, torch.device]) -> List[Tuple[str, Payload]]:
         """Cut a ``[K, nbytes]`` receive buffer into one stacked payload per tensor
         (buffers are ``[K, numel]`` views, moved to the tensor's device when it is not the CPU)."""
+        pieces = torch.split(recv[:, :self.payload_bytes], self._split_sizes, dim=1) if self._split_sizes else ()
+        views = {(slot.key, slot.buffer): piece.view(slot.dtype) for slot, piece in zip(self._in_order, pieces)}
         out = []
         for k, shape, dtype in self.entries:
             device = devices[k]
             bufs = {}
-            for name, slot in self.slots[k].items():
-                view = recv[:, slot.offset:slot.offset + slot.nbytes].view(slot.dtype)
+            for name in self.slots[k]:
+                view = views[(k, name)]
                 bufs[name] = view if device.type == "cpu" else view.to(device)
             out.append((k, Payload(bufs, shape, dtype, device)))
         return out
