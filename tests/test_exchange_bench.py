@@ -34,7 +34,7 @@ def test_split_and_parse_configs():
 def test_default_configs_follow_the_adapter(monkeypatch):
     import horovod_gradcomp as hgc
     # each fixed-size codec also runs with the pattern that is not its default
-    two_phase = {"onebit:pattern=two_phase", "terngrad:pattern=allgather", "qsgd:bits=4,pattern=allgather"}
+    two_phase = {"onebit:pattern=allgather", "terngrad:pattern=allgather", "qsgd:bits=4,pattern=allgather"}
     monkeypatch.setattr(eb, "adapter_accepts", lambda option: True)
     configs, left_out = eb.default_configs()
     assert configs[:2] == ["none", "fp16"] and not left_out

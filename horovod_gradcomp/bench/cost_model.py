@@ -439,7 +439,7 @@ def inputs_table(inputs: Inputs) -> str:
 
 # -- check against the harness ------------------------------------------------------------
 
-CHECK_CONFIGS = {"none": "fp32", "fp16": "fp16", "onebit": "onebit/allgather",
+CHECK_CONFIGS = {"none": "fp32", "fp16": "fp16", "onebit:pattern=allgather": "onebit/allgather",
                  "terngrad:pattern=allgather": "terngrad/allgather",
                  "qsgd:bits=4,pattern=allgather": "qsgd4/allgather", "dgc:density=0.001": "dgc/allgather",
                  "onebit:pattern=two_phase": "onebit/two_phase", "terngrad:pattern=two_phase": "terngrad/two_phase",

@@ -35,7 +35,7 @@ from typing import Dict, List, Optional, Sequence
 COMMAND = "memory"
 HELP = "extra bytes per rank of each codec (state, payloads, fused buffers) as a multiple of the model size"
 
-DEFAULT_CONFIGS = ("onebit", "onebit:pattern=two_phase", "terngrad", "terngrad:pattern=two_phase", "qsgd:bits=4",
+DEFAULT_CONFIGS = ("onebit:pattern=allgather", "onebit:pattern=two_phase", "terngrad", "terngrad:pattern=two_phase", "qsgd:bits=4",
                    "qsgd:bits=4,pattern=two_phase", "dgc:density=0.001")
 
 

@@ -42,6 +42,10 @@ class OneBitCodec(Codec):
     """1-bit sign quantizer with per-column means; fuses the error-feedback update."""
 
     fuses_feedback = True
+    #: Two-phase from K = 3 (it sends fewer bytes): with the column windows it costs about the
+    #: allgather's CPU, so it wins on slow links and stays ahead of fp16 on fast ones
+    #: (docs/results/README.md, "Column windows").
+    default_pattern = "auto"
 
     def __init__(self, impl: str = "native"):
         super().__init__(impl)

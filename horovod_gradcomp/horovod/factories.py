@@ -64,8 +64,8 @@ class Compression:
         fixed-size codecs only) or "auto" (per bucket, whichever of the two sends fewer bytes per
         rank; allgather for K <= 2, variable-size codecs and small buckets; see
         :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). None (the
-        default): the codec's ``default_pattern``: "auto" for qsgd and terngrad, "allgather"
-        for onebit and dgc (speed and accuracy measured at K=4: README, "Exchange patterns").
+        default): the codec's ``default_pattern``: "auto" for onebit, qsgd and terngrad,
+        "allgather" for dgc (speed and accuracy measured at K=4: README, "Exchange patterns").
         Two-phase quantizes each mean a second time on its owner (with the owner's own error
         feedback when ``error_feedback`` is on), except TernGrad's, whose owners send the exact
         sum. ``bucket_bytes``: exchange in buckets of about

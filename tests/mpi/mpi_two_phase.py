@@ -274,10 +274,10 @@ def test_variable_size_codec_is_refused_on_every_rank(codec):
 @pytest.mark.parametrize("codec", ["onebit", "terngrad", "qsgd", "dgc"])
 def test_factory_default_pattern_is_the_codecs(codec):
     """``pattern=None`` (the factories' default) takes the codec's ``default_pattern``: "auto"
-    for qsgd and terngrad (two-phase from K = 3 or 4 on a large enough bucket: whichever sends
-    fewer bytes), "allgather" for onebit and dgc; an explicit pattern still wins."""
+    for onebit, qsgd and terngrad (two-phase from K = 3 or 4 on a large enough bucket: whichever
+    sends fewer bytes), "allgather" for dgc; an explicit pattern still wins."""
     model = torch.nn.Linear(256, 256)
-    expected = {"onebit": "allgather", "terngrad": "auto", "qsgd": "auto", "dgc": "allgather"}[codec]
+    expected = {"onebit": "auto", "terngrad": "auto", "qsgd": "auto", "dgc": "allgather"}[codec]
     comp = getattr(hgc.Compression, codec)(model.named_parameters())
     assert comp.engine.pattern == expected
     big = {"weight": torch.zeros(1024, 512)}  # above AUTO_MIN_BYTES for every codec here
