@@ -11,7 +11,8 @@ the syntax of ``bench exchange``) every rank builds the compression for ResNet-5
   left out; split by where it lives: ``residuals`` (error feedback), ``dgc_velocity``,
   ``dgc_accumulation``, ``owner_residuals`` (two-phase), ``other`` (caches);
 * allocated per step (the step's peak is at most their sum): the payloads the codec encodes
-  (recorded from the results of ``codec.encode`` / ``encode_with_indices``) and the fused send and receive buffers of every
+  (recorded from the results of ``codec.encode`` / ``encode_with_indices`` / ``encode_columns``
+  and the owners' exact sums) and the fused send and receive buffers of every
   collective (recorded from the communicator's arguments and results), as the largest step's
   sums of the actual tensors' bytes.
 
@@ -35,8 +36,9 @@ from typing import Dict, List, Optional, Sequence
 COMMAND = "memory"
 HELP = "extra bytes per rank of each codec (state, payloads, fused buffers) as a multiple of the model size"
 
-DEFAULT_CONFIGS = ("onebit:pattern=allgather", "onebit:pattern=two_phase", "terngrad", "terngrad:pattern=two_phase", "qsgd:bits=4",
-                   "qsgd:bits=4,pattern=two_phase", "dgc:density=0.001")
+DEFAULT_CONFIGS = ("onebit:pattern=allgather", "onebit:pattern=two_phase", "terngrad:pattern=allgather",
+                   "terngrad:pattern=two_phase", "qsgd:bits=4,pattern=allgather", "qsgd:bits=4,pattern=two_phase",
+                   "dgc:density=0.001")
 
 
 def _storage_key(t) -> tuple:
@@ -109,8 +111,9 @@ def _nbytes(obj) -> int:
 
 
 def _record_codec(codec, rec: _Recorder) -> None:
-    """Add the bytes of every payload ``codec`` encodes (``encode``, ``encode_with_indices``;
-    a call made from inside another counts once) to ``rec``."""
+    """Add the bytes of every payload ``codec`` encodes (``encode``, ``encode_with_indices``,
+    ``encode_columns``, ``encode_stacked``, and those of its two-phase owner-sum codec; a call
+    made from inside another counts once) to ``rec``."""
     depth = [0]
 
     def wrap(fn):
@@ -124,9 +127,18 @@ def _record_codec(codec, rec: _Recorder) -> None:
                 rec.payload += (out[0] if isinstance(out, tuple) else out).nbytes
             return out
         return recorded
-    for name in ("encode", "encode_with_indices"):
+    for name in ("encode", "encode_with_indices", "encode_columns", "encode_stacked"):
         if hasattr(codec, name):
             setattr(codec, name, wrap(getattr(codec, name)))
+    make_owner_codec = getattr(codec, "owner_sum_codec", None)
+    if make_owner_codec is not None:  # two-phase owners' exact sums come from another codec object
+        def owner_sum_codec(k):
+            owner = make_owner_codec(k)
+            if owner is not None and not getattr(owner, "_memory_recorded", False):
+                _record_codec(owner, rec)
+                owner._memory_recorded = True
+            return owner
+        codec.owner_sum_codec = owner_sum_codec
 
 
 class _RecordingComm:
