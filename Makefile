@@ -1,7 +1,7 @@
 # The README's two commands are `make demo` and `make test`; each installs what is missing first.
 PY ?= .venv/bin/python
 
-.PHONY: install test demo bench clean
+.PHONY: install test demo bench docs clean
 
 install:
 	bash ci/install_system.sh
@@ -15,6 +15,10 @@ demo: install
 
 bench: install
 	$(PY) -m horovod_gradcomp.bench codecs
+
+# The user guide (mkdocs.yml, docs/) into site/; --strict fails on a broken link or a missing page.
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -d site
 
 clean:
 	rm -rf build horovod_gradcomp/_C*.so *.egg-info
