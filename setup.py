@@ -1,7 +1,13 @@
 """Build horovod_gradcomp and its native extension horovod_gradcomp._C.
 
-CppExtension from csrc/cpu (always); CUDAExtension adding csrc/cuda/*.cu when PyTorch
-was built with CUDA and nvcc is found (set HGC_WITH_CUDA=0 to skip, =1 to insist).
+CppExtension from csrc/cpu (always); CUDAExtension adding the device sources
+(csrc/device/*.cu, Thrust) when PyTorch was built with CUDA and nvcc is found (set
+HGC_WITH_CUDA=0 to skip, =1 to insist).
+
+horovod_gradcomp._C_twin: the same device sources built by g++ with Thrust's OpenMP backend
+(csrc/twin/), so that CI runs the GPU path's algorithms on the CPU. Built whenever CCCL's
+headers are found (the CUDA toolkit's include/cccl, or the nvidia-cuda-cccl wheel);
+HGC_WITH_TWIN=0 skips it, =1 insists.
 """
 import glob
 import os
@@ -45,6 +51,49 @@ def cxx_standard(torch_version=None):
     return "c++20" if (major, minor) >= (2, 14) else "c++17"
 
 
+def cccl_include():
+    """The directory holding CCCL's thrust/, cub/ and cuda/ headers: the CUDA toolkit's (the
+    CCCL nvcc uses, so both builds compile one Thrust), else the nvidia-cuda-cccl wheel's; None."""
+    roots = [os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME, "/usr/local/cuda"]
+    for root in roots:
+        if root and os.path.isfile(os.path.join(root, "include", "cccl", "thrust", "version.h")):
+            return os.path.join(root, "include", "cccl")
+    try:
+        import nvidia  # the namespace package of NVIDIA's wheels
+        for base in nvidia.__path__:
+            for cand in sorted(glob.glob(os.path.join(base, "*", "include", "cccl"))):
+                if os.path.isfile(os.path.join(cand, "thrust", "version.h")):
+                    return cand
+    except ImportError:
+        pass
+    return None
+
+
+def twin_extension():
+    """_C_twin (see the module doc), or None when it is not to be built."""
+    flag = os.environ.get("HGC_WITH_TWIN")
+    if flag == "0":
+        return None
+    inc = cccl_include()
+    if inc is None:
+        if flag == "1":
+            raise RuntimeError("HGC_WITH_TWIN=1 but CCCL's headers were not found (install the CUDA toolkit or "
+                               "`pip install nvidia-cuda-cccl`)")
+        print("horovod_gradcomp: CCCL headers not found: the OpenMP twin of the device kernels (_C_twin) is NOT "
+              "built; tests/test_cuda_codecs.py will fail on it", flush=True)
+        return None
+    return cpp_extension.CppExtension("horovod_gradcomp._C_twin", sorted(glob.glob("csrc/twin/*.cpp")),
+                                      include_dirs=[inc], extra_compile_args={"cxx": twin_cxx_flags()},
+                                      extra_link_args=["-fopenmp"])
+
+
+def twin_cxx_flags():
+    """g++ flags of the twin: Thrust's OpenMP backend, HGC_TWIN, no contraction (as the CPU kernels
+    and nvcc's --fmad=false: every product and sum rounds on its own)."""
+    return ["-O2", "-ffp-contract=off", "-std=" + cxx_standard(), "-fopenmp", "-Wno-c++20-extensions",
+            "-DTHRUST_DEVICE_SYSTEM=THRUST_DEVICE_SYSTEM_OMP", "-DHGC_TWIN"]
+
+
 def extension():
     sources = ["csrc/binding.cpp"] + sorted(glob.glob("csrc/cpu/*.cpp"))
     # -fno-trapping-math lets gcc turn the kernels' float selects into vector blends.
@@ -54,7 +103,9 @@ def extension():
     cxx = ["-O3", "-fno-trapping-math", "-ffp-contract=off", std, "-fopenmp", "-Wno-c++20-extensions"]
     link = ["-fopenmp"]
     if _want_cuda():
-        # csrc/cuda/*.cu: the kernels (no PyTorch headers); csrc/cuda/*.cpp: their torch ops.
+        # csrc/device/*.cu: the Thrust sources (no PyTorch headers); csrc/device/*_ops.cpp: their
+        # torch ops. (csrc/cuda/: hand-written kernels not yet replaced by device sources.)
+        sources += sorted(glob.glob("csrc/device/*.cu")) + sorted(glob.glob("csrc/device/*_ops.cpp"))
         sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
         return cpp_extension.CUDAExtension(
             "horovod_gradcomp._C", sources, define_macros=[("WITH_CUDA", None)],
@@ -63,14 +114,15 @@ def extension():
                                       extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 
-setup(
-    name="horovod_gradcomp",
-    version=_version(),
-    description="Gradient compression (1-bit SGD, TernGrad, QSGD, DGC) for Horovod + PyTorch under MPI",
-    packages=find_packages(include=["horovod_gradcomp", "horovod_gradcomp.*"]),
-    ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension},
-    python_requires=">=3.9",
-    install_requires=["torch", "mpi4py", "numpy"],
-    extras_require={"test": ["pytest", "pytest-timeout", "scikit-learn", "tqdm"]},
-)
+if __name__ == "__main__":  # (imported by ci/build_twin_dev.py for the flags)
+    setup(
+        name="horovod_gradcomp",
+        version=_version(),
+        description="Gradient compression (1-bit SGD, TernGrad, QSGD, DGC) for Horovod + PyTorch under MPI",
+        packages=find_packages(include=["horovod_gradcomp", "horovod_gradcomp.*"]),
+        ext_modules=[e for e in (extension(), twin_extension()) if e is not None],
+        cmdclass={"build_ext": cpp_extension.BuildExtension},
+        python_requires=">=3.9",
+        install_requires=["torch", "mpi4py", "numpy"],
+        extras_require={"test": ["pytest", "pytest-timeout", "scikit-learn", "tqdm"]},
+    )

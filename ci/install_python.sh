@@ -17,6 +17,8 @@ TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__)")
 # Build-time and test/example dependencies (cheap when present: pip only checks).
 pipi "setuptools>=68" wheel ninja packaging numpy "$MPI4PY_SPEC" pytest pytest-timeout \
      scikit-learn tqdm psutil pyyaml cloudpickle cffi matplotlib
+# The launchers DDP users come from (tests of the comm hook under each) and the docs site's tools.
+pipi lightning accelerate mkdocs mkdocs-material "mkdocstrings[python]"
 
 horovod_ok() {
     "$PY" - <<'PY' 2>/dev/null

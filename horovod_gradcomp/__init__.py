@@ -4,7 +4,7 @@ A thin facade: everything is defined in the subpackages and re-exported here.
 """
 from ._version import __version__
 from .native import (NativeUnavailableError, native_available, native_cuda_status, native_error,
-                     native_has_cuda)
+                     native_has_cuda, twin_available)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .state import DensitySchedule, DGCMemory
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
@@ -17,5 +17,5 @@ __all__ = [
     "__version__", "ADAG", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "Downpour",
     "EASGD", "ModelAveraging", "NativeUnavailableError", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
-    "native_cuda_status", "native_error", "native_has_cuda", "register_codec", "save_job_state",
+    "native_cuda_status", "native_error", "native_has_cuda", "twin_available", "register_codec", "save_job_state",
 ]

@@ -75,3 +75,54 @@ def require_native():
             f"{_error}. Build it with `pip install --no-build-isolation -e .` (or `make install`), "
             "or ask explicitly for the slow pure-torch path with impl='reference'.")
     return _C
+
+
+# -- the OpenMP twin of the device kernels ------------------------------------------------------
+#
+# ``horovod_gradcomp._C_twin`` is csrc/device/ (the GPU path's Thrust sources) built by g++ with
+# Thrust's OpenMP backend: the same algorithm calls and functors as the CUDA build, run on CPU
+# tensors. It exists so that the GPU path is executed in CI; codecs use it with impl="twin".
+# HGC_TWIN_PATH=<file.so> loads that build instead (ci/build_twin_dev.py: a twin of some codecs).
+_C_twin = None
+_twin_error: str | None = None
+try:  # pragma: no branch
+    import os as _os
+
+    if _os.environ.get("HGC_TWIN_PATH"):
+        import importlib.util as _ilu
+        import sys as _sys
+
+        _spec = _ilu.spec_from_file_location("horovod_gradcomp._C_twin", _os.environ["HGC_TWIN_PATH"])
+        _C_twin = _ilu.module_from_spec(_spec)
+        _spec.loader.exec_module(_C_twin)
+        _sys.modules["horovod_gradcomp._C_twin"] = _C_twin
+    else:
+        from horovod_gradcomp import _C_twin  # type: ignore[attr-defined,no-redef]
+except Exception as exc:  # noqa: BLE001 - reported verbatim by require_twin
+    _C_twin = None
+    _twin_error = f"{type(exc).__name__}: {exc}"
+
+
+def twin_available() -> bool:
+    """True when the OpenMP twin of the device kernels (``_C_twin``) was imported."""
+    return _C_twin is not None
+
+
+def require_twin():
+    """Return the twin module, or raise naming why it is missing (never a silent fallback)."""
+    if _C_twin is None:
+        raise NativeUnavailableError(
+            "the OpenMP twin of horovod_gradcomp's device kernels (horovod_gradcomp._C_twin) is not available: "
+            f"{_twin_error}. It is built by setup.py when CCCL's headers are found (CUDA toolkit or "
+            "`pip install nvidia-cuda-cccl`); rebuild with `make install`.")
+    return _C_twin
+
+
+def kernels_for(impl: str, who: str):
+    """The extension module a codec built with ``impl`` calls: ``_C`` for "native", the twin for
+    "twin" (CPU tensors through the device sources); raises for a missing module."""
+    if impl == "native":
+        return require_native()
+    if impl == "twin":
+        return require_twin()
+    raise ValueError(f"{who}: no native kernels for impl={impl!r}")

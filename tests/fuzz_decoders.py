@@ -1,7 +1,7 @@
 """Decoder fuzzing driver (run as a script, in a subprocess: a crash must not take pytest down).
 
     python tests/fuzz_decoders.py --target TARGET --seed S --cases N [--impls native,reference]
-                                  [--native-ext PATH] [--device cpu|cuda]
+                                  [--native-ext PATH] [--device cpu|cuda] [--kernels native|twin]
 
 Targets: ``onebit``, ``terngrad``, ``qsgd_fixed``, ``qsgd_elias``, ``dgc`` (each codec's decode
 paths, through the codec API, native and/or reference), ``raw`` (the native entry points of
@@ -50,11 +50,12 @@ def load_native(path: str) -> None:
 
 
 class Fuzzer:
-    def __init__(self, target: str, seed: int, impls: List[str], device: str = "cpu"):
+    def __init__(self, target: str, seed: int, impls: List[str], device: str = "cpu", kernels: str = "native"):
         from horovod_gradcomp.codecs import get_codec
         from horovod_gradcomp.codecs.base import Payload
         self.get_codec, self.Payload = get_codec, Payload
         self.target, self.seed, self.impls, self.device = target, seed, impls, torch.device(device)
+        self.kernels = kernels
         self.failures: List[str] = []
         self.counts: Dict[str, int] = {}
 
@@ -341,7 +342,11 @@ class Fuzzer:
         n_out = args[3 if fn == "qsgd_decode_elias" else 2]
         want_dtype = dtype if fn != "dgc_index_decode" else (torch.int32 if args[2] < 2 ** 31 else torch.int64)
         want_shape = (n_out,) if fn != "dgc_index_decode" else (args[1],)
-        self.run(label, lambda: getattr(C, fn)(*args), want_shape, want_dtype, None, valid=kind == "none")
+        D = C
+        if self.kernels == "twin":  # payloads built by the CPU kernels, decoded by the device sources' twin
+            from horovod_gradcomp.native import require_twin
+            D = require_twin()
+        self.run(label, lambda: getattr(D, fn)(*args), want_shape, want_dtype, None, valid=kind == "none")
 
     # -- unpack_variable ------------------------------------------------------------------------
     def unpack_case(self, r: random.Random, label: str) -> None:
@@ -400,6 +405,8 @@ def main(argv=None) -> int:
     ap.add_argument("--impls", default="native,reference")
     ap.add_argument("--native-ext", default=None)
     ap.add_argument("--device", default="cpu", help="where the raw target's arguments go (cpu or cuda)")
+    ap.add_argument("--kernels", default="native", choices=["native", "twin"],
+                    help="raw target: the module whose decoders are called (twin: _C_twin, CPU tensors)")
     args = ap.parse_args(argv)
     if args.device != "cpu" and args.target != "raw":
         ap.error("--device applies to the raw target only")
@@ -410,7 +417,9 @@ def main(argv=None) -> int:
     if "native" in impls or args.target == "raw":
         from horovod_gradcomp.native import require_native
         require_native()
-    f = Fuzzer(args.target, args.seed, impls, args.device)
+    if args.kernels != "native" and (args.target != "raw" or args.device != "cpu"):
+        ap.error("--kernels twin applies to the raw target on the cpu device only")
+    f = Fuzzer(args.target, args.seed, impls, args.device, args.kernels)
     for i in range(args.cases):
         f.case(i)
     for line in f.failures[:50]:

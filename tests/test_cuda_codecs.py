@@ -1,17 +1,20 @@
-"""The native CUDA kernels against the native CPU kernels and the pure-torch references.
+"""The device kernels (csrc/device/, Thrust) against the native CPU kernels and the references.
+
+Every test runs on each *device backend*:
+
+* ``twin``: the device sources built by g++ with Thrust's OpenMP backend (``_C_twin``), fed CPU
+  tensors: the same algorithm calls and functors as on a GPU, executed in CI on every commit;
+* ``cuda``: the same sources built by nvcc (``_C``), fed CUDA tensors (skipped without a GPU;
+  run by ``ci/gpu_check.sh`` on one).
 
 For every codec (onebit, TernGrad, QSGD fixed and Elias, DGC), dtype (fp16/bf16/fp32/fp64)
-and size (0, 1, 7, 8k+1, the ResNet-50 shapes):
+and size (0, 1, 7, 31, 32, 33, 8k+1, one above 2^20, the ResNet-50 shapes):
 
-* the payload encoded on the GPU has the CPU's bytes (onebit: the CPU's bits and scales
-  equal up to the order of the double sums inside a column);
-* both wire directions: a GPU payload decodes on the CPU, a CPU payload decodes on the GPU,
-  with identical values; decode-sum of K strided payloads likewise;
-* the pure-torch reference on CUDA: identical codes where its arithmetic is the same
-  (TernGrad, onebit bits), else the documented invariants (DGC selects {|x| >= t}; QSGD
-  levels decode to the reference's values from the same norms).
-
-Skipped without a GPU (``requires_cuda``); run by ``ci/gpu_check.sh`` on one.
+* the payload encoded by the device kernels has the CPU kernels' bytes, scales and norms
+  included (every reduction that feeds a payload has one fixed order on both);
+* both wire directions: a device payload decodes on the CPU, a CPU payload decodes on the
+  device, with identical values; decode-sum of K = 1..8 strided payloads likewise;
+* malformed payloads and the fuzz corpus are refused with the CPU's messages.
 """
 from __future__ import annotations
 
@@ -22,15 +25,15 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.bench.shapes import resnet50_shapes
-
-pytestmark = pytest.mark.requires_cuda
+from horovod_gradcomp.native import require_native, require_twin
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-SIZES = [(0,), (1,), (7,), (8 * 1000 + 1,), (5, 7), (64, 3, 7, 7)]
+SIZES = [(0,), (1,), (7,), (31,), (32,), (33,), (8 * 1000 + 1,), ((1 << 20) + 3,), (5, 7), (64, 3, 7, 7)]
 RESNET_SHAPES = sorted(set(resnet50_shapes()), key=lambda s: (math.prod(s), s))
 CODECS = {
     "onebit": ("onebit", {}),
     "terngrad": ("terngrad", {"seed": 3, "rank_stream": 1}),
+    "terngrad_clip": ("terngrad", {"seed": 3, "rank_stream": 1, "clip": 2.5}),
     "qsgd": ("qsgd", {"bits": 4, "bucket": 512, "seed": 5, "rank_stream": 2}),
     "qsgd_max8": ("qsgd", {"bits": 8, "bucket": 100, "norm": "max", "seed": 7}),
     "qsgd_elias": ("qsgd", {"bits": 4, "bucket": 512, "coding": "elias", "seed": 5}),
@@ -42,10 +45,39 @@ def _ids(x):
     return str(x).replace("torch.", "") if isinstance(x, torch.dtype) else "x".join(map(str, x)) or "scalar"
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _native_cuda():
-    ok, why = hgc.native_cuda_status()
-    assert ok, f"the CUDA tests need the native CUDA kernels: {why}"
+class Backend:
+    """Where the device kernels run: ``twin`` (``_C_twin``, CPU tensors) or ``cuda`` (``_C``,
+    CUDA tensors). ``impl`` is the codec implementation that reaches them."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.impl = "twin" if name == "twin" else "native"
+        self.device = torch.device("cpu" if name == "twin" else "cuda")
+
+    @property
+    def module(self):
+        return require_twin() if self.name == "twin" else require_native()
+
+    def put(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.device)
+
+    def is_here(self, t: torch.Tensor) -> bool:
+        return t.device.type == self.device.type
+
+    def sync(self) -> None:
+        if self.name == "cuda":
+            torch.cuda.synchronize()
+
+
+@pytest.fixture(params=["twin", pytest.param("cuda", marks=pytest.mark.requires_cuda)], scope="module")
+def dev(request) -> Backend:
+    backend = Backend(request.param)
+    if backend.name == "twin":
+        require_twin()  # raises, naming why, when _C_twin is missing: never a skip
+    else:
+        ok, why = hgc.native_cuda_status()
+        assert ok, f"the CUDA tests need the native CUDA kernels: {why}"
+    return backend
 
 
 def _grad(shape, dtype, seed=0):
@@ -58,10 +90,13 @@ def _codec(key, impl="native"):
     return hgc.get_codec(name, impl=impl, **opts)
 
 
-def _encode(codec, g):
-    """(payload, residual after) of one encode; onebit with a zero residual."""
+def _encode(codec, g, feedback=True):
+    """(payload, residual after) of one encode; onebit with a residual (zeros, then a second
+    step's leftover when ``feedback``) or without one."""
     if getattr(codec, "fuses_feedback", False):
-        r = torch.zeros_like(g)
+        if not feedback:
+            return codec.encode(g), None
+        r = (_grad(g.shape, g.dtype, seed=99) * 0.1).to(g.device)
         return codec.encode(g, r), r
     if getattr(codec, "shared_scale", False):
         return codec.encode(g, scale=codec.local_scale(g)), None
@@ -76,17 +111,16 @@ def _to(payload, device):
 def _same(a: torch.Tensor, b: torch.Tensor, what: str) -> None:
     a, b = a.cpu(), b.cpu()
     assert a.dtype == b.dtype and a.shape == b.shape, f"{what}: {a.dtype}{list(a.shape)} vs {b.dtype}{list(b.shape)}"
-    assert torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)), f"{what}: bytes differ"
+    if not torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)):
+        diff = (a.reshape(-1).view(torch.uint8) != b.reshape(-1).view(torch.uint8)).nonzero()
+        raise AssertionError(f"{what}: bytes differ ({diff.numel()} of {a.numel() * a.element_size()}, first at "
+                             f"byte {int(diff[0])})")
 
 
-def _assert_payloads(key, gpu, cpu) -> None:
-    assert tuple(gpu.buffers) == tuple(cpu.buffers)
-    for name in cpu.buffers:
-        if key == "onebit" and name == "scales":
-            # column means: double sums in another order, rounded to float32
-            torch.testing.assert_close(gpu.buffers[name].cpu(), cpu.buffers[name], rtol=2e-7, atol=0)
-        else:
-            _same(gpu.buffers[name], cpu.buffers[name], f"{key} buffer {name!r}")
+def _assert_payloads(key, dev_payload, cpu_payload) -> None:
+    assert tuple(dev_payload.buffers) == tuple(cpu_payload.buffers)
+    for name in cpu_payload.buffers:
+        _same(dev_payload.buffers[name], cpu_payload.buffers[name], f"{key} buffer {name!r}")
 
 
 def _decode_mean(codec, stacked_or_list, scale):
@@ -97,87 +131,93 @@ def _decode_mean(codec, stacked_or_list, scale):
     return fn(stacked_or_list, scale)
 
 
-def _check_one(key, shape, dtype, seed=0):
+def _check_one(dev, key, shape, dtype, seed=0, feedback=True):
     g = _grad(shape, dtype, seed)
-    cpu_codec, gpu_codec = _codec(key), _codec(key)
-    p_cpu, r_cpu = _encode(cpu_codec, g)
-    p_gpu, r_gpu = _encode(gpu_codec, g.cuda())
-    assert all(b.is_cuda for b in p_gpu.buffers.values())
-    _assert_payloads(key, p_gpu, p_cpu)
-    if r_cpu is not None:  # onebit's new residual: v - decode, with the (nearly) same scales
-        eps = max(torch.finfo(dtype).eps, torch.finfo(torch.float32).eps)
-        top = g.double().abs().max().item() if g.numel() else 0.0
-        torch.testing.assert_close(r_gpu.cpu().double(), r_cpu.double(), rtol=0, atol=4 * eps * (1 + top))
+    cpu_codec, dev_codec = _codec(key), _codec(key, dev.impl)
+    p_cpu, r_cpu = _encode(cpu_codec, g, feedback)
+    p_dev, r_dev = _encode(dev_codec, dev.put(g), feedback)
+    assert all(dev.is_here(b) for b in p_dev.buffers.values())
+    _assert_payloads(key, p_dev, p_cpu)
+    if r_cpu is not None:  # onebit's new residual: v - decode, with the same scales
+        _same(r_dev, r_cpu, f"{key}: residual after the encode")
     if key == "dgc":
-        assert gpu_codec.last_threshold == cpu_codec.last_threshold
-        assert gpu_codec.last_path == cpu_codec.last_path
+        assert dev_codec.last_threshold == cpu_codec.last_threshold
+        assert dev_codec.last_path == cpu_codec.last_path
     # both wire directions, same decoded bytes
     d_cpu = cpu_codec.decode(p_cpu)
-    _same(gpu_codec.decode(_to(p_cpu, "cuda")), d_cpu, f"{key}: CPU payload decoded on the GPU")
-    d_gpu_on_cpu = cpu_codec.decode(_to(p_gpu, "cpu"))
-    _same(gpu_codec.decode(p_gpu), d_gpu_on_cpu, f"{key}: GPU payload decoded on the CPU")
-    return g, p_cpu, p_gpu
+    _same(dev_codec.decode(_to(p_cpu, dev.device)), d_cpu, f"{key}: CPU payload decoded by the device kernels")
+    d_dev_on_cpu = cpu_codec.decode(_to(p_dev, "cpu"))
+    _same(dev_codec.decode(p_dev), d_dev_on_cpu, f"{key}: device payload decoded on the CPU")
+    return g, p_cpu, p_dev
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("shape", SIZES, ids=_ids)
 @pytest.mark.parametrize("key", list(CODECS))
-def test_cuda_equals_cpu(key, shape, dtype):
-    _check_one(key, shape, dtype)
+def test_device_equals_cpu(dev, key, shape, dtype):
+    _check_one(dev, key, shape, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("shape", [(7,), (33,), (64, 3, 7, 7)], ids=_ids)
+def test_device_onebit_without_feedback(dev, shape, dtype):
+    _check_one(dev, "onebit", shape, dtype, feedback=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("key", list(CODECS))
-def test_cuda_equals_cpu_resnet50_shapes(key, dtype):
+def test_device_equals_cpu_resnet50_shapes(dev, key, dtype):
     for i, shape in enumerate(RESNET_SHAPES):
-        _check_one(key, shape, dtype, seed=i)
+        _check_one(dev, key, shape, dtype, seed=i)
 
 
+@pytest.mark.parametrize("K", range(1, 9))
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("key", ["onebit", "terngrad", "qsgd", "qsgd_max8"])
-def test_cuda_decode_sum_of_stacked_payloads(key, dtype, stack_payloads):
-    """K = 3 payloads in one strided receive buffer: the GPU's fused decode-sum == the CPU's."""
+def test_device_decode_sum_of_stacked_payloads(dev, key, dtype, K, stack_payloads):
+    """K payloads in one strided receive buffer: the device's fused decode-sum == the CPU's."""
     shape = (37, 29)
     codec = _codec(key)
     payloads = []
-    for k in range(3):
+    for k in range(K):
         g = _grad(shape, dtype, seed=10 + k)
         if key == "terngrad":  # the shared scale, as the exchange agrees on it
             payloads.append(codec.encode(g, scale=1.5))
         else:
             payloads.append(_encode(codec, g)[0])
     stacked_cpu = stack_payloads(payloads)
-    stacked_gpu = stack_payloads([_to(p, "cuda") for p in payloads])
-    want = _decode_mean(_codec(key), stacked_cpu, 0.25)
-    got = _decode_mean(_codec(key), stacked_gpu, 0.25)
-    assert got.is_cuda
-    _same(got, want, f"{key}: decode-sum of 3 stacked payloads")
+    stacked_dev = stack_payloads([_to(p, dev.device) for p in payloads])
+    want = _decode_mean(_codec(key), stacked_cpu, 1.0 / K)
+    got = _decode_mean(_codec(key, dev.impl), stacked_dev, 1.0 / K)
+    assert dev.is_here(got)
+    _same(got, want, f"{key}: decode-sum of {K} stacked payloads")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_cuda_terngrad_unequal_scales_weighted_path(dtype, stack_payloads):
+def test_device_terngrad_unequal_scales_weighted_path(dev, dtype, stack_payloads):
     codec = _codec("terngrad")
     payloads = [codec.encode(_grad((301,), dtype, seed=k), scale=1.0 + k) for k in range(3)]
     want = _decode_mean(_codec("terngrad"), stack_payloads(payloads), None)
-    got = _decode_mean(_codec("terngrad"), stack_payloads([_to(p, "cuda") for p in payloads]), None)
+    got = _decode_mean(_codec("terngrad", dev.impl), stack_payloads([_to(p, dev.device) for p in payloads]), None)
     _same(got, want, "terngrad weighted decode-sum")
 
 
+@pytest.mark.parametrize("K", [1, 2, 5, 8])
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
-def test_cuda_dgc_decode_list(dtype):
+def test_device_dgc_decode_list(dev, dtype, K):
     codec = _codec("dgc")
-    payloads = [codec.encode(_grad((4099,), dtype, seed=k)) for k in range(3)]
+    payloads = [codec.encode(_grad((4099,), dtype, seed=k)) for k in range(K)]
     want = _decode_mean(_codec("dgc"), payloads, None)
-    got = _decode_mean(_codec("dgc"), [_to(p, "cuda") for p in payloads], None)
-    _same(got, want, "dgc decode-sum of 3 payloads")
+    got = _decode_mean(_codec("dgc", dev.impl), [_to(p, dev.device) for p in payloads], None)
+    _same(got, want, f"dgc decode-sum of {K} payloads")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("key", list(CODECS))
-def test_cuda_native_vs_reference_on_cuda(key, dtype):
-    """The pure-torch reference, run on the GPU, against the native CUDA kernels."""
-    g = _grad((8 * 1000 + 1,), dtype, seed=4).cuda()
-    native, ref = _codec(key), _codec(key, impl="reference")
+def test_device_kernels_vs_reference(dev, key, dtype):
+    """The pure-torch reference, on the backend's device, against the device kernels."""
+    g = dev.put(_grad((8 * 1000 + 1,), dtype, seed=4))
+    native, ref = _codec(key, dev.impl), _codec(key, impl="reference")
     p_nat, _ = _encode(native, g)
     if key == "dgc":
         # the reference takes the exact top-k; the native selection is {|x| >= t} for its t
@@ -185,70 +225,69 @@ def test_cuda_native_vs_reference_on_cuda(key, dtype):
         want = torch.nonzero(g.abs() >= native.last_threshold).view(-1)
         assert torch.equal(sel, want)
         assert torch.equal(p_nat.buffers["values"], g[want])
-        dec = ref.decode(_to(p_nat, "cuda"))
-        _same(native.decode(p_nat), dec, "dgc: native vs reference decode on CUDA")
+        dec = ref.decode(_to(p_nat, dev.device))
+        _same(native.decode(p_nat), dec, "dgc: device kernels vs reference decode")
         return
     p_ref, _ = _encode(ref, g)
-    if key == "terngrad":
+    if key.startswith("terngrad"):
         _assert_payloads(key, p_nat, p_ref)
     elif key == "onebit":
-        _same(p_nat.buffers["bits"], p_ref.buffers["bits"], "onebit bits vs reference on CUDA")
+        _same(p_nat.buffers["bits"], p_ref.buffers["bits"], "onebit bits vs reference")
         torch.testing.assert_close(p_nat.buffers["scales"], p_ref.buffers["scales"], rtol=1e-6, atol=0)
     else:
-        # QSGD: the reference sums the norms in torch's order on CUDA; decode the native
-        # payload with the reference decoder (same norms) and compare values
+        # QSGD: the reference sums the norms in torch's order; decode the device payload with
+        # the reference decoder (same norms) and compare values
         torch.testing.assert_close(p_nat.buffers["norms"], p_ref.buffers["norms"], rtol=1e-6, atol=0)
         ref_dec = ref.decode(p_nat)
-        _same(native.decode(p_nat), ref_dec, f"{key}: native vs reference decode of the native payload")
+        _same(native.decode(p_nat), ref_dec, f"{key}: device kernels vs reference decode of their payload")
         assert torch.equal(ref.levels_of(p_nat).cpu(), ref.levels_of(_to(p_nat, "cpu")).cpu())
 
 
-def test_cuda_dgc_accumulate_matches_cpu():
-    from horovod_gradcomp import _C
-
+def test_device_dgc_accumulate_matches_cpu(dev):
+    C, D = require_native(), dev.module
     for dtype in (torch.float32, torch.float64):
         for nesterov in (False, True):
             g = _grad((1001,), dtype, 1)
             u, v = _grad((1001,), dtype, 2), _grad((1001,), dtype, 3)
-            ug, vg = u.cuda(), v.cuda()
-            _C.dgc_accumulate_(u, v, g, 0.9, nesterov, 0.5)
-            _C.dgc_accumulate_(ug, vg, g.cuda(), 0.9, nesterov, 0.5)
-            _same(ug, u, "dgc_accumulate u")
-            _same(vg, v, "dgc_accumulate v")
+            ud, vd = dev.put(u.clone()), dev.put(v.clone())
+            C.dgc_accumulate_(u, v, g, 0.9, nesterov, 0.5)
+            D.dgc_accumulate_(ud, vd, dev.put(g), 0.9, nesterov, 0.5)
+            _same(ud, u, "dgc_accumulate u")
+            _same(vd, v, "dgc_accumulate v")
 
 
-def test_cuda_dgc_index_code_matches_cpu():
-    from horovod_gradcomp import _C
-
+def test_device_dgc_index_code_matches_cpu(dev):
+    C, D = require_native(), dev.module
     n = 1 << 20
     gen = torch.Generator().manual_seed(0)
     for count in (1, 100, 5000, 300000):
         idx = torch.randperm(n, generator=gen)[:count].sort().values.to(torch.int32)
-        code = _C.dgc_index_encode(idx, n)
-        _same(_C.dgc_index_encode(idx.cuda(), n), code, f"index code of {count}")
-        _same(_C.dgc_index_decode(code.cuda(), count, n), idx, f"index decode of {count}")
-    bad = torch.tensor([5, 3], dtype=torch.int32, device="cuda")
+        code = C.dgc_index_encode(idx, n)
+        _same(D.dgc_index_encode(dev.put(idx), n), code, f"index code of {count}")
+        _same(D.dgc_index_decode(dev.put(code), count, n), idx, f"index decode of {count}")
+    bad = dev.put(torch.tensor([5, 3], dtype=torch.int32))
     with pytest.raises(RuntimeError, match="strictly increasing"):
-        _C.dgc_index_encode(bad, 10)
+        D.dgc_index_encode(bad, 10)
 
 
-def test_cuda_bad_payloads_raise():
-    codec = _codec("qsgd_elias")
-    p = codec.encode(_grad((3000,), torch.float32).cuda())
+def test_device_bad_payloads_raise(dev):
+    codec = _codec("qsgd_elias", dev.impl)
+    p = codec.encode(dev.put(_grad((3000,), torch.float32)))
     stream = p.buffers["stream"].clone()
     stream.fill_(0)
     bad = type(p)({"norms": p.buffers["norms"], "nbits": p.buffers["nbits"], "stream": stream}, p.shape, p.dtype,
                   p.device)
     with pytest.raises(RuntimeError, match="malformed"):
         codec.decode(bad)
-    dgc = _codec("dgc")
-    q = dgc.encode(_grad((3000,), torch.float32).cuda())
-    code = torch.tensor([5, 3], dtype=torch.int32, device="cuda").view(torch.uint8)  # absolute, decreasing
-    rev = type(q)({"indices": code, "values": torch.ones(2, device="cuda")}, q.shape, q.dtype, q.device)
+    dgc = _codec("dgc", dev.impl)
+    q = dgc.encode(dev.put(_grad((3000,), torch.float32)))
+    code = dev.put(torch.tensor([5, 3], dtype=torch.int32)).view(torch.uint8)  # absolute, decreasing
+    rev = type(q)({"indices": code, "values": dev.put(torch.ones(2))}, q.shape, q.dtype, q.device)
     with pytest.raises(RuntimeError, match="strictly increasing"):
         _decode_mean(dgc, [q, rev], None)
 
 
+@pytest.mark.requires_cuda
 def test_native_available_cuda_reports_the_path():
     ok, why = hgc.native_cuda_status()
     assert ok and hgc.native_available("cuda")
@@ -409,12 +448,11 @@ def _outcome(fn, args):
 
 
 def _collect_malformed():
-    """The cases when they can run (a GPU and the native extension), else none (skipped)."""
-    if not torch.cuda.is_available():
-        return []
+    """The cases (built with the native CPU kernels), or none when _C did not load (the
+    backend fixture reports that)."""
     try:
         return _malformed_cases()
-    except ImportError:  # no native extension: the module's fixture reports it
+    except ImportError:
         return []
 
 
@@ -422,26 +460,26 @@ _MALFORMED = _collect_malformed()
 
 
 @pytest.mark.parametrize("case", range(len(_MALFORMED)), ids=[c[0] for c in _MALFORMED])
-def test_cuda_decoder_refuses_malformed_payload_like_cpu(case):
-    from horovod_gradcomp import _C
-
+def test_device_decoder_refuses_malformed_payload_like_cpu(dev, case):
+    C, D = require_native(), dev.module
     name, fn, args = _MALFORMED[case]
-    want = _outcome(getattr(_C, fn), _on(args, "cpu"))
+    want = _outcome(getattr(C, fn), _on(args, "cpu"))
     assert want[0] is not None, f"{name}: the CPU decoder accepted it"
-    got = _outcome(getattr(_C, fn), _on(args, "cuda"))
-    torch.cuda.synchronize()  # a launch that faulted would surface here
-    assert got == want, f"{name}: CUDA {got} vs CPU {want}"
-    # the GPU is still usable: a valid decode after the refusal
-    good = _C.dgc_index_decode(torch.tensor([0, 4], dtype=torch.uint8, device="cuda"), 2, 10)
+    got = _outcome(getattr(D, fn), _on(args, dev.device))
+    dev.sync()  # a launch that faulted would surface here
+    assert got == want, f"{name}: {dev.name} {got} vs CPU {want}"
+    # the device is still usable: a valid decode after the refusal
+    good = D.dgc_index_decode(dev.put(torch.tensor([0, 4], dtype=torch.uint8)), 2, 10)
     assert good.cpu().tolist() == [0, 5]
 
 
-def test_cuda_malformed_cases_cover_every_decoder():
+def test_malformed_cases_cover_every_decoder():
     names = {fn for _, fn, _ in _malformed_cases()}
     assert names == {"onebit_decode_sum", "terngrad_decode_sum", "qsgd_decode_fixed", "qsgd_decode_elias",
                      "dgc_scatter_sum", "dgc_index_decode"}
 
 
+@pytest.mark.requires_cuda
 def test_cuda_decoders_check_devices():
     """Buffers of one payload split between the CPU and the GPU: refused before any launch."""
     from horovod_gradcomp import _C
@@ -463,23 +501,22 @@ def test_cuda_decoders_check_devices():
         _C.onebit_decode_sum(bits[None].cuda(), sc[None].cuda(), 96, 4, torch.float32, 1.0, torch.empty(96))
 
 
-def test_cuda_dgc_refusal_leaves_out_untouched():
+def test_device_dgc_refusal_leaves_out_untouched(dev):
     """As on the CPU, DGC indices are checked before the sum is written into ``out``."""
-    from horovod_gradcomp import _C
-
-    out = torch.full((50,), 7.0, device="cuda")
+    D = dev.module
+    out = dev.put(torch.full((50,), 7.0))
     with pytest.raises(RuntimeError, match="payload 1: indices must be strictly increasing"):
-        _C.dgc_scatter_sum([torch.tensor([1, 2], dtype=torch.int32, device="cuda"),
-                            torch.tensor([4, 50], dtype=torch.int32, device="cuda")],
-                           [torch.ones(2, device="cuda"), torch.ones(2, device="cuda")], 50, torch.float32, 1.0, out)
+        D.dgc_scatter_sum([dev.put(torch.tensor([1, 2], dtype=torch.int32)),
+                           dev.put(torch.tensor([4, 50], dtype=torch.int32))],
+                          [dev.put(torch.ones(2)), dev.put(torch.ones(2))], 50, torch.float32, 1.0, out)
     assert torch.equal(out.cpu(), torch.full((50,), 7.0))
 
 
 @pytest.mark.timeout(600)
-def test_cuda_raw_decoders_survive_the_fuzz_corpus():
+def test_device_raw_decoders_survive_the_fuzz_corpus(dev):
     """tests/fuzz_decoders.py's raw target (the native entry points called directly with
     truncated, extended, random, bit-flipped, mistyped, reshaped buffers and out-of-range size
-    arguments), its arguments on the GPU; in a subprocess, so that a fault names its case."""
+    arguments), decoded by the device kernels; in a subprocess, so that a fault names its case."""
     import json
     import subprocess
     import sys
@@ -487,7 +524,8 @@ def test_cuda_raw_decoders_survive_the_fuzz_corpus():
 
     fuzz = Path(__file__).with_name("fuzz_decoders.py")
     proc = subprocess.run([sys.executable, str(fuzz), "--target", "raw", "--seed", "11", "--cases", "600",
-                           "--impls", "native", "--device", "cuda"], capture_output=True, text=True, timeout=540,
+                           "--impls", "native"] + (["--device", "cuda"] if dev.name == "cuda" else ["--kernels", "twin"]),
+                          capture_output=True, text=True, timeout=540,
                           cwd=str(fuzz.parent.parent))
     lines = proc.stdout.strip().splitlines()
     summary = json.loads(lines[-1]) if lines and lines[-1].startswith("{") else {}

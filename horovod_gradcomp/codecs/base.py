@@ -68,10 +68,20 @@ class Codec:
     #: DGC's payloads vary in size, so it has the allgather only.
     default_pattern: str = "allgather"
 
+    #: The implementations a codec can be built with: "native" (``_C``: the CPU kernels, and
+    #: the device kernels for CUDA tensors), "reference" (pure torch, the oracle) and "twin"
+    #: (``_C_twin``: the device kernels built for the CPU by Thrust's OpenMP backend; CPU tensors).
+    IMPLS = ("native", "reference", "twin")
+
     def __init__(self, impl: str = "native"):
-        if impl not in ("native", "reference"):
-            raise ValueError(f"{self.name}: impl must be 'native' or 'reference', got {impl!r}")
+        if impl not in self.IMPLS:
+            raise ValueError(f"{self.name}: impl must be one of {', '.join(map(repr, self.IMPLS))}, got {impl!r}")
         self.impl = impl
+
+    @property
+    def uses_kernels(self) -> bool:
+        """True when this codec runs an extension's kernels (impl "native" or "twin")."""
+        return self.impl != "reference"
 
     # -- to implement -------------------------------------------------------------
     def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:

@@ -1,0 +1,14 @@
+// The algorithm-call counter of exec.cuh (one definition per build).
+#include "exec.cuh"
+
+namespace hgc_dev {
+namespace detail {
+std::atomic<int64_t>& call_counter() {
+  static std::atomic<int64_t> counter{0};
+  return counter;
+}
+}  // namespace detail
+
+int64_t algorithm_calls() { return detail::call_counter().load(std::memory_order_relaxed); }
+
+}  // namespace hgc_dev

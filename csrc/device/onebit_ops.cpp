@@ -1,0 +1,12 @@
+// Torch ops of the onebit device path (see ops_common.h): being ported from csrc/cuda/.
+#include "ops_common.h"
+#include "registry.h"
+
+namespace hgc_dev {
+#if defined(HGC_TWIN)
+namespace {
+void register_onebit_ops(pybind11::module& m) { (void)m; }
+const Registrar registrar("onebit", &register_onebit_ops);
+}  // namespace
+#endif
+}  // namespace hgc_dev

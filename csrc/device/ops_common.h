@@ -1,0 +1,70 @@
+// Shared by the torch ops of the device path (<codec>_ops.cpp), which are compiled twice:
+//   in _C with WITH_CUDA  -> ops on CUDA tensors, launchers built by nvcc (Thrust on CUDA);
+//   in _C_twin (HGC_TWIN) -> the same ops on CPU tensors, launchers built by g++ (Thrust on
+//                            OpenMP): the twin that runs the device sources in CI.
+// Each op checks its arguments with the CPU ops' own checks (csrc/checks.h,
+// csrc/payload_checks.h, against kDeviceType), allocates its outputs on the input's device and
+// calls the launchers with ctx_for(device).
+#pragma once
+#include <torch/extension.h>
+
+#include "context.h"
+
+#if defined(HGC_TWIN)
+#include <c10/core/CPUAllocator.h>
+namespace hgc_dev {
+constexpr at::DeviceType kDeviceType = at::kCPU;
+// The twin's device is the CPU: nothing to select.
+struct DeviceGuard {
+  explicit DeviceGuard(const at::Device&) {}
+};
+}  // namespace hgc_dev
+#else
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAGuard.h>
+namespace hgc_dev {
+constexpr at::DeviceType kDeviceType = at::kCUDA;
+using DeviceGuard = c10::cuda::CUDAGuard;
+}  // namespace hgc_dev
+#endif
+
+namespace hgc_dev {
+
+inline DType dev_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kHalf: return DType::kHalf;
+    case at::kBFloat16: return DType::kBFloat16;
+    case at::kFloat: return DType::kFloat;
+    case at::kDouble: return DType::kDouble;
+    default: TORCH_CHECK(false, "horovod_gradcomp: unsupported dtype ", t);
+  }
+}
+
+namespace detail {
+#if defined(HGC_TWIN)
+inline void* alloc_bytes(std::size_t bytes, void*) { return c10::GetCPUAllocator()->raw_allocate(bytes); }
+inline void free_bytes(void* p, void*) { c10::GetCPUAllocator()->raw_deallocate(p); }
+#else
+// PyTorch's caching allocator, on the stream the launcher runs on (memory freed here is
+// reused by work ordered after it on that stream).
+inline void* alloc_bytes(std::size_t bytes, void* stream) {
+  return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+}
+inline void free_bytes(void* p, void*) { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+#endif
+}  // namespace detail
+
+// The launch context on the current device: the current CUDA stream (CUDA) or nothing (twin).
+inline Ctx current_ctx() {
+  Ctx c;
+#if !defined(HGC_TWIN)
+  c.stream = at::cuda::getCurrentCUDAStream().stream();
+  c.alloc_state = c.stream;
+#endif
+  c.alloc = &detail::alloc_bytes;
+  c.free = &detail::free_bytes;
+  return c;
+}
+
+}  // namespace hgc_dev

@@ -1,0 +1,2 @@
+// Twin build of the dgc device path: its device source and its torch ops (HGC_TWIN).
+#include "../device/dgc_ops.cpp"

@@ -1,0 +1,2 @@
+// Twin build of the onebit device path: its device source and its torch ops (HGC_TWIN).
+#include "../device/onebit_ops.cpp"

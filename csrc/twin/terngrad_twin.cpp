@@ -1,0 +1,2 @@
+// Twin build of the terngrad device path: its device source and its torch ops (HGC_TWIN).
+#include "../device/terngrad_ops.cpp"
