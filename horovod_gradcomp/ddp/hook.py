@@ -1,81 +1,316 @@
-"""A DDP communication hook that exchanges gradients through the codecs.
+"""A DDP communication hook that exchanges gradients through the codecs, bucket by bucket.
 
-``register(ddp_model, codec, **options)`` builds the codec's ``hgc.Compression`` (the same
-factories, error feedback, DGC memory, patterns and statistics as under Horovod) on a
-:class:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator` and registers
-a hook that, per backward pass:
+``state = hgc.ddp.register(ddp_model, codec, **options)`` builds the codec's
+``hgc.Compression`` (the same factories, error feedback, DGC memory, patterns and statistics
+as under Horovod) on a :class:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator`
+over DDP's own process group (or ``group=``), and registers a hook that, for each bucket DDP
+hands over during backward:
 
-1. takes each DDP bucket's per-parameter gradient views and returns a future without
-   communicating, until DDP hands over the bucket marked ``is_last()``;
-2. then runs **one** :meth:`CodecCompression.exchange` over every parameter of the step
-   (the order is the compression's own, rank-independent; DDP's bucketing does not enter),
-   writes each mean over ranks into its view of the bucket, and completes every future.
+1. records the bucket (its parameters' names and gradient views) and returns at once a
+   ``torch.futures.Future`` that completes with the bucket's buffer holding the mean over ranks;
+2. on the sequencer thread (below): checks agreement and non-finite values (preamble), encodes
+   the bucket through the memory, and starts its collectives with ``async_op=True``; each
+   collective's ``get_future().then(...)`` resumes the bucket where it stopped (owner
+   requantization, the second collective, the decode into the bucket's gradient views), while
+   backward goes on computing the next buckets (:mod:`horovod_gradcomp.ddp.bucket_exchange`).
 
-One exchange per step makes the stream positions, residuals and results exactly those of the
-Horovod path with one bucket, so both can be checked against the same oracles. The price:
-no bucket's exchange overlaps the rest of backward (as on the Horovod path without
-``bucket_bytes``); a per-bucket exchange is not offered yet.
-Works with DDP on gloo (CPU) or NCCL: the payloads travel on a separate gloo group.
+Order. Collectives pair across ranks by the order in which each rank issues them, and the
+completions that resume a bucket arrive in an order that differs between ranks. So one thread,
+``hgc-ddp``, runs every bucket's steps and lets one bucket at a time issue collectives: bucket
+j+1 starts once bucket j has issued its last collective (buckets in DDP's order, which is the
+same on every rank; bucket j's last bytes may still be on the wire). Chaining collectives
+directly in the callbacks, as PyTorch's PowerSGD hook does, pairs different buckets' collectives
+on gloo when a model spans several buckets; this hook does not.
+
+Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
+exchange is done: then the engine closes the step exactly as on the Horovod path
+(:meth:`StepEngine.close_step`: if any rank flagged a NaN or Inf in any bucket, the memory is
+rolled back and every result of the step is NaN on every rank), and every bucket's future
+completes. DDP waits for all of them at the end of backward anyway, so this costs nothing. The
+stream positions, residuals and results are those of ``CodecCompression.exchange(grads,
+partition=<DDP's buckets>)`` over any transport: the tests check them bitwise.
+
+DGC (and any memory whose encode needs the whole step's gradient: DGC clips by the global
+norm) cannot start a bucket before the last one is in: it exchanges once per step, when DDP
+hands over the last bucket (a warning says so once). ``per_bucket=False`` asks for the same
+one-exchange-per-step schedule with any codec (for comparison).
+
+Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
+error) fails the step: every future of the step, those already returned and those of the
+buckets still to come, raises :class:`DDPExchangeError` naming the step, the bucket and the
+rank, and DDP raises it from ``backward()``. The memory is rolled back to where the step began.
+A rank that stops taking part leaves the others waiting in a collective: the stall watchdog
+(``timeout=``, :mod:`horovod_gradcomp.exchange.watchdog`) ends this process with a message
+after the deadline, and the launcher ends the job.
+
+Process group. DDP's own (``ddp_model.process_group``) unless ``group=`` is given: gloo moves
+the byte buffers from the CPU; NCCL moves them on the current CUDA device (the NCCL path is
+written but has not been run: no GPU here). With ``find_unused_parameters=True`` DDP issues a
+collective of its own after the last bucket, on its group, while the hook's may still be
+issued; the hook then uses a new group with the same ranks and backend (created in
+``register``, on every rank).
 """
 from __future__ import annotations
 
 import functools
-from typing import Dict, List, Optional, Tuple
+import os
+import queue
+import sys
+import threading
+import time
+import warnings
+from typing import Dict, List, Optional
 
 import torch
 
 from ..codecs import available_codecs
+from ..exchange.timeline import Interval
+from ..exchange.watchdog import StallWatchdog
 from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
+from .bucket_exchange import Call, bucket_job
+
+
+class DDPExchangeError(RuntimeError):
+    """A step of the DDP hook failed (its message names the step, bucket and rank; the cause
+    is chained as ``__cause__``)."""
+
+
+def _exit_on_stall(message: str) -> None:
+    """The DDP hook's stall action: a blocked collective cannot be interrupted, so end this
+    process (torchrun, mpirun and the like then end the job)."""
+    print(message.replace("aborting the MPI job", "ending this process"), file=sys.stderr, flush=True)
+    os._exit(70)
+
+
+_WATCHDOG: Optional[StallWatchdog] = None
+_warned_one_exchange = False
+
+
+def _watchdog() -> StallWatchdog:
+    global _WATCHDOG
+    if _WATCHDOG is None:
+        _WATCHDOG = StallWatchdog(on_stall=_exit_on_stall)
+    return _WATCHDOG
+
+
+class _Step:
+    """One backward pass: its buckets' jobs, names, and the future every bucket's future hangs on."""
+
+    def __init__(self, number: int):
+        self.number = number
+        self.closed: torch.futures.Future = torch.futures.Future()
+        self.exchanged: List[str] = []
+        self.partition: List[List[str]] = []
+        self.pending: Dict[str, torch.Tensor] = {}   # one exchange per step: the grads so far
+        self.running = 0                              # jobs started and not finished
+        self.all_in = False                           # DDP handed over the last bucket
+        self.error: Optional[BaseException] = None
+
+
+class _Running:
+    """A job in flight: its generator, bucket tag, step and watchdog guard."""
+
+    def __init__(self, gen, tag: str, step: _Step, guard):
+        self.gen, self.tag, self.step, self.guard = gen, tag, step, guard
 
 
 class DDPCompressionState:
-    """The hook's state: the compression, the name of every parameter and the step's buckets.
+    """The hook's state (what :func:`register` returns).
 
     Fields:
-        compression: the :class:`~horovod_gradcomp.codec_compression.CodecCompression`.
-        communicator: its :class:`TorchDistributedCommunicator`.
+        compression: the :class:`~horovod_gradcomp.horovod.compression.CodecCompression`
+            (codec, memory, engine, statistics).
+        communicator: its :class:`TorchDistributedCommunicator` (the hook's process group).
+        per_bucket: True when each bucket is exchanged as DDP hands it over; False: one
+            exchange per step (DGC, or ``per_bucket=False``).
+        last_partition: the names of each bucket of the last step, in exchange order (DDP's
+            buckets, or one bucket of every name in one-exchange mode).
+        timeline: an optional :class:`~horovod_gradcomp.exchange.timeline.Timeline`; when set,
+            every collective is recorded from its start to its completion (phase ``collective``,
+            thread ``"hgc-ddp bucket <tag>: <kind>"``), each bucket DDP hands over as a zero-length
+            ``bucket_ready`` interval on the calling thread, and the engine's timed blocks.
     """
 
-    def __init__(self, compression, names: Dict[int, str]):
+    def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True):
         self.compression = compression
+        self.engine = compression.engine
         self.communicator = compression.communicator
         self._names = names
-        self._pending: Dict[str, torch.Tensor] = {}
-        self._futures: List[Tuple[torch.futures.Future, torch.Tensor]] = []
+        self.per_bucket = bool(per_bucket) and not compression.state.memory.needs_all_grads
+        self.last_partition: List[List[str]] = []
+        self._timeline = None
+        self._step: Optional[_Step] = None
+        self._steps = 0
+        self._events: "queue.SimpleQueue" = queue.SimpleQueue()
+        self._waiting: List[tuple] = []        # jobs not started yet, in order
+        self._active: Optional[_Running] = None  # the job allowed to issue collectives
+        self._thread: Optional[threading.Thread] = None
+        self._lock = threading.Lock()
+        if per_bucket and not self.per_bucket:
+            _warn_one_exchange(compression)
 
+    @property
+    def timeline(self):
+        return self._timeline
+
+    @timeline.setter
+    def timeline(self, timeline) -> None:
+        self._timeline = timeline
+        self.engine.stats.timeline = timeline
+
+    # -- the hook (DDP's thread) -----------------------------------------------------------
     def on_bucket(self, bucket) -> torch.futures.Future:
-        """The hook body (see the module doc)."""
-        fut: torch.futures.Future = torch.futures.Future()
-        self._futures.append((fut, bucket.buffer()))
-        for p, g in zip(bucket.parameters(), bucket.gradients()):
-            name = self._names.get(id(p))
-            if name is None:
-                self._fail(KeyError("hgc.ddp: a bucket holds a parameter that is not in the module given to register()"))
-            self._pending[name] = g
-        if bucket.is_last():
-            pending, self._pending = self._pending, {}
-            try:
-                results = self.compression.exchange(pending)
-                for n, r in results.items():
-                    if r.data_ptr() != pending[n].data_ptr():
-                        pending[n].copy_(r)
-            except BaseException as exc:  # every waiting future learns it, then DDP raises
-                self._fail(exc)
-            futures, self._futures = self._futures, []
-            for f, buffer in futures:
-                f.set_result(buffer)
+        """Record ``bucket`` and return its future (see the module doc)."""
+        if self._timeline is not None:
+            now = time.perf_counter()
+            self._timeline.add("bucket_ready", now, now)
+        step = self._step
+        if step is None:
+            step = self._step = _Step(self._steps)
+            self._steps += 1
+        buffer = bucket.buffer()
+        fut = step.closed.then(lambda f: (f.value(), buffer)[1])
+        last, tag = bucket.is_last(), str(bucket.index())
+        if last:
+            self._step = None          # the next backward is a new step
+        names = [self._names.get(id(p)) for p in bucket.parameters()]
+        if None in names:
+            self._post(self._fail, step, tag, KeyError("a bucket holds a parameter that is not in the module given "
+                                                       "to hgc.ddp.register()"))
+        else:
+            self._post(self._hand_over, step, tag, names, dict(zip(names, bucket.gradients())), last)
         return fut
 
-    def _fail(self, exc: BaseException):
-        futures, self._futures, self._pending = self._futures, [], {}
-        for f, _ in futures:
-            f.set_exception(exc)
-        raise exc
+    # -- the sequencer thread -------------------------------------------------------------
+    def _post(self, fn, *args) -> None:
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="hgc-ddp", daemon=True)
+                self._thread.start()
+        self._events.put((fn, args))
 
+    def _run(self) -> None:
+        if self.communicator.device.type == "cuda":
+            torch.cuda.set_device(self.communicator.device)
+        while True:
+            fn, args = self._events.get()
+            fn(*args)
+
+    def _hand_over(self, step: _Step, tag: str, names: List[str], grads: Dict[str, torch.Tensor], last: bool):
+        if step.error is not None:
+            return
+        step.exchanged += names
+        if self.per_bucket:
+            step.partition.append(names)
+            self._queue_job(step, tag, names, grads, snapshot=True)
+        else:
+            step.pending.update(grads)
+        if last:
+            step.all_in = True
+            if not self.per_bucket:
+                order = self.engine.order
+                names_all = sorted(step.pending, key=lambda n: order.get(n, -1))
+                step.partition = [names_all]
+                self._queue_job(step, "all", names_all, step.pending, snapshot=False, begin_step=True)
+            self._maybe_close(step)
+
+    def _queue_job(self, step: _Step, tag: str, names, grads, snapshot: bool, begin_step: bool = False):
+        step.running += 1
+        self._waiting.append((step, tag, names, grads, snapshot, begin_step))
+        self._start_next()
+
+    def _start_next(self) -> None:
+        while self._active is None and self._waiting:
+            step, tag, names, grads, snapshot, begin_step = self._waiting.pop(0)
+            if step.error is not None:
+                step.running -= 1
+                continue
+            try:
+                comm = self.communicator
+                if begin_step and self.compression.state.memory.needs_all_grads:
+                    self.compression.state.memory.begin_step(grads, comm.size)
+                job = self.engine.bucket_job(names, grads, tag, comm)
+                guard = _watchdog().guard(self.engine.timeout, job.what)
+                guard.__enter__()
+                running = _Running(bucket_job(self.engine, comm, job, snapshot), tag, step, guard)
+            except BaseException as exc:  # noqa: BLE001 - the step's futures carry it
+                step.running -= 1
+                self._fail(step, tag, exc)
+                continue
+            self._active = running
+            self._advance(running, None)
+
+    def _advance(self, job: _Running, fut: Optional[torch.futures.Future]) -> None:
+        """Resume ``job`` with the result of ``fut`` (None: start it); issue what it asks next."""
+        if job.step.error is not None:
+            self._end_job(job)
+            return
+        try:
+            value = fut.wait() if fut is not None else None   # on CUDA: orders this thread's stream after the work
+            call: Call = job.gen.send(value)
+            issued_at = time.perf_counter()
+            done = call.fn(*call.args)
+        except StopIteration:
+            self._end_job(job)
+            self._maybe_close(job.step)
+            return
+        except BaseException as exc:  # noqa: BLE001 - the step's futures carry it
+            self._fail(job.step, job.tag, exc)   # first: no later bucket of the step may start
+            self._end_job(job)
+            return
+        done.then(functools.partial(self._completed, job, call, issued_at))
+        if call.last and self._active is job:
+            self._active = None
+            self._start_next()
+
+    def _completed(self, job: _Running, call: Call, issued_at: float, fut: torch.futures.Future) -> None:
+        """A collective finished (any thread): record it, resume its job on the sequencer thread."""
+        if self._timeline is not None:
+            self._timeline.intervals.append(Interval("collective", f"hgc-ddp bucket {job.tag}: {call.kind}",
+                                                    issued_at, time.perf_counter()))
+        self._post(self._advance, job, fut)
+
+    def _end_job(self, job: _Running) -> None:
+        job.guard.__exit__(None, None, None)
+        job.step.running -= 1
+        if self._active is job:
+            self._active = None
+            self._start_next()
+
+    def _maybe_close(self, step: _Step) -> None:
+        if step.error is not None or not step.all_in or step.running:
+            return
+        try:
+            self.engine.close_step(step.exchanged)
+            self.compression.index.end_step()
+        except BaseException as exc:  # noqa: BLE001
+            self._fail(step, "close", exc)
+            return
+        self.last_partition = step.partition
+        step.closed.set_result(None)
+
+    def _fail(self, step: _Step, tag: str, exc: BaseException) -> None:
+        """Fail ``step``: every future of it raises; the memory goes back to where the step began."""
+        if step.error is not None:
+            return
+        rank = getattr(self.communicator, "rank", "?")
+        err = DDPExchangeError(f"hgc.ddp: step {step.number}, bucket {tag} failed on rank {rank}: "
+                               f"{type(exc).__name__}: {exc}")
+        err.__cause__ = exc
+        step.error = err
+        engine = self.engine
+        for snapshot in reversed(engine._snapshots):
+            self.compression.state.restore(snapshot)
+        engine.abort_step()
+        self.compression.index.end_step()
+        step.closed.set_exception(err)
+
+    # -- introspection and checkpoints -----------------------------------------------------
     def stats(self) -> dict:
-        """The compression's counters (see :mod:`horovod_gradcomp.stats`; one step per DDP
-        iteration), plus ``padding_bytes``: bytes gloo sent beyond the payloads when sizes differ."""
+        """The compression's counters (see :mod:`horovod_gradcomp.exchange.stats`; one step per DDP
+        iteration), plus ``padding_bytes``: bytes sent beyond the payloads when parts' sizes differ
+        (the allgathers are padded to the largest part; not in ``bytes_sent``)."""
         return {**self.compression.stats(), "padding_bytes": self.communicator.padding_bytes}
 
     def state_dict(self) -> dict:
@@ -88,34 +323,57 @@ class DDPCompressionState:
         self.compression.set_epoch(epoch)
 
 
+def _warn_one_exchange(compression) -> None:
+    global _warned_one_exchange
+    if not _warned_one_exchange:
+        _warned_one_exchange = True
+        warnings.warn(f"hgc.ddp: {compression.codec.name} needs the whole step's gradient before it encodes "
+                      "(DGC clips by the global norm): one exchange per step, after DDP hands over its last bucket; "
+                      "no bucket's exchange overlaps backward", RuntimeWarning, stacklevel=3)
+
+
 def _hook(state, bucket):  # no annotations: DDP compares them to Future[Tensor] objects, not strings
     return state.on_bucket(bucket)
 
 
+def _hook_group(ddp_model, group):
+    """The process group of the hook's collectives (see the module doc)."""
+    if group is not None:
+        return group
+    import torch.distributed as dist
+    own = ddp_model.process_group
+    if getattr(ddp_model, "find_unused_parameters", False):
+        return dist.new_group(ranks=dist.get_process_group_ranks(own), backend=dist.get_backend(own))
+    return own
+
+
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = "onebit", *, group=None,
-             communicator: Optional[TorchDistributedCommunicator] = None, **options) -> DDPCompressionState:
+             communicator: Optional[TorchDistributedCommunicator] = None, per_bucket: bool = True,
+             **options) -> DDPCompressionState:
     """Register the compressed exchange on ``ddp_model`` and return its state.
 
     ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
     (``hgc.Compression.<codec>`` where there is one, else ``hgc.Compression.codec``), e.g.
-    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``. ``group``: the
-    process group of the exchange (None: a new gloo group over all ranks, so call this on
-    every rank at the same point). ``bucket_bytes``/``overlap`` are not taken: the hook
-    exchanges once per step. DGC's momentum lives in the compression: use SGD with momentum 0
-    (checked before the optimizer's first step, as under Horovod)."""
+    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``.
+    ``group``: the process group of the hook's collectives (None: DDP's own; see the module
+    doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
+    it over (default; DGC always exchanges once per step); False: once per step. The buckets
+    are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set``
+    are not taken. DGC's momentum lives in the compression: use SGD with momentum 0. Call it on
+    every rank at the same point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     for key in ("bucket_bytes", "overlap", "transport", "process_set"):
         if key in options:
-            raise ValueError(f"hgc.ddp.register: {key}= does not apply to the DDP hook (one exchange per step over "
-                             "a torch.distributed group; use group= to choose it)")
+            raise ValueError(f"hgc.ddp.register: {key}= does not apply to the DDP hook (DDP's buckets are exchanged "
+                             "on a torch.distributed group: set bucket_cap_mb on DDP, group= here)")
     named = [(n, p) for n, p in ddp_model.module.named_parameters() if p.requires_grad]
     if codec not in available_codecs():
         raise ValueError(f"hgc.ddp.register: unknown codec {codec!r}; available: {', '.join(available_codecs())} "
                          "(for DDP's own dense allreduce, register no hook)")
     factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
-    comm = communicator if communicator is not None else TorchDistributedCommunicator(group)
+    comm = communicator if communicator is not None else TorchDistributedCommunicator(_hook_group(ddp_model, group))
     compression = factory(named, communicator=comm, **options)
-    state = DDPCompressionState(compression, {id(p): n for n, p in named})
+    state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket)
     ddp_model.register_comm_hook(state, _hook)
     return state

@@ -8,7 +8,12 @@ shares (never hook order):
   flush (:meth:`StepEngine.finish`);
 * with ``bucket_bytes``, from the second step on (the plan is built from the first step's
   names, :mod:`horovod_gradcomp.exchange.buckets`) and with ``overlap``, a communication
-  thread exchanges bucket j as soon as its gradients are all in, while backward goes on.
+  thread exchanges bucket j as soon as its gradients are all in, while backward goes on;
+* with an explicit ``partition`` (:meth:`StepEngine.exchange`), bucket j is ``partition[j]``:
+  the partition a caller such as PyTorch DDP chose. The DDP hook drives the same per-bucket
+  steps itself, asynchronously (:meth:`StepEngine.bucket_job`, :meth:`StepEngine.open_bucket`,
+  :meth:`StepEngine.close_bucket`, :meth:`StepEngine.close_step`), so a step through either
+  path with the same partition gives the same stream positions, residuals and results.
 
 Each bucket, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`):
 the preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that
@@ -34,6 +39,7 @@ from __future__ import annotations
 
 import threading
 import warnings
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -42,7 +48,7 @@ from ..codecs.base import Codec
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
 from .allgather import AllgatherPattern
-from .bucket import Bucket
+from .bucket import Bucket, BucketOutcome
 from .buckets import BucketPlan
 from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
@@ -55,6 +61,25 @@ PATTERNS = ("allgather", "two_phase", "auto")
 #: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
 AUTO_MIN_BYTES = 1 << 16
 _warned_thread_level = False
+
+
+@dataclass
+class BucketJob:
+    """One bucket about to be exchanged (:meth:`StepEngine.bucket_job`).
+
+    Fields: names (exchange order), grads (name -> this rank's gradient), tag (the bucket's
+    label in the agreement check and messages), pattern (chosen identically on every rank),
+    signature (what the preamble's digest covers), local_nonfinite (a NaN or Inf here), k,
+    rank, what (the stall watchdog's description of the wait)."""
+    names: List[str]
+    grads: Dict[str, torch.Tensor]
+    tag: str
+    pattern: str
+    signature: List[str]
+    local_nonfinite: bool
+    k: int
+    rank: int
+    what: str
 
 
 class StepEngine:
@@ -120,6 +145,7 @@ class StepEngine:
         self._totals = StepTotals()
         self._nonfinite = False
         self._snapshots: List[tuple] = []
+        self._partition: Optional[List[List[str]]] = None
 
     # -- a step -------------------------------------------------------------------------
     @property
@@ -158,10 +184,16 @@ class StepEngine:
             exchanged = list(self._grads)
             self._worker, self._worker_error, self._flush = None, None, False
             self._grads = {}
+        return self.close_step(exchanged)
+
+    def close_step(self, exchanged: Sequence[str]) -> Dict[str, torch.Tensor]:
+        """End the step whose buckets exchanged ``exchanged``: when some rank had a non-finite
+        gradient, roll the memory back and make every result NaN; record the step's stats,
+        advance the state's step; return name -> mean over ranks (and forget them)."""
         if self._nonfinite:
             self._skip_step()
         self._snapshots = []
-        self._close_step(exchanged)
+        self._close_step(list(exchanged))
         results, self._results = self._results, {}
         return results
 
@@ -187,15 +219,31 @@ class StepEngine:
         self.stats.nonfinite_steps += 1
         self._nonfinite = False
 
-    def exchange(self, grads: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        """One whole step at once: name -> mean over ranks (written into contiguous gradients)."""
+    def exchange(self, grads: Mapping[str, torch.Tensor],
+                 partition: Optional[Sequence[Sequence[str]]] = None) -> Dict[str, torch.Tensor]:
+        """One whole step at once: name -> mean over ranks (written into contiguous gradients).
+
+        ``partition``: the buckets, exchanged in that order (bucket j tagged ``str(j)``): every
+        name of ``grads`` in exactly one bucket, the same partition on every rank. None: the
+        engine's own buckets (one bucket, or the ``bucket_bytes`` plan)."""
         if self._grads:
             raise RuntimeError(f"{self.owner}: exchange() during a step in progress through compress()")
         unknown = sorted(set(grads) - set(self.order))
         if unknown:
             raise KeyError(f"{self.owner}: exchange() got unknown names {unknown[:5]}")
+        if partition is not None:
+            partition = [list(b) for b in partition]
+            listed = [n for b in partition for n in b]
+            if sorted(listed) != sorted(grads):
+                raise ValueError(f"{self.owner}: exchange(partition=...) must list every name of grads exactly once "
+                                 f"(missing {sorted(set(grads) - set(listed))[:5]}, extra or repeated "
+                                 f"{sorted(n for n in set(listed) if listed.count(n) != (n in grads))[:5]})")
         self._grads = {n: g.detach() for n, g in grads.items()}
-        return self.finish()
+        self._partition = partition
+        try:
+            return self.finish()
+        finally:
+            self._partition = None
 
     # -- buckets ------------------------------------------------------------------------
     def _can_overlap(self) -> bool:
@@ -213,6 +261,10 @@ class StepEngine:
     def _run_buckets(self) -> None:
         """Exchange the plan's buckets in order (each once all its gradients are in, or at the
         flush), then the names outside the plan; without a plan, everything as one bucket."""
+        if self._partition is not None:
+            for j, names in enumerate(self._partition):
+                self._exchange_bucket(names, tag=str(j), snapshot=True)
+            return
         if self.plan is None:
             with self._cv:
                 names = sorted(self._grads, key=self.order.__getitem__)
@@ -228,39 +280,61 @@ class StepEngine:
             extra = sorted((n for n in self._grads if n not in self.plan.names), key=self.order.__getitem__)
         self._exchange_bucket(extra, tag="extra")  # on every rank, even when empty: the check finds a mismatch
 
-    def _exchange_bucket(self, names: List[str], tag: str) -> None:
+    def _exchange_bucket(self, names: List[str], tag: str, snapshot: Optional[bool] = None) -> None:
+        """One bucket, synchronously: preamble, pattern, results (under the stall watchdog).
+        ``snapshot``: keep the bucket's memory for a skipped step (default: when the step has
+        a bucket plan, i.e. several buckets)."""
         comm = self.communicator()
         with self._cv:
             grads = {n: self._grads[n] for n in names}
+        job = self.bucket_job(names, grads, tag, comm)
+        with self.watchdog.guard(self.timeout, job.what):
+            with self.stats.timed("exchange_s", phase="preamble"):
+                nonfinite = bucket_preamble(comm, self.owner, job.signature, job.local_nonfinite,
+                                            self.check_agreement)
+            bucket = self.open_bucket(job, nonfinite, self.plan is not None if snapshot is None else snapshot)
+            if bucket is not None:
+                self.close_bucket(job, self._patterns[job.pattern].exchange(comm, bucket, self.stats, self._totals))
+
+    # -- one bucket, step by step (the synchronous path above; the DDP hook's asynchronous one) --
+    def bucket_job(self, names: Sequence[str], grads: Mapping[str, torch.Tensor], tag: str, comm) -> BucketJob:
+        """Everything about a bucket decided before its first collective: pattern, the preamble's
+        signature, whether this rank holds a non-finite gradient."""
+        grads = {n: grads[n].detach() for n in names}
         pattern = self.choose_pattern(grads, comm.size)
         others = [r for r in range(comm.size) if r != comm.rank]
         what = (f"{self.owner}: step {self.state.step}, bucket {tag} ({len(names)} tensors, {pattern}), rank "
                 f"{comm.rank} waiting for ranks {others}")
-        with self.watchdog.guard(self.timeout, what):
-            signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
-                         f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
-            with self.stats.timed("exchange_s", phase="preamble"):
-                nonfinite = bucket_preamble(comm, self.owner, signature, has_nonfinite(grads), self.check_agreement)
-            self._totals.add(sent=allgather_wire_bytes(PREAMBLE_BYTES, comm.size))
-            if not names:
-                return
-            outs = {n: (g if g.is_contiguous() else None) for n, g in grads.items()}
-            if nonfinite:  # nothing encoded: this bucket's memory stays as it was
-                self._nonfinite = True
-                results = {n: (outs[n] if outs[n] is not None else torch.empty_like(g)).fill_(float("nan"))
-                           for n, g in grads.items()}
-                payload = sent = 0
-            else:
-                if self.plan is not None:  # several buckets: keep what a skipped step must restore
-                    self._snapshots.append(self.state.snapshot(names, [stripe_key(n, comm.rank) for n in names]))
-                outcome = self._patterns[pattern].exchange(comm, Bucket(names, grads, self.state, self.order, outs),
-                                                           self.stats, self._totals)
-                results, payload, sent = outcome.results, outcome.payload, outcome.sent
+        signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
+                     f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
+        return BucketJob(list(names), grads, tag, pattern, signature, has_nonfinite(grads), comm.size, comm.rank, what)
+
+    def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
+        """After the preamble (``nonfinite``: some rank flagged one): the :class:`Bucket` for the
+        pattern, or None when there is nothing to exchange (no names; or a non-finite gradient
+        somewhere: the results are NaN, nothing is encoded, the memory stays as it was).
+        ``snapshot``: keep the bucket's memory first, for a step that is later skipped."""
+        self._totals.add(sent=allgather_wire_bytes(PREAMBLE_BYTES, job.k))
+        if not job.names:
+            return None
+        outs = {n: (g if g.is_contiguous() else None) for n, g in job.grads.items()}
+        if nonfinite:
+            self._nonfinite = True
+            results = {n: (outs[n] if outs[n] is not None else torch.empty_like(g)).fill_(float("nan"))
+                       for n, g in job.grads.items()}
+            self.close_bucket(job, BucketOutcome(results, 0, 0))
+            return None
+        if snapshot:
+            self._snapshots.append(self.state.snapshot(job.names, [stripe_key(n, job.rank) for n in job.names]))
+        return Bucket(job.names, job.grads, self.state, self.order, outs)
+
+    def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
+        """Keep the bucket's results and add its counts to the step's totals."""
         with self._cv:
-            self._results.update(results)
-        self._totals.add(tensors=len(names), payload=payload, numel=sum(g.numel() for g in grads.values()),
-                         sent=sent)
-        self._totals.k = comm.size
+            self._results.update(outcome.results)
+        self._totals.add(tensors=len(job.names), payload=outcome.payload,
+                         numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent)
+        self._totals.k = job.k
 
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
         """This bucket's pattern (the same on every rank: it depends on shapes and K only)."""

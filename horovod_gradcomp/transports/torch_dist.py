@@ -1,30 +1,62 @@
 """The communicator seam over ``torch.distributed`` (for the DDP comm hook).
 
 :class:`TorchDistributedCommunicator` has the interface of
-:class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` and runs on its own gloo process group (the
-exchange's byte buffers live on the CPU, whatever backend DDP itself uses), created by
-``dist.new_group`` on every rank, so its collectives never pair with DDP's.
+:class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` (blocking collectives) plus an
+asynchronous twin of each collective (``*_async``: issued with ``async_op=True``, returning a
+``torch.futures.Future`` of what the blocking one returns, chained on the work's
+``get_future()``). The blocking ones are the asynchronous ones waited for: one code path.
 
-Gloo's allgather needs equal sizes on every rank: variable-size parts are padded to the
-largest, which :meth:`allgatherv` reports in :attr:`padding_bytes` (the bytes sent beyond
-the payloads), so statistics stay honest.
+Its group: the one given (``hgc.ddp.register`` passes DDP's own process group, or ``group=``),
+else a new gloo group over all ranks. The backend decides where the bytes live:
+
+* gloo: uint8 CPU tensors, as the codecs produce them;
+* NCCL: the byte buffers are moved to this rank's current CUDA device (a no-op for buffers
+  already there) and every result stays on that device; the codecs' decode reads them there.
+  This path is written but has NOT been run yet (no GPU on the development machines).
+
+Parts of different sizes (variable-size payloads, the two-phase owners' parts): torch's
+allgather takes equal sizes on every rank, so parts are padded to the largest;
+:attr:`padding_bytes` counts the bytes sent beyond the payloads, so statistics stay honest.
+The sizes are either known on every rank (``allgatherv_known``) or exchanged first
+(``allgatherv``: one allgather of an int64, then the padded data).
+
+Order: collectives pair across ranks by the order in which each rank issues them on the
+group. A caller that issues from several threads must order them itself (the DDP hook's
+sequencer does, :mod:`horovod_gradcomp.ddp.hook`).
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import threading
+from typing import Sequence
 
 import numpy as np
 import torch
 
-from ..exchange.communicator import _check_bytes, _counts, alltoallv_buffers
+from ..exchange.communicator import _counts
+
+
+def _check_bytes(send: torch.Tensor, what: str) -> None:
+    if not isinstance(send, torch.Tensor) or send.dtype != torch.uint8 or send.dim() != 1:
+        raise TypeError(f"{what} expects a flat uint8 tensor")
+
+
+def _done(value) -> torch.futures.Future:
+    fut: torch.futures.Future = torch.futures.Future()
+    fut.set_result(value)
+    return fut
 
 
 class TorchDistributedCommunicator:
-    """Collectives on uint8 CPU tensors over a gloo group of ``torch.distributed``.
+    """Collectives on flat uint8 tensors over a ``torch.distributed`` process group.
 
     Args:
-        group: the process group to use (None: a new gloo group over all ranks, created
-            here, so every rank must construct this object at the same point).
+        group: the process group (None: a new gloo group over all ranks, created here, so every
+            rank must construct this object at the same point).
+
+    Fields:
+        group, backend ("gloo", "nccl", ...), device (where the byte buffers travel from:
+        the CPU, or the current CUDA device on NCCL), padding_bytes (bytes sent beyond the
+        payloads, every rank's padding of its own parts times the K-1 receivers).
     """
 
     def __init__(self, group=None):
@@ -33,7 +65,15 @@ class TorchDistributedCommunicator:
             raise RuntimeError("TorchDistributedCommunicator: call torch.distributed.init_process_group first")
         self._dist = dist
         self.group = group if group is not None else dist.new_group(backend="gloo")
+        self.backend = str(dist.get_backend(self.group)).lower()
+        if self.backend == "nccl":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        else:
+            self.device = torch.device("cpu")
         self.padding_bytes = 0
+        self._lock = threading.Lock()
+        # one flat output of K*n bytes (torch 2.13 renamed all_gather_into_tensor to all_gather_single)
+        self._gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
     @property
     def rank(self) -> int:
@@ -43,57 +83,102 @@ class TorchDistributedCommunicator:
     def size(self) -> int:
         return self._dist.get_world_size(self.group)
 
-    def _gather_equal(self, send: torch.Tensor) -> torch.Tensor:
-        """[K, *send.shape]: every rank's ``send`` (same shape everywhere)."""
-        parts = [torch.empty_like(send) for _ in range(self.size)]
-        self._dist.all_gather(parts, send.contiguous(), group=self.group)
-        return torch.stack(parts)
+    def _on_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous() if t.device == self.device else t.to(self.device, non_blocking=False).contiguous()
 
-    def _gather_padded(self, send: torch.Tensor, sizes: np.ndarray) -> list:
-        """Every rank's uint8 part (rank k's has ``sizes[k]`` bytes), through one allgather
-        padded to the largest part."""
-        longest = int(sizes.max()) if sizes.size else 0
-        padded = torch.zeros(longest, dtype=torch.uint8)
-        padded[:send.numel()] = send
-        self.padding_bytes += (longest - send.numel()) * (self.size - 1)
-        rows = self._gather_equal(padded)
-        return [rows[k, :int(n)] for k, n in enumerate(sizes)]
+    def _add_padding(self, nbytes: int) -> None:
+        with self._lock:
+            self.padding_bytes += nbytes
 
-    # -- the MPICommunicator interface ------------------------------------------------------
-    def allgather(self, send: torch.Tensor) -> torch.Tensor:
-        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
+    # -- asynchronous collectives --------------------------------------------------------
+    def allgather_async(self, send: torch.Tensor) -> torch.futures.Future:
+        """Future of uint8[K, n]: every rank's ``send`` (n bytes on every rank), row k from rank k."""
         _check_bytes(send, "allgather")
-        return self._gather_equal(send)
+        send = self._on_device(send)
+        k = self.size
+        if k == 1:
+            return _done(send.reshape(1, -1).clone())
+        if self._gather_flat is not None:
+            out = torch.empty(k * send.numel(), dtype=torch.uint8, device=self.device)
+            work = self._gather_flat(out, send, group=self.group, async_op=True)
+            return work.get_future().then(lambda fut: (fut.value(), out.view(k, -1))[1])
+        parts = [torch.empty_like(send) for _ in range(k)]
+        work = self._dist.all_gather(parts, send, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: (fut.value(), torch.stack(parts))[1])
 
-    def allgatherv(self, send: torch.Tensor) -> list:
-        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
-        One allgather of the sizes, then one allgather padded to the largest size."""
-        _check_bytes(send, "allgatherv")
-        sizes = self._gather_equal(torch.tensor([send.numel()], dtype=torch.int64)).reshape(-1).numpy()
-        return self._gather_padded(send, sizes)
-
-    def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
-        """Personalized exchange (see :meth:`MPICommunicator.alltoallv`): one ``all_to_all_single``."""
-        sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size)
-        self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(), input_split_sizes=sc.tolist(),
-                                     group=self.group)
-        return recv
-
-    def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
-        """Allgather of parts whose sizes every rank knows (see
-        :meth:`MPICommunicator.allgatherv_known`): one allgather padded to the largest part."""
+    def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> torch.futures.Future:
+        """Future of ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` for parts whose sizes every
+        rank knows: one allgather padded to the largest part (padding counted)."""
         _check_bytes(send, "allgatherv_known")
         c = _counts(counts, self.size, "counts")
         if send.numel() != int(c[self.rank]):
             raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
                              f"{int(c[self.rank])}")
-        return self._gather_padded(send, c)
+        longest = int(c.max()) if c.size else 0
+        padded = send
+        if send.numel() < longest:
+            padded = torch.zeros(longest, dtype=torch.uint8, device=send.device)
+            padded[:send.numel()] = send
+        self._add_padding((longest - send.numel()) * (self.size - 1))
+        return self.allgather_async(padded).then(
+            lambda fut: [row[:int(n)] for row, n in zip(fut.value(), c)])
+
+    def sizes_async(self, n: int) -> torch.futures.Future:
+        """Future of every rank's ``n`` (int64 numpy vector): one allgather of 8 bytes."""
+        mine = torch.tensor([n], dtype=torch.int64).view(torch.uint8)
+        return self.allgather_async(mine).then(
+            lambda fut: fut.value().cpu().contiguous().view(torch.int64).reshape(-1).numpy())
+
+    def alltoallv_async(self, send: torch.Tensor, send_counts: Sequence[int],
+                        recv_counts: Sequence[int]) -> torch.futures.Future:
+        """Future of the personalized exchange (see :meth:`MPICommunicator.alltoallv`): one
+        ``all_to_all_single`` with uneven splits."""
+        _check_bytes(send, "alltoallv")
+        k = self.size
+        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
+        if int(sc.sum()) != send.numel():
+            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
+        send = self._on_device(send)
+        if k == 1:
+            return _done(send.clone())
+        recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=self.device)
+        work = self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(),
+                                            input_split_sizes=sc.tolist(), group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: (fut.value(), recv)[1])
+
+    def allreduce_max_async(self, values: np.ndarray) -> torch.futures.Future:
+        """Future of the elementwise maximum over ranks of a float64 vector (numpy, same shape)."""
+        shape = np.shape(values)
+        t = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1)).to(self.device)
+        if self.size == 1:
+            return _done(t.cpu().numpy().reshape(shape))
+        work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
+        return work.get_future().then(lambda fut: (fut.value(), t.cpu().numpy().reshape(shape))[1])
+
+    # -- the MPICommunicator interface (blocking) -------------------------------------------
+    def allgather(self, send: torch.Tensor) -> torch.Tensor:
+        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
+        return self.allgather_async(send).wait()
+
+    def allgatherv(self, send: torch.Tensor) -> list:
+        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
+        One allgather of the sizes, then one allgather padded to the largest size."""
+        _check_bytes(send, "allgatherv")
+        sizes = self.sizes_async(send.numel()).wait()
+        return self.allgatherv_known_async(send, sizes).wait()
+
+    def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
+        """Personalized exchange (see :meth:`MPICommunicator.alltoallv`)."""
+        return self.alltoallv_async(send, send_counts, recv_counts).wait()
+
+    def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
+        """Allgather of parts whose sizes every rank knows (see
+        :meth:`MPICommunicator.allgatherv_known`): one allgather padded to the largest part."""
+        return self.allgatherv_known_async(send, counts).wait()
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
         """Elementwise maximum over ranks of a float64 vector (one ``all_reduce``, MAX)."""
-        t = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1))
-        self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group)
-        return t.numpy().reshape(np.shape(values))
+        return self.allreduce_max_async(values).wait()
 
     def __repr__(self) -> str:
-        return f"TorchDistributedCommunicator(size={self.size})"
+        return f"TorchDistributedCommunicator(backend={self.backend!r}, size={self.size})"

@@ -1,16 +1,21 @@
 """The DDP comm hook against the mpi4py path under mpirun (-np 1, 2, 3, 4).
 
-torch.distributed (gloo) is initialized on the mpirun ranks; a DDP model with
-``hgc.ddp.register`` trains a few steps, and every step its averaged gradients must be
-bitwise what ``CodecCompression.exchange`` over mpi4py makes of the same local gradients
-(computed on a plain copy of the model), for every codec and both patterns; the hook's
-state_dict must equal the mpi4py compression's.
+torch.distributed (gloo) is initialized on the mpirun ranks. A DDP model with
+``hgc.ddp.register`` trains a few steps; every step its averaged gradients must be bitwise
+what the Horovod path's engine over mpi4py makes of the same local gradients (computed on a
+plain copy of the model) with the same bucket partition (DDP's buckets, which the hook reports
+in ``state.last_partition``), for every codec and both patterns; the hook's state_dict must
+equal the mpi4py compression's. Then: the per-bucket hook overlaps backward (a timeline shows a
+bucket's collective starting before DDP hands over its last bucket; not so with one exchange
+per step), and an error in one bucket reaches every future of the step on every rank.
 """
 from __future__ import annotations
 
 import copy
 import os
 import socket
+import time
+import warnings
 
 import horovod.torch as hvd
 import pytest
@@ -20,6 +25,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
+from horovod_gradcomp.exchange.timeline import Timeline
 
 from .mpi_helpers import init
 from .mpi_transports import flat_state
@@ -30,10 +36,13 @@ STEPS = 3
 CASES = {  # id: (codec, options)
     "onebit": ("onebit", {}),
     "onebit-two_phase": ("onebit", {"pattern": "two_phase"}),
+    "onebit-one_exchange": ("onebit", {"per_bucket": False}),
     "terngrad": ("terngrad", {"seed": 1}),
+    "terngrad-two_phase": ("terngrad", {"seed": 1, "pattern": "two_phase"}),
     "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 32, "seed": 2, "pattern": "two_phase"}),
     "qsgd-elias": ("qsgd", {"bits": 4, "coding": "elias", "seed": 3}),
     "dgc": ("dgc", {"density": 0.1, "seed": 4, "momentum": 0.9}),
+    "dgc-clip": ("dgc", {"density": 0.1, "seed": 5, "momentum": 0.9, "clip_norm": 0.5}),   # one exchange per step
 }
 
 
@@ -63,9 +72,17 @@ def batch(step, rank):
 @pytest.mark.parametrize("case", list(CASES))
 def test_ddp_hook_matches_mpi_path_bitwise(case):
     codec, options = CASES[case]
+    options = dict(options)
+    per_bucket = options.pop("per_bucket", True)
     plain = model()
     ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.004)
-    state = hgc.ddp.register(ddp, codec, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", RuntimeWarning)
+        state = hgc.ddp.register(ddp, codec, per_bucket=per_bucket, **options)
+    clipping = "clip_norm" in options
+    assert state.per_bucket == (per_bucket and not clipping)
+    if clipping:   # said once per process: the first clipping DGC of the suite
+        assert any("one exchange per step" in str(w.message) for w in caught)
     factory = getattr(hgc.Compression, codec)
     extra = {"check_optimizer": False} if codec == "dgc" else {}
     by_mpi = factory(list(plain.named_parameters()), transport="mpi", **options, **extra)
@@ -75,7 +92,11 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
         F.cross_entropy(ddp(x), y).backward()
         plain.zero_grad()
         F.cross_entropy(plain(x), y).backward()
-        want = by_mpi.exchange({n: p.grad.clone() for n, p in plain.named_parameters()})
+        partition = state.last_partition
+        assert sorted(n for b in partition for n in b) == sorted(n for n, _ in plain.named_parameters())
+        assert len(partition) > 1 or not state.per_bucket or step == 0, f"{case}: the model should span several buckets"
+        want = by_mpi.engine.exchange({n: p.grad.clone() for n, p in plain.named_parameters()}, partition=partition)
+        by_mpi.index.end_step()
         for n, p in ddp.module.named_parameters():
             assert torch.equal(p.grad, want[n]), f"{case} step {step}: {n} differs from the mpi4py path"
         with torch.no_grad():  # the same update on both copies keeps their inputs equal
@@ -85,8 +106,115 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
     a, b = flat_state(state.state_dict()), flat_state(by_mpi.state_dict())
     assert [k for k, _ in a] == [k for k, _ in b]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
-    stats = state.stats()
-    assert stats["steps"] == STEPS and stats["bytes_payload"] == by_mpi.stats()["bytes_payload"]
+    stats, want_stats = state.stats(), by_mpi.stats()
+    assert stats["steps"] == STEPS
+    for key in ("bytes_payload", "bytes_sent", "tensors"):
+        assert stats[key] == want_stats[key], key
+
+
+def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere():
+    plain = model()
+    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.004)
+    state = hgc.ddp.register(ddp, "onebit")
+    for step in range(2):
+        x, y = batch(step, RANK)
+        if step == 1 and RANK == SIZE - 1:
+            x[0, 0] = float("nan")
+        before = flat_state(state.state_dict())
+        ddp.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        grads = [p.grad for p in ddp.module.parameters()]
+        if step == 1:
+            assert all(bool(g.isnan().all()) for g in grads), "every result of a skipped step is NaN, on every rank"
+            after = flat_state(state.state_dict())
+            assert all(torch.equal(u, v) for (_, u), (_, v) in zip(before, after)), "memory rolled back"
+            assert state.stats()["nonfinite_steps"] == 1
+        else:
+            assert all(bool(g.isfinite().all()) for g in grads)
+
+
+def deep_model():
+    torch.manual_seed(1)
+    layers = []
+    for _ in range(10):
+        layers += [nn.Linear(512, 512), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Linear(512, 10))
+
+
+def _timed_backward(per_bucket: bool):
+    ddp = nn.parallel.DistributedDataParallel(deep_model(), bucket_cap_mb=1.1)   # about one layer a bucket
+    state = hgc.ddp.register(ddp, "onebit", per_bucket=per_bucket)
+    x, y = torch.randn(2048, 512), torch.randint(0, 10, (2048,))   # backward long enough to hide a bucket
+    for step in range(3):   # DDP rebuilds its buckets after the first step
+        timeline = state.timeline = Timeline()
+        ddp.zero_grad()
+        with timeline.span("backward"):
+            F.cross_entropy(ddp(x), y).backward()
+    intervals = timeline.take()
+    ready = sorted(iv.t0 for iv in intervals if iv.phase == "bucket_ready")
+    collectives = [iv for iv in intervals if iv.phase == "collective"]
+    backward = next(iv for iv in intervals if iv.phase == "backward")
+    assert len(ready) == len(state.last_partition if per_bucket else ready) and len(ready) >= 5
+    return ready, collectives, backward
+
+
+def test_per_bucket_collectives_overlap_backward():
+    ready, collectives, backward = _timed_backward(per_bucket=True)
+    # the payloads' collectives (allgather: "payload"; two-phase, onebit's default from K = 3: "alltoallv", "owners")
+    data = sorted(iv.t0 for iv in collectives if iv.thread.split(": ")[-1] in ("payload", "alltoallv"))
+    assert len(data) == len(ready)
+    # the first bucket's payload is on the wire before DDP hands over the last bucket
+    assert data[0] < ready[-1], (data, ready)
+    assert all(backward.t0 <= iv.t0 and iv.t1 <= backward.t1 for iv in collectives)
+    ready, collectives, _ = _timed_backward(per_bucket=False)
+    assert min(iv.t0 for iv in collectives) >= ready[-1], "one exchange per step starts after the last bucket"
+
+
+def test_error_in_one_bucket_reaches_every_future():
+    torch.manual_seed(2)
+    layers = [nn.Linear(12, 20)] + [nn.Linear(20, 20) for _ in range(3)] + [nn.Linear(20, 5)]
+    ddp = nn.parallel.DistributedDataParallel(nn.Sequential(*layers), bucket_cap_mb=0.0015)   # a layer a bucket
+    state = hgc.ddp.register(ddp, "onebit")
+    futures = []
+    hand_over = state.on_bucket
+
+    def recording(bucket):
+        fut = hand_over(bucket)
+        futures.append(fut)
+        return fut
+    state.on_bucket = recording
+    for step in range(2):   # DDP's buckets are fixed from the second step on
+        x, y = batch(step, RANK)
+        ddp.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+    partition = state.last_partition
+    assert len(partition) >= 3
+    poisoned = partition[1][0]
+    memory = state.compression.state.memory
+    encode = memory.encode
+
+    def failing(codec, name, *args, **kwargs):
+        if name == poisoned:
+            raise ValueError(f"injected failure encoding {name}")
+        return encode(codec, name, *args, **kwargs)
+    memory.encode = failing
+    before = flat_state(state.state_dict())
+    futures.clear()
+    x, y = batch(2, RANK)
+    ddp.zero_grad()
+    with pytest.raises(RuntimeError, match=f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: ValueError: "
+                                           f"injected failure encoding {poisoned}"):
+        F.cross_entropy(ddp(x), y).backward()
+    assert len(futures) == len(partition)
+    deadline = time.monotonic() + 30   # DDP raised at its first failed future; the others complete alike
+    while not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for fut in futures:
+        assert fut.done()
+        with pytest.raises(RuntimeError, match=f"DDPExchangeError: hgc.ddp: step 2, bucket 1 failed on rank {RANK}"):
+            fut.wait()
+    after = flat_state(state.state_dict())
+    assert all(torch.equal(u, v) for (_, u), (_, v) in zip(before, after)), "the failed step's memory rolled back"
 
 
 def test_register_rejects_bad_input():

@@ -1,0 +1,49 @@
+"""The DDP hook's suite (tests/mpi/mpi_ddp.py) launched alone under mpirun at 2 and 4 processes
+(torch.distributed on gloo over the mpirun ranks), each launch under a timeout; and the pieces of
+the DDP bench rows that need no launch."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMEOUT_S = int(os.environ.get("HGC_DDP_TEST_TIMEOUT", "420"))
+
+
+@pytest.mark.timeout(TIMEOUT_S + 60)
+@pytest.mark.parametrize("np_", [2, 4])
+def test_ddp_suite(np_):
+    assert shutil.which("mpirun"), "mpirun not found: run ci/install_system.sh (Open MPI is required)"
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "-x", "OMP_NUM_THREADS=1",
+           "-x", "PYTHONPATH", sys.executable, "-m", "pytest", "-x", "-q", "--color=no", "-p", "no:cacheprovider",
+           "-o", "python_files=mpi_*.py", "tests/mpi/mpi_ddp.py"]
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"mpirun -np {np_} tests/mpi/mpi_ddp.py timed out after {TIMEOUT_S}s\n{exc.stdout}\n{exc.stderr}")
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f"mpirun -np {np_} failed (rc {proc.returncode}):\n{out[-8000:]}"
+    summaries = re.findall(r"\d+ (?:passed|failed|skipped|error)[\w, ]* in [\d.]+s", out)
+    assert len(summaries) == np_ and all("passed" in s and "failed" not in s for s in summaries), summaries
+
+
+def test_resnet50_module_has_resnet50_shapes():
+    from horovod_gradcomp.bench.resnet import resnet50
+    from horovod_gradcomp.bench.shapes import RESNET50_NUMEL, resnet50_shapes
+    model = resnet50()
+    assert [tuple(p.shape) for p in model.parameters()] == [tuple(s) for s in resnet50_shapes()]
+    assert sum(p.numel() for p in model.parameters()) == RESNET50_NUMEL
+
+
+def test_ddp_row_names():
+    from horovod_gradcomp.bench import ddp_rows
+    assert ddp_rows.is_ddp("ddp") and ddp_rows.is_ddp("ddp_fp16") and ddp_rows.is_ddp("ddp_powersgd")
+    assert ddp_rows.hgc_codec("ddp_onebit") == "onebit" and ddp_rows.hgc_codec("ddp_dgc") == "dgc"
+    assert not ddp_rows.is_ddp("ddp_nope") and not ddp_rows.is_ddp("onebit")
