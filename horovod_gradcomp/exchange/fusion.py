@@ -14,6 +14,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from ..codecs.base import Codec, Payload
+from .staging import staging_for
 
 ALIGN = 8
 
@@ -60,7 +61,8 @@ class FusedLayout:
         self._split_sizes = [slot.nbytes for slot in self._in_order]
 
     def pack(self, payloads: Dict[str, Payload], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy every payload's buffers into one uint8 tensor of ``nbytes`` (CPU)."""
+        """Copy every payload's buffers into one host uint8 tensor of ``nbytes``: one
+        concatenation (on the payloads' device, then one staged copy: exchange/staging.py)."""
         buf = out if out is not None else torch.empty(self.nbytes, dtype=torch.uint8)
         if self.nbytes > self.payload_bytes:
             buf[self.payload_bytes:].zero_()
@@ -70,24 +72,30 @@ class FusedLayout:
             if src.numel() != slot.numel or src.dtype != slot.dtype:
                 raise ValueError(f"{self.codec.name}: payload buffer {slot.key}/{slot.buffer} is {src.numel()}x"
                                  f"{src.dtype}, layout expects {slot.numel}x{slot.dtype}")
-            parts.append(src.reshape(-1).view(torch.uint8).cpu())
+            parts.append(src.reshape(-1).view(torch.uint8))
         if parts:
-            torch.cat(parts, out=buf[:self.payload_bytes])
+            staging_for(parts[0].device).gather(parts, buf[:self.payload_bytes])
         return buf
 
     def unpack(self, recv: torch.Tensor, devices: Dict[str, torch.device]) -> List[Tuple[str, Payload]]:
-        """Cut a ``[K, nbytes]`` receive buffer into one stacked payload per tensor
-        (buffers are ``[K, numel]`` views, moved to the tensor's device when it is not the CPU)."""
-        pieces = torch.split(recv[:, :self.payload_bytes], self._split_sizes, dim=1) if self._split_sizes else ()
-        views = {(slot.key, slot.buffer): piece.view(slot.dtype) for slot, piece in zip(self._in_order, pieces)}
+        """Cut a ``[K, nbytes]`` receive buffer into one stacked payload per tensor (buffers are
+        ``[K, numel]`` views; for tensors on a device, views of one staged copy of ``recv`` there)."""
+        views_on: Dict[torch.device, Dict[Tuple[str, str], torch.Tensor]] = {}
+
+        def views_for(device: torch.device):
+            if device not in views_on:  # one staged copy of recv per device, split once
+                src = recv if device.type == "cpu" else staging_for(device).scatter(recv)
+                pieces = torch.split(src[:, :self.payload_bytes], self._split_sizes, dim=1) \
+                    if self._split_sizes else ()
+                views_on[device] = {(slot.key, slot.buffer): piece.view(slot.dtype)
+                                    for slot, piece in zip(self._in_order, pieces)}
+            return views_on[device]
+
         out = []
         for k, shape, dtype in self.entries:
             device = devices[k]
-            bufs = {}
-            for name in self.slots[k]:
-                view = views[(k, name)]
-                bufs[name] = view if device.type == "cpu" else view.to(device)
-            out.append((k, Payload(bufs, shape, dtype, device)))
+            views = views_for(device)
+            out.append((k, Payload({name: views[(k, name)] for name in self.slots[k]}, shape, dtype, device)))
         return out
 
 
@@ -97,16 +105,17 @@ def pack_variable(names: Sequence[str], payloads: Dict[str, Payload]) -> torch.T
     Format: int64 byte length of every buffer of every tensor (tensors in ``names`` order,
     buffers in payload order), then the buffers, each padded to a multiple of 8 bytes so that
     every buffer, and the whole part, stays 8-byte aligned."""
-    blobs = [payloads[n].buffers[b].reshape(-1).view(torch.uint8).cpu() for n in names for b in payloads[n].buffers]
+    blobs = [payloads[n].buffers[b].reshape(-1).view(torch.uint8) for n in names for b in payloads[n].buffers]
     header = torch.tensor([x.numel() for x in blobs], dtype=torch.int64).view(torch.uint8)
-    padded = [(x.numel() + ALIGN - 1) // ALIGN * ALIGN for x in blobs]
-    out = torch.zeros(header.numel() + sum(padded), dtype=torch.uint8)
-    out[:header.numel()] = header
-    offset = header.numel()
-    for x, size in zip(blobs, padded):
-        out[offset:offset + x.numel()] = x
-        offset += size
-    return out
+    device = blobs[0].device if blobs else torch.device("cpu")
+    parts = [header.to(device)]
+    for x in blobs:
+        parts.append(x)
+        pad = (ALIGN - x.numel() % ALIGN) % ALIGN
+        if pad:
+            parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
+    out = torch.empty(sum(p.numel() for p in parts), dtype=torch.uint8)
+    return staging_for(device).gather(parts, out)
 
 
 def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[str, Payload]) -> Dict[str, Payload]:
@@ -125,6 +134,8 @@ def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[st
         raise ValueError(f"unpack_variable: a part of {size} bytes cannot hold the {count} buffer lengths")
     lengths = part[:8 * count].clone().view(torch.int64).tolist()
     offset, i, out = 8 * count, 0, {}
+    devices = {templates[n].device for n in names}
+    staged = {d: part if d.type == "cpu" else staging_for(d).scatter(part) for d in devices}
     for n in names:
         t = templates[n]
         bufs = {}
@@ -135,8 +146,7 @@ def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[st
             if nbytes < 0 or nbytes % item or nbytes > size - offset:
                 raise ValueError(f"unpack_variable: buffer {n}/{b} claims {nbytes} bytes; {size - offset} remain "
                                  f"in the part and its {ref.dtype} elements take {item} bytes each")
-            view = part[offset:offset + nbytes].view(ref.dtype)
-            bufs[b] = view if t.device.type == "cpu" else view.to(t.device)
+            bufs[b] = staged[t.device][offset:offset + nbytes].view(ref.dtype)
             offset += (nbytes + ALIGN - 1) // ALIGN * ALIGN
         out[n] = Payload(bufs, t.shape, t.dtype, t.device)
     if offset != size:
