@@ -12,6 +12,7 @@ horovod_gradcomp._C_twin.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 
@@ -20,8 +21,10 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("codecs", nargs="+", help="codecs whose csrc/twin/<codec>_twin.cpp to include")
+    ap.add_argument("codecs", nargs="*", help="codecs whose csrc/twin/<codec>_twin.cpp to include (default: all)")
     ap.add_argument("--build-dir", required=True)
+    ap.add_argument("--sanitize", choices=["address"], default=None,
+                    help="instrument with AddressSanitizer (-O1 -g; run with libasan preloaded)")
     args = ap.parse_args(argv)
     sys.path.insert(0, ROOT)
     os.chdir(ROOT)
@@ -33,10 +36,17 @@ def main(argv=None) -> int:
     if inc is None:
         ap.error("CCCL's headers were not found (CUDA toolkit or `pip install nvidia-cuda-cccl`)")
     sources = ["csrc/twin/binding_twin.cpp", "csrc/twin/exec_twin.cpp"]
-    sources += [f"csrc/twin/{c}_twin.cpp" for c in args.codecs]
+    if args.codecs:
+        sources += [f"csrc/twin/{c}_twin.cpp" for c in args.codecs]
+    else:
+        sources = sorted(glob.glob("csrc/twin/*.cpp"))
+    cflags, ldflags = build.twin_cxx_flags(), ["-fopenmp"]
+    if args.sanitize == "address":
+        cflags += ["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"]
+        ldflags += ["-fsanitize=address"]
     os.makedirs(args.build_dir, exist_ok=True)
     cpp_extension.load(name="_C_twin", sources=[os.path.join(ROOT, s) for s in sources],
-                       extra_include_paths=[inc], extra_cflags=build.twin_cxx_flags(), extra_ldflags=["-fopenmp"],
+                       extra_include_paths=[inc], extra_cflags=cflags, extra_ldflags=ldflags,
                        build_directory=args.build_dir, verbose=False)
     print(os.path.join(args.build_dir, "_C_twin.so"))
     return 0

@@ -34,10 +34,11 @@ TARGETS = [("onebit", 600), ("terngrad", 500), ("qsgd_fixed", 500), ("qsgd_elias
 
 
 def run_fuzz(target: str, cases: int, impls: str, seed: int = SEED, native_ext: str | None = None,
-             env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
-    """The driver on one target in a fresh interpreter (its output captured)."""
+             env: dict | None = None, timeout: float = 240, extra=()) -> subprocess.CompletedProcess:
+    """The driver on one target in a fresh interpreter (its output captured); ``extra``: more
+    driver arguments (e.g. ``["--kernels", "twin"]``)."""
     cmd = [sys.executable, str(FUZZ), "--target", target, "--seed", str(seed), "--cases", str(cases),
-           "--impls", impls]
+           "--impls", impls, *extra]
     if native_ext:
         cmd += ["--native-ext", native_ext]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
