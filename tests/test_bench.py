@@ -63,7 +63,8 @@ def test_layout_matches_real_payload_bytes():
 
 def test_json_rows_cover_every_codec_and_impl(capsys):
     rows, err = _run_json(capsys, "--repeat", "1", "--limit-tensors", "4", "--no-selection")
-    impls = ["native", "reference"] if hgc.native_available() else ["reference"]
+    impls = ["native", "twin", "reference"] if hgc.native_available() else ["reference"]
+    assert hgc.twin_available(), "the twin of the device kernels did not build: its rows would be missing"
     expected = {("fp16", "torch")} | {(c, i) for c in hgc.available_codecs() for i in impls}
     assert {(r["codec"], r["impl"]) for r in rows} == expected
     numel = total_numel(resnet50_shapes()[:4])
@@ -82,7 +83,7 @@ def test_dgc_selection_rows_time_one_flat_tensor(capsys):
     rows, _ = _run_json(capsys, "--repeat", "1", "--limit-tensors", "1", "--codecs", "dgc",
                         "--selection-numel", "200000")
     sel = [r for r in rows if r["codec"] == codecs_bench.SELECTION]
-    impls = ["native", "reference"] if hgc.native_available() else ["reference"]
+    impls = ["native", "twin", "reference"] if hgc.native_available() else ["reference"]
     assert [r["impl"] for r in sel] == impls
     for r in sel:
         assert r["numel"] == 200000 and r["options"] == {"density": 0.001} and r["encode_ms"] > 0
@@ -102,9 +103,17 @@ def test_table_output_and_speedup_line(capsys):
 
 def test_missing_native_is_reported_loudly(capsys, monkeypatch):
     monkeypatch.setattr(codecs_bench, "native_available", lambda: False)
+    monkeypatch.setattr(codecs_bench, "twin_available", lambda: False)
     rows, err = _run_json(capsys, "--repeat", "1", "--limit-tensors", "2", "--codecs", "onebit")
     assert [(r["codec"], r["impl"]) for r in rows] == [("onebit", "reference")]
-    assert "native" in err and "MISSING" in err
+    assert "native" in err and "MISSING" in err and "'twin' rows are MISSING" in err
+
+
+def test_twin_rows_sit_next_to_the_native_ones(capsys):
+    assert main(["codecs", "--repeat", "1", "--limit-tensors", "3", "--codecs", "onebit",
+                 "--impls", "native,twin"]) == 0
+    out = capsys.readouterr().out
+    assert "onebit: twin (device kernels on OpenMP) / native CPU kernels: " in out
 
 
 class _HalfWithScale(Codec):

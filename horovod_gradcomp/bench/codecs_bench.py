@@ -17,6 +17,10 @@ by ``torch.cuda.synchronize()``; rows get ``"device": "cuda"`` and a ``copy`` ro
 ``torch``: a device-to-device copy of the same set, ``clone()`` / ``copy_()``) is timed in
 the same run as the memory-bandwidth floor to compare the codecs with.
 
+Impl ``twin`` (CPU only) times the device kernels' OpenMP twin (``_C_twin``: the GPU path's
+Thrust sources built for the CPU) next to the native CPU kernels; its speed is not the point
+(the CPU kernels are the CPU path), it shows the twin is wired in and what it costs.
+
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
 call on the first tensor. The pure-torch reference impl is slow, so it runs
 ``--reference-repeat`` passes (default: ``min(repeat, 2)``).
@@ -40,7 +44,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 
-from .. import available_codecs, get_codec, native_available, native_cuda_status, native_error
+from .. import available_codecs, get_codec, native_available, native_cuda_status, native_error, twin_available
 from ..codecs import Payload
 from ..native import NativeUnavailableError
 from .shapes import Shape, resnet50_shapes, total_numel
@@ -49,7 +53,7 @@ COMMAND = "codecs"
 HELP = "encode/decode time and wire bytes of every codec on ResNet-50's gradients"
 
 BASELINE = "fp16"
-IMPLS = ("native", "reference")
+IMPLS = ("native", "twin", "reference")
 REQUIRED_KEYS = ("codec", "impl", "numel", "encode_ms", "decode_ms", "bytes", "ratio")
 
 CodecSpec = Tuple[str, Dict[str, object]]
@@ -212,11 +216,19 @@ def _log(msg: str) -> None:
 
 def _usable_impls(impls: Iterable[str], device: str = "cpu") -> List[str]:
     """``impls`` minus ``native`` when the extension did not load, or (``device="cuda"``) has
-    no CUDA kernels (said loudly on stderr)."""
+    no CUDA kernels, minus ``twin`` when the twin did not build (each said loudly on stderr)
+    or the gradients are on the GPU (the twin takes CPU tensors)."""
     impls = list(impls)
     for impl in impls:
         if impl not in IMPLS:
             raise ValueError(f"unknown impl {impl!r}; expected one of {', '.join(IMPLS)}")
+    if "twin" in impls and device == "cuda":
+        _log("note: the twin runs the device kernels on CPU tensors: no 'twin' rows with --device cuda")
+        impls.remove("twin")
+    if "twin" in impls and not twin_available():
+        _log("!" * 78 + "\n!! WARNING: the OpenMP twin of the device kernels (horovod_gradcomp._C_twin) is not "
+             "available.\n!! The 'twin' rows are MISSING from these results.\n" + "!" * 78)
+        impls.remove("twin")
     if device == "cuda" and "native" in impls and native_available() and not native_available("cuda"):
         _log("!" * 78 + f"\n!! WARNING: {native_cuda_status()[1]}\n!! The 'native' rows are MISSING from "
              "these results; only the slow reference impl was timed.\n" + "!" * 78)
@@ -332,10 +344,14 @@ def speedup_lines(rows: Sequence[dict]) -> List[str]:
         by_key.setdefault(key, {})[r["impl"]] = r
     lines = []
     for (name, opts), impls in by_key.items():
+        label = name if opts == "{}" else f"{name} {opts}"
         if "native" in impls and "reference" in impls:
             ref, nat = (impls[i]["encode_ms"] + impls[i]["decode_ms"] for i in ("reference", "native"))
-            label = name if opts == "{}" else f"{name} {opts}"
             lines.append(f"{label}: native vs reference speed-up: {ref / max(nat, 1e-9):.1f}x (encode+decode)")
+        if "native" in impls and "twin" in impls:
+            twin, nat = (impls[i]["encode_ms"] + impls[i]["decode_ms"] for i in ("twin", "native"))
+            lines.append(f"{label}: twin (device kernels on OpenMP) / native CPU kernels: {twin / max(nat, 1e-9):.2f}x "
+                         "(encode+decode)")
     return lines
 
 
@@ -350,7 +366,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--codecs", default=None,
                         help="comma-separated codecs, each NAME or NAME:key=value[:key=value] "
                              f"(default: {BASELINE} + all registered)")
-    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated impls (native,reference)")
+    parser.add_argument("--impls", default=",".join(IMPLS), help="comma-separated impls (native,twin,reference)")
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (torch.set_num_threads)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="where the gradients live (cuda: synchronized timings and a device copy row)")
