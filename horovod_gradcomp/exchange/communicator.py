@@ -1,11 +1,14 @@
 """The communicator seam: packed byte buffers between ranks through mpi4py.
 
 It works on its own duplicate of ``MPI.COMM_WORLD``, never on the communicator Horovod
-uses, so its collectives cannot pair with Horovod's. mpi4py is imported on first use:
-importing horovod_gradcomp does not initialize MPI.
+uses, so its collectives cannot pair with Horovod's. Building one performs no MPI call: rank
+and size are local calls, and the duplicate is made by the first collective (inside the first
+exchange, under the stall watchdog). Outside an MPI launcher mpi4py is imported on first use;
+under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.exchange.mpi_lifetime`).
 """
 from __future__ import annotations
 
+import threading
 from typing import Optional, Sequence
 
 import numpy as np
@@ -17,21 +20,63 @@ class ExchangeMismatchError(RuntimeError):
 
 
 class MPICommunicator:
-    """Collectives on uint8 CPU tensors over a duplicate of COMM_WORLD (created lazily)."""
+    """Collectives on uint8 CPU tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``).
 
-    def __init__(self, comm=None):
+    Nothing here performs a collective outside the collective methods: ``rank`` and ``size``
+    are local calls on ``base``, and the duplicate is made by :meth:`connect`, which the
+    first collective of this object calls. That first collective is the preamble of the
+    first bucket, inside the stall watchdog's guard, so every rank duplicates at the same
+    point of the same exchange, and a rank that never arrives ends in the watchdog's abort
+    instead of a hang.
+
+    ``comm``: an mpi4py communicator (or an object with its methods) to use as is, without
+    duplicating anything.
+    """
+
+    def __init__(self, comm=None, base=None):
         self._comm = comm
+        self._base = base
+        self._lock = threading.Lock()
+
+    def _world(self):
+        """The communicator rank and size are read from (local calls only)."""
+        if self._comm is not None:
+            return self._comm
+        if self._base is not None:
+            return self._base
+        from mpi4py import MPI  # noqa: WPS433 - deliberate lazy import (initializes MPI)
+        return MPI.COMM_WORLD
+
+    @property
+    def connected(self) -> bool:
+        """True once the duplicate exists (after the first collective)."""
+        return self._comm is not None
+
+    def connect(self):
+        """The mpi4py communicator the collectives run on, duplicating ``base`` the first time.
+
+        The duplicate is a collective over ``base``: call it only where every rank calls it
+        at the same point, under the stall watchdog (the collective methods below do)."""
+        if self._comm is None:
+            with self._lock:
+                if self._comm is None:
+                    self._comm = self._duplicate(self._world())
+        return self._comm
+
+    def _duplicate(self, base):
+        return base.Dup()
 
     @property
     def comm(self):
+        """The duplicate. Raises before the first collective: reading it never duplicates."""
         if self._comm is None:
-            from mpi4py import MPI  # noqa: WPS433 - deliberate lazy import (initializes MPI)
-            self._comm = MPI.COMM_WORLD.Dup()
+            raise RuntimeError("MPICommunicator.comm: no duplicate yet; it is made by the first collective "
+                               "(connect(), inside an exchange)")
         return self._comm
 
     @property
     def rank(self) -> int:
-        return self.comm.Get_rank()
+        return self._world().Get_rank()
 
     @property
     def thread_multiple(self) -> bool:
@@ -41,7 +86,7 @@ class MPICommunicator:
 
     @property
     def size(self) -> int:
-        return self.comm.Get_size()
+        return self._world().Get_size()
 
     def polling(self, interval_s: float) -> "MPICommunicator":
         """This communicator (the same MPI communicator: collectives keep their order) with
@@ -57,7 +102,7 @@ class MPICommunicator:
             raise TypeError("allgather expects a flat uint8 CPU tensor")
         recv = torch.empty((self.size, send.numel()), dtype=torch.uint8)
         from mpi4py import MPI
-        self.comm.Allgather([send.numpy(), MPI.BYTE], [recv.numpy(), MPI.BYTE])
+        self.connect().Allgather([send.numpy(), MPI.BYTE], [recv.numpy(), MPI.BYTE])
         return recv
 
     def allgatherv(self, send: torch.Tensor) -> list:
@@ -67,10 +112,10 @@ class MPICommunicator:
             raise TypeError("allgatherv expects a flat uint8 CPU tensor")
         from mpi4py import MPI
         sizes = np.empty(self.size, dtype=np.int64)
-        self.comm.Allgather([np.array([send.numel()], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])
+        self.connect().Allgather([np.array([send.numel()], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         recv = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-        self.comm.Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (sizes, offsets), MPI.BYTE])
+        self.connect().Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (sizes, offsets), MPI.BYTE])
         return [recv[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
@@ -83,7 +128,7 @@ class MPICommunicator:
         on rank j (not checked: MPI fails or truncates otherwise). One collective."""
         sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size)
         from mpi4py import MPI
-        self.comm.Alltoallv([send.numpy(), (sc, _displacements(sc)), MPI.BYTE],
+        self.connect().Alltoallv([send.numpy(), (sc, _displacements(sc)), MPI.BYTE],
                             [recv.numpy(), (rc, _displacements(rc)), MPI.BYTE])
         return recv
 
@@ -100,7 +145,7 @@ class MPICommunicator:
         displs = _displacements(c)
         recv = torch.empty(int(c.sum()), dtype=torch.uint8)
         from mpi4py import MPI
-        self.comm.Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (c, displs), MPI.BYTE])
+        self.connect().Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (c, displs), MPI.BYTE])
         return [recv[int(o):int(o) + int(n)] for o, n in zip(displs, c)]
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
@@ -108,7 +153,7 @@ class MPICommunicator:
         from mpi4py import MPI
         mine = np.ascontiguousarray(values, dtype=np.float64)
         out = np.empty_like(mine)
-        self.comm.Allreduce([mine, MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX)
+        self.connect().Allreduce([mine, MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX)
         return out
 
 

@@ -56,29 +56,26 @@ class _PollingComm:
 
 def polling_view(comm: MPICommunicator, interval_s: float) -> MPICommunicator:
     """``comm``'s MPI communicator behind polling waits (``comm`` itself when it already polls)."""
-    if isinstance(comm.comm, _PollingComm):
-        return comm
     if not interval_s > 0:
         raise ValueError(f"interval_s must be positive, got {interval_s!r}")
-    return MPICommunicator(_PollingComm(comm.comm, float(interval_s)))
+    inner = comm.connect()  # inside an exchange: the duplicate exists already (the preamble made it)
+    if isinstance(inner, _PollingComm):
+        return comm
+    return MPICommunicator(_PollingComm(inner, float(interval_s)))
 
 
 class PollingCommunicator(MPICommunicator):
-    """:class:`MPICommunicator` on its own duplicate of COMM_WORLD (created on first use),
+    """:class:`MPICommunicator` on its own duplicate of COMM_WORLD (made by its first collective),
     waiting for each collective by ``Test`` + ``sleep(interval_s)`` instead of spinning."""
 
-    def __init__(self, interval_s: float = 2e-4):
+    def __init__(self, interval_s: float = 2e-4, base=None):
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
-        super().__init__()
+        super().__init__(base=base)
         self.interval_s = float(interval_s)
 
-    @property
-    def comm(self):
-        if self._comm is None:
-            from mpi4py import MPI
-            self._comm = _PollingComm(MPI.COMM_WORLD.Dup(), self.interval_s)
-        return self._comm
+    def _duplicate(self, base):
+        return _PollingComm(super()._duplicate(base), self.interval_s)
 
     def __repr__(self) -> str:
         return f"PollingCommunicator(interval_s={self.interval_s})"

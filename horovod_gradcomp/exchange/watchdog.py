@@ -51,11 +51,27 @@ class StallWatchdog:
         self._ids = itertools.count()
         self._cv = threading.Condition()
         self._thread: Optional[threading.Thread] = None
+        self._active = 0   # guards open now, with or without a deadline
+
+    def active(self) -> bool:
+        """True while some thread of this process is inside :meth:`guard` (an exchange is running)."""
+        return self._active > 0
 
     @contextmanager
     def guard(self, timeout: float, what: str):
         """Run the ``with`` block under a deadline of ``timeout`` seconds (0: none). ``what``
         names the wait in the messages (step, bucket, ranks waited for)."""
+        with self._cv:
+            self._active += 1
+        try:
+            with self._deadline(timeout, what):
+                yield
+        finally:
+            with self._cv:
+                self._active -= 1
+
+    @contextmanager
+    def _deadline(self, timeout: float, what: str):
         if not timeout:
             yield
             return

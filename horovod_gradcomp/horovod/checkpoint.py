@@ -9,11 +9,13 @@ back, through the compression's own communicator (the same one its exchange uses
 
 The file holds ``{"world_size": K, "ranks": [state of rank 0, ..., state of rank K-1]}``.
 Loading into a job of another size raises ``ValueError`` naming both sizes on every rank.
+Both run under the stall watchdog with the compression's timeout, like a step's exchange.
 """
 from __future__ import annotations
 
 import io
 import os
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -29,10 +31,25 @@ def _from_bytes(data: torch.Tensor):
     return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
 
 
+@contextmanager
+def _guarded(compression, what: str):
+    """The block under the stall watchdog, with the compression's own timeout."""
+    from ..exchange.watchdog import default_watchdog, resolve_timeout
+    engine = getattr(compression, "engine", None)
+    timeout = engine.timeout if engine is not None else resolve_timeout(getattr(compression, "timeout", None))
+    with default_watchdog().guard(timeout, what):
+        yield
+
+
 def save_job_state(compression, path: str) -> None:
     """Gather every rank's ``compression.state_dict()`` and write them to ``path`` on rank 0.
     A collective: every rank calls it."""
     comm = compression._comm()
+    with _guarded(compression, f"save_job_state({path!r}) on rank {comm.rank}"):
+        _save(compression, comm, path)
+
+
+def _save(compression, comm, path: str) -> None:
     parts = comm.allgatherv(_to_bytes(compression.state_dict())) if comm.size > 1 else [
         _to_bytes(compression.state_dict())]
     if comm.rank == 0:
@@ -45,6 +62,11 @@ def load_job_state(compression, path: str) -> None:
     """Read ``path`` on rank 0 and load each rank's own part into its ``compression``.
     A collective: every rank calls it."""
     comm = compression._comm()
+    with _guarded(compression, f"load_job_state({path!r}) on rank {comm.rank}"):
+        _load(compression, comm, path)
+
+
+def _load(compression, comm, path: str) -> None:
     k, rank = comm.size, comm.rank
     header, parts, failure = np.zeros(k + 1, dtype=np.int64), [], None
     if rank == 0:

@@ -9,11 +9,15 @@ there) and what confines an exchange to a process set.
 Every collective carries an explicit name, ``hgc.<prefix>.<call number>.<what>``: Horovod
 pairs operations across ranks by name, and its automatic names number every Horovod op of
 the process, so an op issued by another thread (a barrier, the optimizer's placeholders,
-an exchange thread) would shift them differently on each rank. The call numbers are this
-object's own, so every rank of the set must construct its communicators in the same order
-(or pass the same ``prefix``) and issue their collectives in the same order, as with MPI.
+an exchange thread) would shift them differently on each rank. By default the call numbers
+belong to the process set (``ps<id>``), shared by every communicator of the process on that
+set: as with the one MPI duplicate, the order in which compressions are built does not
+matter, only the order of their collectives, which must be the same on every rank (the
+preamble of each bucket finds a disagreement).
 
-Rank and size are the process set's (``process_set.rank()``, ``process_set.size()``).
+Rank and size are the process set's (``process_set.rank()``, ``process_set.size()``). On a
+rank outside the set the object is inert, as Horovod's optimizer is there: it may be built
+(every rank can build the same model and compression) but any collective raises.
 """
 from __future__ import annotations
 
@@ -31,13 +35,15 @@ class HorovodCommunicator:
     """Collectives on uint8 CPU tensors through ``horovod.torch`` (call ``hvd.init()`` first).
 
     Args:
-        process_set: a ``hvd.ProcessSet`` (None: the global one). Only its ranks may use
-            this object; the others must never call it (Horovod would reject the op).
-        prefix: the name prefix of this object's collectives (default ``c<N>`` for the N-th
-            HorovodCommunicator of the process); the same on every rank of the set.
+        process_set: a ``hvd.ProcessSet`` (None: the global one). On ranks outside it the
+            object is inert (``member`` False): its collectives raise.
+        prefix: the name prefix of this object's collectives, with its own call numbers
+            (default: the process set's shared numbering, ``ps<id>``); the same on every
+            rank of the set.
     """
 
-    _instances = itertools.count()
+    _counters: dict = {}             # prefix -> shared call numbering of the default prefixes
+    _counters_lock = threading.Lock()
 
     def __init__(self, process_set=None, prefix: Optional[str] = None):
         import horovod.torch as hvd
@@ -48,16 +54,18 @@ class HorovodCommunicator:
         if self.process_set.process_set_id is None:
             raise ValueError(f"HorovodCommunicator: {self.process_set} is not registered with Horovod "
                              "(pass it to hvd.init(process_sets=...) or hvd.add_process_set first)")
-        if self.process_set.ranks is not None and hvd.rank() not in self.process_set.ranks:
-            raise ValueError(f"HorovodCommunicator: rank {hvd.rank()} is not in {self.process_set}; only the set's "
-                             "ranks may exchange on it")
-        self.prefix = prefix if prefix is not None else f"c{next(HorovodCommunicator._instances)}"
-        self._calls = itertools.count()
-        self._lock = threading.Lock()
+        self.member = self.process_set.ranks is None or hvd.rank() in self.process_set.ranks
+        if prefix is None:
+            self.prefix = f"ps{self.process_set.process_set_id}"
+            with HorovodCommunicator._counters_lock:
+                self._numbering = HorovodCommunicator._counters.setdefault(self.prefix, [itertools.count()])
+        else:
+            self.prefix, self._numbering = prefix, [itertools.count()]
 
     @property
     def rank(self) -> int:
-        return int(self.process_set.rank())
+        """This rank in the set (outside the set, where the object is inert: the global rank)."""
+        return int(self.process_set.rank()) if self.member else int(self._hvd.rank())
 
     @property
     def size(self) -> int:
@@ -66,12 +74,16 @@ class HorovodCommunicator:
     def restart(self) -> None:
         """Number the collectives from zero again (every rank of the set at once: after a
         Horovod elastic reset, when ranks may have issued different numbers of calls)."""
-        with self._lock:
-            self._calls = itertools.count()
+        with HorovodCommunicator._counters_lock:
+            self._numbering[0] = itertools.count()
 
     def _name(self, what: str) -> str:
-        with self._lock:
-            return f"hgc.{self.prefix}.{next(self._calls)}.{what}"
+        if not self.member:
+            raise ValueError(f"HorovodCommunicator: rank {self._hvd.rank()} is not in {self.process_set}: a "
+                             "compression built with this process_set is inert on this rank (as Horovod's optimizer "
+                             "is); it must not exchange here")
+        with HorovodCommunicator._counters_lock:
+            return f"hgc.{self.prefix}.{next(self._numbering[0])}.{what}"
 
     def _gather_rows(self, rows: torch.Tensor, name: str) -> torch.Tensor:
         """Horovod allgather along dim 0 (first dims may differ between ranks)."""
