@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..native import require_native
+from ..native import kernels_for
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
@@ -49,8 +49,8 @@ class OneBitCodec(Codec):
 
     def __init__(self, impl: str = "native"):
         super().__init__(impl)
-        if impl == "native":
-            self._C = require_native()
+        if impl != "reference":
+            self._C = kernels_for(impl, self.name)
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
@@ -73,7 +73,7 @@ class OneBitCodec(Codec):
         self._check(tensor, residual)
         cols = onebit_columns(tensor.shape)
         flat = tensor.reshape(-1)
-        if self.impl == "native":
+        if self.uses_kernels:
             res = residual.view(-1) if residual is not None else None
             bits, scales = self._C.onebit_encode(flat.contiguous(), res, cols)
         else:
@@ -103,9 +103,10 @@ class OneBitCodec(Codec):
 
     # -- column windows (two-phase column stripes without copies) -------------------
     def encodes_column_windows(self, tensor: torch.Tensor, width: int) -> bool:
-        """Native CPU kernels read and write a window of >= 2 columns of a contiguous >= 2-D
-        tensor in place; CUDA tensors (no strided kernel yet) and the reference impl do not."""
-        return (self.impl == "native" and tensor.device.type == "cpu" and tensor.dim() >= 2 and width >= 2
+        """The kernels (native: CPU and CUDA tensors; twin: CPU tensors) read and write a window of
+        >= 2 columns of a contiguous >= 2-D tensor in place; the reference impl does not."""
+        devices = ("cpu", "cuda") if self.impl == "native" else ("cpu",)
+        return (self.uses_kernels and tensor.device.type in devices and tensor.dim() >= 2 and width >= 2
                 and tensor.is_contiguous())
 
     def _window(self, tensor: torch.Tensor, start: int, stop: int) -> int:
@@ -113,7 +114,7 @@ class OneBitCodec(Codec):
         if not self.encodes_column_windows(tensor, stop - start) or start < 0 or stop > cols:
             raise ValueError(f"onebit: no column-window kernel for a {tuple(tensor.shape)} {tensor.dtype} tensor on "
                              f"{tensor.device} (contiguous={tensor.is_contiguous()}), window [{start}, {stop}): "
-                             f"native impl, CPU, >= 2-D, contiguous, 2 or more of its {cols} columns")
+                             f"native or twin impl, >= 2-D, contiguous, 2 or more of its {cols} columns")
         return cols
 
     def encode_columns(self, tensor: torch.Tensor, residual: Optional[torch.Tensor], start: int,
@@ -143,7 +144,7 @@ class OneBitCodec(Codec):
         check_fixed(self, payload)
         n, cols = payload.numel, onebit_columns(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
-        if self.impl == "native":
+        if self.uses_kernels:
             flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, self.flat_out(out, payload))
             return flat.view(payload.shape) if out is None else out
         else:
@@ -160,7 +161,7 @@ class OneBitCodec(Codec):
         """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
         intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
         k = check_fixed(self, stacked, stacked=True)
-        if self.impl != "native":
+        if not self.uses_kernels:
             return super().decode_mean_stacked(stacked, scale, out)
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         scale = 1.0 / k if scale is None else scale
