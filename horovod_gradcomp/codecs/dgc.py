@@ -14,8 +14,9 @@ gives an empty payload), with NaN treated as larger than +inf (a NaN is always s
 divergence shows on every rank instead of hiding in a residual). Ties at ``t`` are all
 selected.
 
-* ``impl="native"`` (CPU): magnitudes are compared as integer keys (the bits without the
-  sign). With ``m = min(n, max(ceil(sample * n), 512, ceil(32 / density)))`` samples (at
+* ``impl="native"`` (CPU kernels; on CUDA tensors the device kernels, which ``impl="twin"``
+  runs on the CPU: the same thresholds, paths and payloads, bit for bit): magnitudes are
+  compared as integer keys (the bits without the sign). With ``m = min(n, max(ceil(sample * n), 512, ceil(32 / density)))`` samples (at
   least 32 expected above the threshold), when ``8 * m < n``: draw ``m`` indices with
   replacement from the counter-based stream (sample ``j`` reads index
   ``floor(h_j * n / 2^64)``, ``h_j = mix(K + (j + 1) * G)``, ``K`` the call's
@@ -61,7 +62,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..native import require_native, require_native_device
+from ..native import kernels_for, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import check_float
 from .payload_checks import check_buffers, check_payload_list
@@ -125,8 +126,8 @@ class DGCCodec(CounterStream, Codec):
         #: threshold and path (0/1/2, see the module doc; -1 for the reference) of the last selection
         self.last_threshold: float = math.inf
         self.last_path: int = -1
-        if impl == "native":
-            self._C = require_native()
+        if impl != "reference":
+            self._C = kernels_for(impl, self.name)
 
     def __repr__(self) -> str:
         return (f"DGCCodec(impl={self.impl!r}, density={self.density!r}, sample={self.sample!r}, "
@@ -152,8 +153,9 @@ class DGCCodec(CounterStream, Codec):
         flat = tensor.reshape(-1)
         n = flat.numel()
         k = target_count(n, density)
-        if self.impl == "native":
-            require_native_device(tensor.device, "dgc")
+        if self.uses_kernels:
+            if self.impl == "native":
+                require_native_device(tensor.device, "dgc")
             idx, vals, t, path = self._C.dgc_select(flat.contiguous(), k, sample_count(n, density, self.sample), key)
         else:
             idx, vals, t = reference_select(flat, k)
@@ -175,7 +177,7 @@ class DGCCodec(CounterStream, Codec):
         decoding them back from the payload's index code (for the caller's masking)."""
         idx, vals = self.select(tensor, density=density)
         n = tensor.numel()
-        if self.impl == "native":
+        if self.uses_kernels:
             code = self._C.dgc_index_encode(idx, n)
         else:
             code = reference_index_encode(idx, n)
@@ -184,11 +186,10 @@ class DGCCodec(CounterStream, Codec):
     def accumulate_(self, u: torch.Tensor, v: torch.Tensor, g: torch.Tensor, momentum: float, nesterov: bool,
                     coef: float = 1.0) -> None:
         """DGC's momentum correction in place: ``u <- m u + c g``; ``v <- v + u`` (nesterov:
-        ``v <- v + c g + m u``). One native pass for fp32/fp64 tensors (CPU, and CUDA when
-        ``_C`` has its CUDA kernels), torch ops
-        otherwise; both round every product and sum separately, so they agree bitwise."""
-        native_device = g.device.type == "cpu" or (g.is_cuda and bool(self._C.has_cuda()))
-        if self.impl == "native" and native_device and g.dtype in NATIVE_ACCUMULATE_DTYPES:
+        ``v <- v + c g + m u``). One kernel pass for fp32/fp64 tensors where
+        :func:`accumulate_in_kernels` says so, torch ops otherwise; both round every product and
+        sum separately, so they agree bitwise."""
+        if accumulate_in_kernels(self.impl, g.device.type, g.dtype, lambda: self._C.has_cuda()):
             self._C.dgc_accumulate_(u, v, g.contiguous(), momentum, nesterov, coef)
             return
         g = g if coef == 1.0 else g * coef
@@ -203,7 +204,7 @@ class DGCCodec(CounterStream, Codec):
         numel >= 2^31), strictly increasing (checked)."""
         self._check_payload(payload)
         code, count = payload.buffers["indices"], payload.buffers["values"].numel()
-        if self.impl == "native":
+        if self.uses_kernels:
             return self._C.dgc_index_decode(code, count, payload.numel)
         return reference_index_decode(code, count, payload.numel)
 
@@ -225,7 +226,7 @@ class DGCCodec(CounterStream, Codec):
         first, _ = check_payload_list(self.name, payloads)  # buffers: checked by indices_of below
         scale = 1.0 / len(payloads) if scale is None else float(scale)
         indices = [self.indices_of(p) for p in payloads]
-        if self.impl == "native":
+        if self.uses_kernels:
             flat = self._C.dgc_scatter_sum(indices,
                                            [p.buffers["values"] for p in payloads], first.numel, first.dtype,
                                            scale, self.flat_out(out, first))
@@ -237,6 +238,18 @@ class DGCCodec(CounterStream, Codec):
             acc.index_add_(0, idx.long(), p.buffers["values"].to(acc_dt))
         flat = acc.mul_(scale).to(first.dtype).view(first.shape)
         return flat if out is None else out.copy_(flat)
+
+
+def accumulate_in_kernels(impl: str, device_type: str, dtype: torch.dtype, has_cuda) -> bool:
+    """Whether :meth:`DGCCodec.accumulate_` runs the extension's one-pass kernel (else torch ops):
+    never for impl "reference" or dtypes outside :data:`NATIVE_ACCUMULATE_DTYPES`; always for
+    "twin" (its op refuses tensors off the CPU: no silent fallback); for "native" on CPU tensors,
+    and on CUDA tensors when ``has_cuda()`` (``_C.has_cuda``, called only then) is true."""
+    if impl == "reference" or dtype not in NATIVE_ACCUMULATE_DTYPES:
+        return False
+    if impl == "twin" or device_type == "cpu":
+        return True
+    return device_type == "cuda" and bool(has_cuda())
 
 
 def reference_select(flat: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor, float]:
