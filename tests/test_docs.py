@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -136,3 +137,12 @@ def test_mkdocs_build_strict(tmp_path):
     assert "error_feedback" in api, "the factories' docstrings are missing from the API reference"
     for png in ("results/exchange_k4.png", "results/breakdown_k4.png"):
         assert (site / png).is_file(), f"{png} is not in the site"
+
+
+def test_readme_links_resolve():
+    """The README's relative links point at files that exist (GitHub renders it outside the site)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    targets = [t for t in re.findall(r"\]\(([^)\s]+)\)", text) if not re.match(r"[a-z]+:", t)]
+    assert targets, "no relative links found in README.md"
+    missing = [t for t in targets if not (ROOT / t.split("#")[0]).exists()]
+    assert not missing, f"README.md links to missing files: {missing}"
