@@ -1,23 +1,40 @@
-"""PyTorch DDP rows of ``bench exchange``: DDP with its PowerSGD communication hook (``ddp_powersgd:rank=R``)
-or plain (``ddp``), on the gloo backend, in the same processes and harness run as the Horovod rows.
+"""PyTorch DDP rows of ``bench exchange``, on the gloo backend, in the same processes and harness run
+as the Horovod rows:
+
+* ``ddp``: DDP's own allreduce (fp32); ``ddp_fp16``: its ``fp16_compress_hook``;
+* ``ddp_powersgd:rank=R``: its PowerSGD hook;
+* ``ddp_<codec>[:options]`` (e.g. ``ddp_onebit``, ``ddp_dgc:density=0.001``): this package's hook
+  (``hgc.ddp.register(ddp, codec, **options)``: one exchange per DDP bucket as DDP hands it over;
+  ``per_bucket=False``: one exchange per step).
 
 The ranks Horovod runs on also form a gloo process group (``torch.distributed``, TCP on the
 harness's interface: ``lo`` for the loopback and ``none`` layouts, the rank's ``eth0`` on the
 bridge), created once per process when the first DDP config is measured; Horovod's MPI and
 gloo's sockets do not share anything, and configs run one after another, never at once.
 
-One DDP step is the same as a Horovod row's: ``zero_grad()``, a backward that hands every
-parameter its fixed gradient (the same ``InjectGrads`` function as the Horovod rows, as DDP's
-module output), and ``SGD(lr=1e-9, momentum=0).step()``. The model is ONE DDP bucket
-(``bucket_cap_mb`` above its size: on gloo the PowerSGD hook fails with a collective-size
-mismatch when the model spans several buckets). PowerSGD starts compressing at iteration
-``start_powerSGD_iter = 2`` (the least its error feedback allows); these rows run
-``max(--warmup, 2)`` warm-up steps, so the timed ones all compress.
+Two kinds of step (``--ddp-backward``):
+
+* ``inject`` (default): the same step as a Horovod row's: ``zero_grad()``, a backward that hands
+  every parameter its fixed gradient (the ``InjectGrads`` function, as DDP's module output), and
+  ``SGD(lr=1e-9, momentum=0).step()``; the model is ONE DDP bucket (``bucket_cap_mb`` above its
+  size), so no exchange can overlap backward;
+* ``resnet50``: a real ResNet-50 (:mod:`horovod_gradcomp.bench.resnet`) forward and backward on
+  ``--ddp-batch`` random images of ``--ddp-image`` pixels square and random labels, then the same
+  SGD step; DDP's default buckets (25 MB), no buffer sync in forward, so buckets' exchanges can
+  overlap the rest of backward. PowerSGD alone keeps one bucket: on gloo its hook fails with a
+  collective-size mismatch when the model spans several buckets (its callbacks issue collectives
+  in an order that differs between ranks).
+
+PowerSGD starts compressing at iteration ``start_powerSGD_iter = 2`` (the least its error feedback
+allows); every DDP row runs ``max(--warmup, 2)`` warm-up steps (DDP also rebuilds its buckets after
+the first), so the timed ones all compress.
 
 Bytes per rank per step: for PowerSGD, the ring allreduce of the values its hook counts as
 allreduced (``PowerSGDState.total_numel_after_compression``: its P and Q factors and the tensors
-it leaves uncompressed, fp32) over the timed steps; plain DDP's are COMPUTED from the shapes
-(the ring allreduce of every gradient) and the row says so (``bytes_computed``).
+it leaves uncompressed, fp32) over the timed steps; for this package's hook, its ``stats()``
+(``bytes_sent`` plus the ``padding_bytes`` of variable-size parts); plain DDP's and fp16's are
+COMPUTED from the shapes (the ring allreduce of every gradient at 4 or 2 bytes a value) and the
+row says so (``bytes_computed``).
 """
 from __future__ import annotations
 
@@ -26,12 +43,22 @@ from typing import Sequence
 
 from .timing import timed_steps
 
-NAMES = ("ddp", "ddp_powersgd")
+NAMES = ("ddp", "ddp_fp16", "ddp_powersgd")
 DEFAULT_ROWS = ("ddp_powersgd:rank=1", "ddp_powersgd:rank=4")
+BACKWARDS = ("inject", "resnet50")
+
+
+def hgc_codec(name: str):
+    """The codec of a ``ddp_<codec>`` config (this package's hook), or None."""
+    if not name.startswith("ddp_") or name in NAMES:
+        return None
+    import horovod_gradcomp as hgc
+    codec = name[len("ddp_"):]
+    return codec if codec in hgc.available_codecs() else None
 
 
 def is_ddp(name: str) -> bool:
-    return name in NAMES
+    return name in NAMES or hgc_codec(name) is not None
 
 
 def available() -> bool:
@@ -70,25 +97,16 @@ def close_group() -> None:
         dist.destroy_process_group()
 
 
-def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: str, inject) -> dict:
-    """Measure DDP config ``cfg`` (``ddp`` or ``ddp_powersgd`` with option ``rank``) on this rank:
-    the same result keys as a Horovod config. ValueError for bad options."""
+def _module(backward: str, shapes: Sequence, grads, inject, batch: int, image: int):
+    """(module, step input function) of a DDP row: the injected-gradient module or a ResNet-50."""
     import torch
-    import torch.distributed as dist
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-    from torch.nn.parallel import DistributedDataParallel as DDP
-    from .cost_model import powersgd_factor_bytes
-    from .exchange_bench import LR
-
-    opts = dict(cfg.options)
-    rank = opts.pop("rank", None)
-    if opts or (cfg.name == "ddp" and rank is not None):
-        raise ValueError(f"{cfg.label}: unknown options {sorted(opts) or ['rank']}")
-    if cfg.name == "ddp_powersgd" and (not isinstance(rank, int) or rank < 1):
-        raise ValueError(f"{cfg.label}: ddp_powersgd needs rank=R, an integer >= 1")
-    if cfg.name == "ddp_powersgd":
-        warmup = max(warmup, 2)      # PowerSGD compresses from its iteration 2 on: time only those
-    ensure_group(hvd, net)
+    if backward == "resnet50":
+        from .resnet import resnet50
+        module = resnet50()
+        gen = torch.Generator().manual_seed(1 + torch.distributed.get_rank())
+        x = torch.randn(batch, 3, image, image, generator=gen)
+        y = torch.randint(0, 1000, (batch,), generator=gen)
+        return module, lambda ddp: torch.nn.functional.cross_entropy(ddp(x), y)
 
     class Injected(torch.nn.Module):
         def __init__(self):
@@ -98,25 +116,69 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
         def forward(self):
             return inject.apply(grads, *self.params)
 
-    module = Injected()
-    model_mb = sum(p.numel() * p.element_size() for p in module.parameters()) / 2 ** 20
-    ddp = DDP(module, bucket_cap_mb=2 * model_mb + 1)
+    return Injected(), lambda ddp: ddp()
+
+
+def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: str, inject,
+             backward: str = "inject", batch: int = 8, image: int = 64) -> dict:
+    """Measure DDP config ``cfg`` (see the module doc) on this rank: the same result keys as a
+    Horovod config. ValueError for bad options."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from .cost_model import powersgd_factor_bytes
+    from .exchange_bench import LR
+
+    if backward not in BACKWARDS:
+        raise ValueError(f"--ddp-backward must be one of {BACKWARDS}, got {backward!r}")
+    opts = dict(cfg.options)
+    codec = hgc_codec(cfg.name)
+    rank = None if codec else opts.pop("rank", None)
+    if not codec and (opts or (cfg.name != "ddp_powersgd" and rank is not None)):
+        raise ValueError(f"{cfg.label}: unknown options {sorted(opts) or ['rank']}")
+    if cfg.name == "ddp_powersgd" and (not isinstance(rank, int) or rank < 1):
+        raise ValueError(f"{cfg.label}: ddp_powersgd needs rank=R, an integer >= 1")
+    warmup = max(warmup, 2)      # PowerSGD compresses from its iteration 2 on; DDP rebuilds buckets after 1
+    ensure_group(hvd, net)
+    module, loss = _module(backward, shapes, grads, inject, batch, image)
+    params = list(module.parameters())
+    model_mb = sum(p.numel() * p.element_size() for p in params) / 2 ** 20
+    one_bucket = backward == "inject" or cfg.name == "ddp_powersgd"
+    cap = 2 * model_mb + 1 if one_bucket else 25
+    import inspect                   # no buffer sync in forward (the flag was renamed in torch 2.13)
+    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
+               else "broadcast_buffers")
+    ddp = DDP(module, bucket_cap_mb=cap, **{no_sync: False})
     k = dist.get_world_size()
     ring = 2.0 * (k - 1) / k if k > 1 else 0.0
-    dense = ring * 4 * sum(p.numel() for p in module.parameters())
+    numel = sum(p.numel() for p in params)
+    dense = ring * 4 * numel
+    sent, where = dense, f"DDP(bucket_cap_mb={cap:.0f}"
+    where += ", ResNet-50 forward+backward on %dx3x%dx%d)" % (batch, image, image) if backward == "resnet50" else ")"
+    state = None
     if cfg.name == "ddp_powersgd":
         state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank, start_powerSGD_iter=2)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-        sent = ring * powersgd_factor_bytes(shapes, rank)    # replaced by the hook's own count below
-        factory = f"DDP(bucket_cap_mb={2 * model_mb + 1:.0f}) + powerSGD_hook(rank={rank}), gloo"
+        sent = ring * powersgd_factor_bytes([tuple(p.shape) for p in params], rank)   # replaced below
+        factory = f"{where} + powerSGD_hook(rank={rank}), gloo"
+    elif cfg.name == "ddp_fp16":
+        ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        sent = ring * 2 * numel
+        factory = f"{where} + fp16_compress_hook, gloo"
+    elif codec:
+        import horovod_gradcomp as hgc
+        state = hgc.ddp.register(ddp, codec, **opts)
+        factory = (f"{where} + hgc.ddp.register({codec!r}{''.join(f', {k}={v!r}' for k, v in opts.items())}), "
+                   f"gloo, {'per bucket' if state.per_bucket else 'one exchange per step'}")
     else:
-        sent = dense
-        factory = f"DDP(bucket_cap_mb={2 * model_mb + 1:.0f}), gloo"
-    opt = torch.optim.SGD(module.parameters(), lr=LR, momentum=0.0)
+        factory = f"{where}, gloo"
+    opt = torch.optim.SGD(params, lr=LR, momentum=0.0)
 
     def step():
         opt.zero_grad()
-        ddp().backward()
+        loss(ddp).backward()
         opt.step()
 
     for _ in range(warmup):
@@ -126,11 +188,18 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
                            f"(it compresses from {state.start_powerSGD_iter}): the timed steps would not compress")
     dist.barrier()
     counted0 = state.total_numel_after_compression if cfg.name == "ddp_powersgd" else 0
+    before = state.stats() if codec else None
     out = dict(timed_steps(step, steps), factory=factory, bytes_sent=sent, bytes_dense=dense, bytes_computed=True)
     if cfg.name == "ddp_powersgd":   # the hook's own count of the values it allreduced (fp32)
         out["bytes_sent"] = ring * 4 * (state.total_numel_after_compression - counted0) / steps
         out["bytes_computed"] = False
+    elif codec:                      # the hook's own counts, padding of variable-size parts included
+        after = state.stats()
+        out["bytes_sent"] = (after["bytes_sent"] - before["bytes_sent"]
+                             + after["padding_bytes"] - before["padding_bytes"]) / steps
+        out["bytes_dense"] = (after["bytes_dense"] - before["bytes_dense"]) / steps
+        out["bytes_computed"] = False
     return out
 
 
-__all__ = ["NAMES", "DEFAULT_ROWS", "available", "ensure_group", "is_ddp", "time_ddp"]
+__all__ = ["BACKWARDS", "NAMES", "DEFAULT_ROWS", "available", "ensure_group", "hgc_codec", "is_ddp", "time_ddp"]

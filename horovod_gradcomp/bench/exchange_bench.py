@@ -25,9 +25,14 @@ Configs (``--configs``, comma-separated; options ``name:key=value,key=value``):
   tested every SECONDS with sleeps in between: the waiting rank leaves the core to others);
 * ``local``: the same step with a plain ``torch.optim.SGD`` and no communication (the
   compute-only step; ``--breakdown`` adds it first);
-* ``ddp_powersgd:rank=R`` and ``ddp``: PyTorch DDP with its PowerSGD hook (or plain), on
-  gloo, in the same processes and harness run (:mod:`horovod_gradcomp.bench.ddp_rows`); the
-  default list ends with ``ddp_powersgd:rank=1`` and ``ddp_powersgd:rank=4``.
+* ``ddp``, ``ddp_fp16``, ``ddp_powersgd:rank=R``: PyTorch DDP with its own allreduce, its fp16
+  hook or its PowerSGD hook, and ``ddp_<codec>[:options]`` (``ddp_onebit``, ``ddp_dgc:density=0.001``,
+  ``ddp_onebit:per_bucket=False``): DDP with this package's hook (``hgc.ddp.register``), on gloo,
+  in the same processes and harness run (:mod:`horovod_gradcomp.bench.ddp_rows`); the default
+  list ends with ``ddp_powersgd:rank=1`` and ``ddp_powersgd:rank=4``. ``--ddp-backward resnet50``
+  gives the DDP rows a real ResNet-50 forward and backward (``--ddp-batch`` images of
+  ``--ddp-image`` pixels), so that buckets' exchanges can overlap backward; the default
+  (``inject``) is the Horovod rows' injected gradients.
 
 ``--breakdown PREFIX`` records every timed step's phases (:mod:`horovod_gradcomp.bench.breakdown`)
 and writes ``PREFIX.json`` and ``PREFIX.png``.
@@ -240,7 +245,7 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
     return out
 
 
-def _try_time(hvd, cfg, shapes, grads, steps, warmup, record=False, net="none") -> dict:
+def _try_time(hvd, cfg, shapes, grads, steps, warmup, record=False, net="none", ddp_step=None) -> dict:
     """:func:`time_config`, or ``{"error": ...}`` when the config is rejected. The decision is
     made identically on every rank (it depends on the config, not on data)."""
     try:
@@ -248,7 +253,8 @@ def _try_time(hvd, cfg, shapes, grads, steps, warmup, record=False, net="none") 
             from .breakdown import time_local
             return time_local(cfg, shapes, grads, steps, warmup, _inject_grads_function())
         if ddp_rows.is_ddp(cfg.name):
-            return ddp_rows.time_ddp(hvd, cfg, shapes, grads, steps, warmup, net, _inject_grads_function())
+            return ddp_rows.time_ddp(hvd, cfg, shapes, grads, steps, warmup, net, _inject_grads_function(),
+                                     **(ddp_step or {}))
         return time_config(hvd, cfg, shapes, grads, steps, warmup, record)
     except (TypeError, ValueError) as exc:
         return {"error": f"{type(exc).__name__}: {exc}"}
@@ -293,9 +299,10 @@ def link_ms(bytes_per_rank: float, k: int, net: str, bits_per_s: Optional[float]
 
 
 def measure(configs: Sequence[Config], shapes: Sequence[Shape], steps: int, warmup: int, net: str,
-            rate: Optional[str], log=None, record: bool = False) -> List[dict]:
+            rate: Optional[str], log=None, record: bool = False, ddp_step: Optional[dict] = None) -> List[dict]:
     """Run on every rank (Horovod initialized here): measure each config in turn; every
-    rank returns the same rows."""
+    rank returns the same rows. ``ddp_step``: keyword options of the DDP rows' step
+    (``backward``, ``batch``, ``image``: :func:`~horovod_gradcomp.bench.ddp_rows.time_ddp`)."""
     import horovod.torch as hvd
     hvd.init()
     k, rank = hvd.size(), hvd.rank()
@@ -307,8 +314,10 @@ def measure(configs: Sequence[Config], shapes: Sequence[Shape], steps: int, warm
     hvd.barrier()
     rows = []
     for cfg in configs:
-        mine = _try_time(hvd, cfg, shapes, grads, steps, warmup, record, net)
+        mine = _try_time(hvd, cfg, shapes, grads, steps, warmup, record, net, ddp_step)
         row = summarize(cfg, hvd.allgather_object(mine), k, numel, net, rate, steps, warmup)
+        if ddp_rows.is_ddp(cfg.name) and ddp_step:
+            row["ddp_step"] = dict(ddp_step)
         rows.append(row)
         if log and rank == 0:
             log(format_row_brief(row))
@@ -403,7 +412,9 @@ def worker_argv(args: argparse.Namespace, configs: Sequence[str], rate: Optional
     """The command each rank runs for one harness run (the same bench, measuring in place)."""
     argv = [sys.executable, "-m", "horovod_gradcomp.bench", COMMAND, "--worker", "--configs", ",".join(configs),
             "--steps", str(args.steps), "--warmup", str(args.warmup), "--shapes", args.shapes,
-            "--net", args.net, "--json", json_path] + (["--record"] if args.breakdown else [])
+            "--net", args.net, "--json", json_path, "--ddp-backward", args.ddp_backward,
+            "--ddp-batch", str(args.ddp_batch), "--ddp-image", str(args.ddp_image)] + (
+                ["--record"] if args.breakdown else [])
     return argv + (["--rates", rate] if rate else [])
 
 
@@ -438,7 +449,8 @@ def run_in_place(args: argparse.Namespace, configs: Sequence[str]) -> Optional[L
         raise ValueError("under mpirun, --rates can only label the run with one rate")
     rows = measure([parse_config(c) for c in configs], _shapes(args.shapes), args.steps, args.warmup,
                    args.net or "none", rates[0] if rates else None, log=_log,
-                   record=bool(args.record or args.breakdown))
+                   record=bool(args.record or args.breakdown),
+                   ddp_step=dict(backward=args.ddp_backward, batch=args.ddp_batch, image=args.ddp_image))
     import horovod.torch as hvd
     return rows if hvd.rank() == 0 else None
 
@@ -483,6 +495,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rates", default=None,
                         help="comma-separated link rates, one harness run each (default 1gbit,10gbit; "
                              "none with --net none); under mpirun: one rate, a label")
+    parser.add_argument("--ddp-backward", choices=ddp_rows.BACKWARDS, default="inject",
+                        help="the DDP rows' backward: the injected gradients of the Horovod rows (one bucket), or a "
+                             "real ResNet-50 forward and backward (DDP's buckets; see bench/ddp_rows.py)")
+    parser.add_argument("--ddp-batch", type=int, default=8, help="images per rank per step, --ddp-backward resnet50 (8)")
+    parser.add_argument("--ddp-image", type=int, default=64, help="image side in pixels, --ddp-backward resnet50 (64)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds allowed per harness run (1800)")
     parser.add_argument("--json", default=None, metavar="PATH", help="write the rows as a JSON list")
     parser.add_argument("--plot", default=None, metavar="PATH", help="write a PNG: ms/step vs rate per config")
