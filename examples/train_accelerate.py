@@ -8,9 +8,9 @@ Run (2 CPU processes, gloo, 1-bit SGD with error feedback):
 (no GPU: Accelerate then runs the processes on the CPU over gloo; ``torchrun --nproc_per_node 2``
 works as well). ``--codec none``: DDP's dense allreduce, no hook; any name of
 ``hgc.available_codecs()``: ``horovod_gradcomp.integrations.accelerate.register`` on the
-prepared model; ``--codec-opt KEY=VALUE`` passes options to the codec. ``--save DIR`` runs
-``accelerator.save_state(DIR)`` at the end (with every rank's compression state);
-``--resume DIR`` loads it and continues up to ``--epochs``. With ``--json`` rank 0 prints one
+prepared model; ``--codec-opt KEY=VALUE`` passes options to the codec. ``--ckpt-dir DIR`` runs
+``accelerator.save_state(DIR/epoch_E)`` after every epoch E (with every rank's compression
+state); ``--resume DIR/epoch_E`` loads one and continues up to ``--epochs``. With ``--json`` rank 0 prints one
 JSON object as its last line; the exit status is 3 if parameters differ across ranks.
 """
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import ast
 import json
+import os
 import sys
 import time
 
@@ -58,7 +59,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
-    p.add_argument("--save", metavar="DIR", help="accelerator.save_state(DIR) at the end")
+    p.add_argument("--ckpt-dir", metavar="DIR", help="accelerator.save_state(DIR/epoch_E) after every epoch")
     p.add_argument("--resume", metavar="DIR", help="accelerator.load_state(DIR), then continue")
     p.add_argument("--json", action="store_true", help="rank 0 prints a JSON summary as its last line")
     args = p.parse_args(argv)
@@ -112,9 +113,9 @@ def main(argv=None):
             optimizer.step()
             steps += 1
         progress.epoch = epoch + 1
+        if args.ckpt_dir:  # every process calls it; rank 0 writes
+            accelerator.save_state(os.path.join(args.ckpt_dir, f"epoch_{progress.epoch}"))
     seconds = time.perf_counter() - t0
-    if args.save:
-        accelerator.save_state(args.save)  # every process calls it; rank 0 writes
 
     net = accelerator.unwrap_model(model)
     digests = gather_object([params_digest(net)])

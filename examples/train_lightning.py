@@ -7,8 +7,9 @@ Run (2 CPU processes, gloo, 1-bit SGD with error feedback):
 ``--codec none`` trains with Lightning's plain ``strategy="ddp"`` (DDP's dense allreduce);
 any name of ``hgc.available_codecs()`` uses
 ``horovod_gradcomp.integrations.lightning.CompressedDDPStrategy``; ``--codec-opt KEY=VALUE``
-passes options to the codec. ``--save CKPT`` writes a checkpoint at the end (with every
-rank's compression state); ``--resume CKPT`` continues from one up to ``--epochs``.
+passes options to the codec. ``--ckpt-dir DIR``: Lightning's ``ModelCheckpoint`` writes
+``DIR/epoch=E.ckpt`` after every epoch (with every rank's compression state);
+``--resume CKPT`` continues from one up to ``--epochs``.
 Lightning starts the second process itself (it re-runs this script). With ``--json`` rank 0
 prints one JSON object as its last line; the exit status is 3 if parameters differ across ranks.
 """
@@ -21,6 +22,7 @@ import sys
 import time
 
 import lightning as L
+from lightning.pytorch.callbacks import ModelCheckpoint
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -64,7 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per process")
-    p.add_argument("--save", metavar="CKPT", help="write a checkpoint here at the end")
+    p.add_argument("--ckpt-dir", metavar="DIR", help="a checkpoint per epoch here (ModelCheckpoint)")
     p.add_argument("--resume", metavar="CKPT", help="continue from this checkpoint")
     p.add_argument("--json", action="store_true", help="rank 0 prints a JSON summary as its last line")
     args = p.parse_args(argv)
@@ -100,14 +102,13 @@ def main(argv=None):
             momentum = 0.0
         strategy = CompressedDDPStrategy(args.codec, codec_options=options)
     model = DigitsMLP(args.hidden, args.lr, momentum)
+    callbacks = [ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}", save_top_k=-1)] if args.ckpt_dir else []
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.epochs,
-                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False)
+                        logger=False, callbacks=callbacks, enable_checkpointing=bool(callbacks),
+                        enable_progress_bar=False, enable_model_summary=False)
     t0 = time.perf_counter()
     trainer.fit(model, loader, ckpt_path=args.resume)
     seconds = time.perf_counter() - t0
-    if args.save:
-        trainer.save_checkpoint(args.save)  # every rank calls it; rank 0 writes
 
     state = getattr(trainer.strategy, "compression_state", None)
     stats = state.stats() if state is not None else {}

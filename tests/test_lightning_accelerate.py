@@ -2,12 +2,13 @@
 
 For each: the digits example trains with onebit to the accuracy of dense DDP in the same
 test, with the hook run at every optimizer step and bitwise identical parameters on every
-rank; a run checkpointed halfway and resumed ends with bitwise the parameters of the
-uninterrupted run, and does not when the checkpoint's compression state is dropped (so the
-state is what makes it equal). Plus the integrations' argument and state checks in-process.
+rank; resumed from the checkpoint that run wrote halfway, it ends with bitwise the
+parameters of the uninterrupted run, and does not when the checkpoint's compression state is
+dropped (so the state is what makes it equal). Plus the integrations' argument and state checks in-process.
 """
 from __future__ import annotations
 
+import shutil
 import socket
 import sys
 
@@ -39,15 +40,19 @@ def accelerate(*args: str) -> dict:
     return last_json(run(cmd, TIMEOUT))
 
 
-_runs: dict = {}
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory) -> dict:
+    """onebit for EPOCHS epochs with a checkpoint per epoch, and dense DDP for EPOCHS epochs."""
+    ckpt = tmp_path_factory.mktemp("lightning")
+    return {"codec": lightning("--codec", "onebit", "--epochs", str(EPOCHS), "--ckpt-dir", str(ckpt)),
+            "dense": lightning("--codec", "none", "--epochs", str(EPOCHS)), "ckpt": ckpt}
 
 
-def once(launch, *args: str) -> dict:
-    """A launch shared by the tests that need the same run."""
-    key = (launch.__name__, args)
-    if key not in _runs:
-        _runs[key] = launch(*args)
-    return _runs[key]
+@pytest.fixture(scope="module")
+def accelerate_runs(tmp_path_factory) -> dict:
+    ckpt = tmp_path_factory.mktemp("accelerate")
+    return {"codec": accelerate("--codec", "onebit", "--epochs", str(EPOCHS), "--ckpt-dir", str(ckpt)),
+            "dense": accelerate("--codec", "none", "--epochs", str(EPOCHS)), "ckpt": ckpt}
 
 
 def check_codec_vs_dense(codec: dict, dense: dict, steps_key: str) -> None:
@@ -91,21 +96,19 @@ def _tensors(obj):
 
 # -- Lightning ----------------------------------------------------------------------------------
 
-def test_lightning_onebit_trains_like_dense_ddp():
-    check_codec_vs_dense(once(lightning, "--codec", "onebit", "--epochs", str(EPOCHS)),
-                         once(lightning, "--codec", "none", "--epochs", str(EPOCHS)), "global_step")
+def test_lightning_onebit_trains_like_dense_ddp(lightning_runs):
+    check_codec_vs_dense(lightning_runs["codec"], lightning_runs["dense"], "global_step")
 
 
-def test_lightning_resume_continues_from_the_compression_state(tmp_path):
-    straight = once(lightning, "--codec", "onebit", "--epochs", str(EPOCHS))
-    ckpt = tmp_path / "half.ckpt"
-    half = lightning("--codec", "onebit", "--epochs", str(HALF), "--save", str(ckpt))
-    assert half["epochs"] == HALF and half["params_digest"] != straight["params_digest"], half
+def test_lightning_resume_continues_from_the_compression_state(lightning_runs, tmp_path):
+    straight = lightning_runs["codec"]
+    ckpt = lightning_runs["ckpt"] / f"epoch={HALF - 1}.ckpt"  # ModelCheckpoint's, after HALF epochs
     saved = torch.load(ckpt, weights_only=False)
     check_job_state(saved["hgc_compression"])
 
     resumed = lightning("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(ckpt))
     assert resumed["epochs"] == EPOCHS and resumed["global_step"] == straight["global_step"], resumed
+    assert resumed["hook_steps"] == straight["global_step"] * (EPOCHS - HALF) // EPOCHS, resumed
     assert resumed["params_identical"] is True
     assert resumed["params_digest"] == straight["params_digest"], (resumed, straight)
 
@@ -115,6 +118,29 @@ def test_lightning_resume_continues_from_the_compression_state(tmp_path):
     fresh = lightning("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(tmp_path / "no_state.ckpt"))
     assert fresh["params_identical"] is True and fresh["global_step"] == straight["global_step"], fresh
     assert fresh["params_digest"] != straight["params_digest"]
+
+
+def test_lightning_dgc_warmup_follows_the_epochs(tmp_path):
+    """DGC (one exchange per step, its own momentum) through the strategy: the strategy tells the
+    compression each epoch (its density warm-up counts epochs), as the checkpoints record."""
+    dgc = lightning("--codec", "dgc", "--epochs", str(EPOCHS), "--ckpt-dir", str(tmp_path))
+    assert dgc["params_identical"] is True and dgc["hook_steps"] == dgc["global_step"] > 0, dgc
+    assert dgc["test_accuracy"] > 0.9, dgc
+    for epoch in range(EPOCHS):
+        job = torch.load(tmp_path / f"epoch={epoch}.ckpt", weights_only=False)["hgc_compression"]
+        assert [_find(s, "epoch") for s in job["ranks"]] == [epoch, epoch], epoch
+
+
+def _find(obj, key):
+    """The first value under ``key`` in nested dicts (depth first), or None."""
+    if isinstance(obj, dict):
+        if key in obj:
+            return obj[key]
+        for v in obj.values():
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
 
 
 def test_lightning_strategy_checks_its_arguments():
@@ -131,30 +157,29 @@ def test_lightning_strategy_checks_its_arguments():
 
 # -- Accelerate ---------------------------------------------------------------------------------
 
-def test_accelerate_onebit_trains_like_dense_ddp():
-    codec = once(accelerate, "--codec", "onebit", "--epochs", str(EPOCHS))
+def test_accelerate_onebit_trains_like_dense_ddp(accelerate_runs):
+    codec = accelerate_runs["codec"]
     assert codec["distributed_type"] == "DistributedType.MULTI_CPU", codec
-    check_codec_vs_dense(codec, once(accelerate, "--codec", "none", "--epochs", str(EPOCHS)), "steps")
+    check_codec_vs_dense(codec, accelerate_runs["dense"], "steps")
 
 
-def test_accelerate_resume_continues_from_the_compression_state(tmp_path):
-    straight = once(accelerate, "--codec", "onebit", "--epochs", str(EPOCHS))
-    ckpt = tmp_path / "half"
-    half = accelerate("--codec", "onebit", "--epochs", str(HALF), "--save", str(ckpt))
-    assert half["epochs"] == HALF and half["params_digest"] != straight["params_digest"], half
+def test_accelerate_resume_continues_from_the_compression_state(accelerate_runs, tmp_path):
+    straight = accelerate_runs["codec"]
+    ckpt = accelerate_runs["ckpt"] / f"epoch_{HALF}"
     # custom_checkpoint_0: the example's epoch counter; _1: the compression state (registered second).
-    state_file = ckpt / "custom_checkpoint_1.pkl"
-    job = torch.load(state_file, weights_only=False)
+    job = torch.load(ckpt / "custom_checkpoint_1.pkl", weights_only=False)
     check_job_state(job)
 
     resumed = accelerate("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(ckpt))
-    assert resumed["epochs"] == EPOCHS and resumed["steps"] + half["steps"] == straight["steps"], resumed
+    assert resumed["epochs"] == EPOCHS and resumed["steps"] == straight["steps"] * (EPOCHS - HALF) // EPOCHS, resumed
     assert resumed["params_identical"] is True
     assert resumed["params_digest"] == straight["params_digest"], (resumed, straight)
 
     # Residuals zeroed in the checkpoint (a fresh state): the resumed run ends elsewhere.
-    torch.save(zero_floats(job), state_file)
-    fresh = accelerate("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(ckpt))
+    fresh_ckpt = tmp_path / "fresh"
+    shutil.copytree(ckpt, fresh_ckpt)
+    torch.save(zero_floats(job), fresh_ckpt / "custom_checkpoint_1.pkl")
+    fresh = accelerate("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(fresh_ckpt))
     assert fresh["params_identical"] is True
     assert fresh["params_digest"] != straight["params_digest"]
 
