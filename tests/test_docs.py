@@ -132,8 +132,12 @@ def test_mkdocs_build_strict(tmp_path):
                           text=True, timeout=280)
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
     # the API reference was generated from the docstrings, not left as ::: lines
+    pages_ = sorted((site / "reference").rglob("index.html"))
+    assert len(pages_) >= 5, pages_
+    for page in pages_:
+        assert ":::" not in page.read_text(encoding="utf-8"), f"{page}: an API entry was not rendered"
     api = (site / "reference" / "compression" / "index.html").read_text(encoding="utf-8")
-    assert "CodecCompression" in api and ":::" not in api
+    assert "CodecCompression" in api
     assert "error_feedback" in api, "the factories' docstrings are missing from the API reference"
     for png in ("results/exchange_k4.png", "results/breakdown_k4.png"):
         assert (site / png).is_file(), f"{png} is not in the site"
