@@ -13,6 +13,11 @@ packed payload cannot be summed by Horovod, so:
    encoded (error feedback or DGC state), exchanged and decoded.
 3. Each ``decompress`` returns its tensor's mean over ranks times the reduced placeholder:
    1 for ``op=hvd.Average``, K for ``op=hvd.Sum``.
+
+Sparse gradients: with ``sparse_as_dense=False`` Horovod allgathers them itself, never calls
+``compress`` for them and then calls ``decompress(x, None)``, which returns ``x`` untouched.
+With ``sparse_as_dense=True`` Horovod compresses the dense copy ``p.grad.to_dense()``, which
+is no parameter's ``.grad``: its name is the parameter of the calling hook.
 """
 from __future__ import annotations
 
@@ -26,7 +31,7 @@ from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
-from .options_check import calling_optimizer, check_dense, check_horovod_options, reduction_of
+from .options_check import calling_optimizer, calling_parameter, check_dense, check_horovod_options, reduction_of
 from .param_index import ParamIndex
 
 
@@ -84,12 +89,16 @@ class CodecCompression:
                 self.state.memory.set_reduction(reduction_of(optimizer))
             self._options_checked = True
         check_dense(tensor, f"Compression.{self.codec.name}")
-        name = self.index.name_of(tensor)
+        name = self.index.name_of(tensor, lambda: calling_parameter(self))
         self.engine.submit(name, tensor)  # the mean is later written back into this buffer
         return torch.ones(1, dtype=torch.float32, device=tensor.device), name
 
-    def decompress(self, output: torch.Tensor, name: str) -> torch.Tensor:
-        """The mean over ranks of ``name``'s decoded payloads, scaled as Horovod's op asks."""
+    def decompress(self, output: torch.Tensor, name: Optional[str]) -> torch.Tensor:
+        """The mean over ranks of ``name``'s decoded payloads, scaled as Horovod's op asks;
+        ``output`` itself when ``name`` is None (a sparse gradient that Horovod exchanged by
+        allgather without compressing it)."""
+        if name is None:
+            return output
         if self.engine.pending:  # the first decompress of the step: every compress is in, flush
             self._results = self.engine.finish()
             self.index.end_step()

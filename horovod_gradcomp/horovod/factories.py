@@ -10,11 +10,16 @@ Interactions with DistributedOptimizer's other options:
   ``compress`` once on the sum; nothing special here.
 * ``op=hvd.Average`` gives the mean, ``op=hvd.Sum`` the sum; ``gradient_predivide_factor``
   cancels out as it does for dense gradients.
-* ``op=hvd.Adasum`` and sparse gradients (``sparse_as_dense`` included) are refused at the
-  first ``compress`` with an :class:`~horovod_gradcomp.horovod.options_check.UnsupportedHorovodOption`
-  naming the option; ``groups`` works (grouped allreduce of placeholders); ``process_set``:
-  pass the same set to the factory (``process_set=``), whose exchange then runs on the set's
-  ranks through Horovod (a set the optimizer uses but the factory was not given is refused).
+* ``op=hvd.Adasum`` is refused at the first ``compress`` with an
+  :class:`~horovod_gradcomp.horovod.options_check.UnsupportedHorovodOption`; ``groups`` works
+  (grouped allreduce of placeholders).
+* sparse gradients: with ``sparse_as_dense=False`` Horovod allgathers them itself and the
+  compression returns them untouched; with ``sparse_as_dense=True`` their dense copy is
+  compressed like any gradient.
+* ``process_set``: pass the same set to the factory (``process_set=``, every factory takes
+  it), whose exchange then runs on the set's ranks through Horovod; on ranks outside the set
+  the compression is inert, as the optimizer is (a set the optimizer uses but the factory
+  was not given is refused).
 """
 from __future__ import annotations
 
@@ -42,14 +47,23 @@ class Compression:
     """Factories for ``hvd.DistributedOptimizer(..., compression=...)``."""
 
     @staticmethod
-    def none(named_parameters: Optional[NamedParameters] = None) -> DenseCompression:
-        """Horovod's plain fp32 allreduce, with stats."""
-        return DenseCompression(None)
+    def none(named_parameters: Optional[NamedParameters] = None, *, transport: str = "auto", process_set=None,
+             timeout: Optional[float] = None) -> DenseCompression:
+        """Horovod's plain fp32 allreduce, with stats. ``process_set``: the set the optimizer
+        reduces over (its ranks are counted in ``stats()``; inert outside it). ``transport`` is
+        checked as the codecs' is; the allreduce is Horovod's own whatever it says."""
+        return Compression._dense(None, "none", transport, process_set, timeout)
 
     @staticmethod
-    def fp16(named_parameters: Optional[NamedParameters] = None) -> DenseCompression:
-        """Horovod's allreduce in fp16, with stats."""
-        return DenseCompression(torch.float16)
+    def fp16(named_parameters: Optional[NamedParameters] = None, *, transport: str = "auto", process_set=None,
+             timeout: Optional[float] = None) -> DenseCompression:
+        """Horovod's allreduce in fp16, with stats (options as :meth:`none`)."""
+        return Compression._dense(torch.float16, "fp16", transport, process_set, timeout)
+
+    @staticmethod
+    def _dense(wire_dtype, name: str, transport: str, process_set, timeout) -> DenseCompression:
+        select_communicator(transport, process_set, owner=f"Compression.{name}")  # the same checks as the codecs
+        return DenseCompression(wire_dtype, process_set=process_set, timeout=timeout)
 
     @staticmethod
     def codec(name: str, named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, memory=None,

@@ -7,7 +7,8 @@
 * ``op=hvd.Adasum``: not a linear reduction of gradients; the codecs exchange means.
 * a ``process_set`` other than the global one that the compression was not built for (pass
   the same ``process_set=`` to the factory: its exchange then runs on the set's ranks).
-* sparse gradients (``sparse_as_dense=True`` too): a sparse gradient has no dense payload.
+* a sparse tensor handed to ``compress`` (Horovod hands it only the dense copy, with
+  ``sparse_as_dense=True``; a sparse gradient it allgathers itself never reaches ``compress``).
 
 ``op=hvd.Sum`` and ``gradient_predivide_factor`` work (the placeholder that Horovod reduces
 carries the scaling); ``backward_passes_per_step`` and ``groups`` need nothing special.
@@ -55,6 +56,21 @@ def check_horovod_options(optimizer, owner: str, communicator=None) -> None:
                 "hgc.Compression factory")
 
 
+def calling_parameter(compression, depth: int = 6) -> Optional[torch.Tensor]:
+    """The parameter ``p`` of the Horovod optimizer method that called ``compression.compress``
+    (``_allreduce_grad_async(self, p)``), if any."""
+    frame = sys._getframe(2)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if owner is not None and getattr(owner, "_compression", None) is compression:
+            p = frame.f_locals.get("p")
+            return p if isinstance(p, torch.Tensor) else None
+        frame = frame.f_back
+    return None
+
+
 def reduction_of(optimizer) -> str:
     """"sum" when the calling Horovod optimizer sums (``op=hvd.Sum``), else "mean"."""
     if optimizer is None:
@@ -66,5 +82,6 @@ def reduction_of(optimizer) -> str:
 def check_dense(tensor: torch.Tensor, owner: str) -> None:
     """Raise :class:`UnsupportedHorovodOption` for a sparse gradient."""
     if tensor.is_sparse:
-        raise UnsupportedHorovodOption(f"{owner}: sparse gradients are not supported (no codec encodes them); use "
-                                       "dense embeddings (sparse=False)")
+        raise UnsupportedHorovodOption(f"{owner}: compress() received a sparse tensor (no codec encodes one): use "
+                                       "sparse_as_dense=True (the dense copy is compressed) or the default "
+                                       "sparse_as_dense=False (Horovod allgathers sparse gradients itself)")

@@ -2,11 +2,13 @@
 
 Horovod hands ``compress`` the tensor ``p.grad`` and nothing else. The index answers
 ``name_of(tensor)`` by identity (``p.grad is tensor``), trying first the parameter that
-followed the previous one in the last step (hooks fire in a steady order), then all.
+followed the previous one in the last step (hooks fire in a steady order), then all. The one
+tensor that is no parameter's ``.grad`` is the dense copy of a sparse gradient
+(``sparse_as_dense=True``): it is named by the parameter of the calling hook.
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 import torch
 
@@ -30,24 +32,38 @@ class ParamIndex:
         self._successor: Dict[int, int] = {}
         self._last = -1
 
-    def name_of(self, tensor: torch.Tensor) -> str:
+    def name_of(self, tensor: torch.Tensor, caller: Optional[Callable[[], Optional[torch.Tensor]]] = None) -> str:
+        """The name of the parameter whose gradient ``tensor`` is. ``caller()``, asked only when
+        ``tensor`` is no parameter's ``.grad``, gives the parameter whose hook is compressing
+        (or None): its dense copy of a sparse gradient is accepted. Raises LookupError otherwise."""
         guess = self._successor.get(self._last)
         if guess is not None and self.params[guess].grad is tensor:
             i = guess
         else:
             i = next((j for j, p in enumerate(self.params) if p.grad is tensor), None)
             if i is None:
-                if any(p.grad is not None and p.grad.is_sparse and p.shape == tensor.shape for p in self.params):
-                    raise LookupError(f"{self.owner}: sparse gradients are not supported, sparse_as_dense=True "
-                                      "included (the dense copy is not any parameter's .grad); use dense "
-                                      "embeddings (sparse=False)")
-                raise LookupError(
-                    f"{self.owner}: compress() received a tensor that is not the .grad of any parameter given to it "
-                    f"(shape {tuple(tensor.shape)}). Pass the same model.named_parameters() to the compression and to "
-                    "hvd.DistributedOptimizer; sparse gradients (sparse_as_dense=True) are not supported.")
+                i = self._dense_copy_of_sparse(tensor, caller() if caller is not None else None)
             self._successor[self._last] = i
         self._last = i
         return self.names[i]
+
+    def _dense_copy_of_sparse(self, tensor: torch.Tensor, param: Optional[torch.Tensor]) -> int:
+        """The index of the parameter whose sparse gradient ``tensor`` is the dense copy of:
+        ``param`` when it is one of ours, else the only parameter with a sparse gradient of
+        ``tensor``'s shape."""
+        def fits(p):
+            return p.grad is not None and p.grad.is_sparse and p.shape == tensor.shape
+        if param is not None:
+            i = next((j for j, p in enumerate(self.params) if p is param), None)
+            if i is not None and fits(param):
+                return i
+        candidates = [j for j, p in enumerate(self.params) if fits(p)]
+        if len(candidates) == 1:
+            return candidates[0]
+        raise LookupError(
+            f"{self.owner}: compress() received a tensor that is not the .grad of any parameter given to it "
+            f"(shape {tuple(tensor.shape)}){' nor the dense copy of one sparse gradient' if candidates else ''}. "
+            "Pass the same model.named_parameters() to the compression and to hvd.DistributedOptimizer.")
 
     def end_step(self) -> None:
         """Forget the position in the hook order (called after each exchange)."""
