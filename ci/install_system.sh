@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # Installs the system packages horovod_gradcomp needs: Open MPI (runtime and headers,
 # from Debian's packages), cmake (Horovod's Gloo build) and iproute2 (network namespaces
-# for the slow-network bench), clang and LLVM's OpenMP runtime (the ThreadSanitizer run of
+# for the slow-network bench), clang with its sanitizer runtimes and LLVM's OpenMP runtime (the ThreadSanitizer run of
 # the device kernels' OpenMP twin: libomp's Archer tells TSan about OpenMP's synchronization).
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
 
-pkgs=(libopenmpi-dev openmpi-bin cmake iproute2 clang libomp-dev)
+pkgs=(libopenmpi-dev openmpi-bin cmake iproute2 clang libomp-dev libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
