@@ -84,6 +84,8 @@ def _exit_on_stall(message: str) -> None:
 
 
 _WATCHDOG: Optional[StallWatchdog] = None
+#: The sequencer thread ends after this many idle seconds (and starts again with the next bucket).
+_IDLE_S = 2.0
 _warned_one_exchange = False
 
 
@@ -147,6 +149,7 @@ class DDPCompressionState:
         self._active: Optional[_Running] = None  # the job allowed to issue collectives
         self._thread: Optional[threading.Thread] = None
         self._lock = threading.Lock()
+        self._open: List[_Step] = []            # steps neither closed nor failed
         if per_bucket and not self.per_bucket:
             _warn_one_exchange(compression)
 
@@ -169,6 +172,7 @@ class DDPCompressionState:
         if step is None:
             step = self._step = _Step(self._steps)
             self._steps += 1
+            self._open.append(step)
         buffer = bucket.buffer()
         fut = step.closed.then(lambda f: (f.value(), buffer)[1])
         last, tag = bucket.is_last(), str(bucket.index())
@@ -185,17 +189,30 @@ class DDPCompressionState:
     # -- the sequencer thread -------------------------------------------------------------
     def _post(self, fn, *args) -> None:
         with self._lock:
-            if self._thread is None or not self._thread.is_alive():
+            self._events.put((fn, args))
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="hgc-ddp", daemon=True)
                 self._thread.start()
-        self._events.put((fn, args))
 
     def _run(self) -> None:
+        """The sequencer thread: runs posted steps in order; ends after ``_IDLE_S`` without any
+        (so that a state no longer used can be freed), and :meth:`_post` starts it again."""
         if self.communicator.device.type == "cuda":
             torch.cuda.set_device(self.communicator.device)
         while True:
-            fn, args = self._events.get()
-            fn(*args)
+            try:
+                fn, args = self._events.get(timeout=_IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    if self._events.empty():
+                        self._thread = None
+                        return
+                continue
+            try:
+                fn(*args)
+            except BaseException as exc:  # noqa: BLE001 - a bug here must not leave DDP waiting forever
+                for step in list(self._open):
+                    self._fail(step, "?", exc)
 
     def _hand_over(self, step: _Step, tag: str, names: List[str], grads: Dict[str, torch.Tensor], last: bool):
         if step.error is not None:
@@ -288,12 +305,15 @@ class DDPCompressionState:
             self._fail(step, "close", exc)
             return
         self.last_partition = step.partition
+        self._open.remove(step)
         step.closed.set_result(None)
 
     def _fail(self, step: _Step, tag: str, exc: BaseException) -> None:
         """Fail ``step``: every future of it raises; the memory goes back to where the step began."""
         if step.error is not None:
             return
+        if step in self._open:
+            self._open.remove(step)
         rank = getattr(self.communicator, "rank", "?")
         err = DDPExchangeError(f"hgc.ddp: step {step.number}, bucket {tag} failed on rank {rank}: "
                                f"{type(exc).__name__}: {exc}")
