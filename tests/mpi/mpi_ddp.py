@@ -37,6 +37,7 @@ CASES = {  # id: (codec, options)
     "onebit": ("onebit", {}),
     "onebit-two_phase": ("onebit", {"pattern": "two_phase"}),
     "onebit-one_exchange": ("onebit", {"per_bucket": False}),
+    "onebit-find_unused": ("onebit", {"find_unused_parameters": True}),
     "terngrad": ("terngrad", {"seed": 1}),
     "terngrad-two_phase": ("terngrad", {"seed": 1, "pattern": "two_phase"}),
     "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 32, "seed": 2, "pattern": "two_phase"}),
@@ -74,11 +75,14 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
     codec, options = CASES[case]
     options = dict(options)
     per_bucket = options.pop("per_bucket", True)
+    unused = options.pop("find_unused_parameters", False)
     plain = model()
-    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.004)
+    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.004, find_unused_parameters=unused)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", RuntimeWarning)
         state = hgc.ddp.register(ddp, codec, per_bucket=per_bucket, **options)
+    # DDP's own group, unless DDP issues collectives of its own during backward (find_unused_parameters)
+    assert (state.communicator.group is ddp.process_group) == (not unused)
     clipping = "clip_norm" in options
     assert state.per_bucket == (per_bucket and not clipping)
     if clipping:   # said once per process: the first clipping DGC of the suite
