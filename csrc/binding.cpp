@@ -11,6 +11,7 @@
 
 #ifdef WITH_CUDA
 #include "cuda/ops_cuda.h"  // the CUDA ops (csrc/cuda/ops_cuda.cpp), built only with CUDA
+#include "device/terngrad_ops.h"  // TernGrad's device path (csrc/device/terngrad_ops.cpp)
 // Device branch of a dispatch function: the CUDA op for CUDA tensors.
 #define HGC_ON_CUDA(is_cuda, call) \
   if (is_cuda) return call
@@ -60,19 +61,24 @@ at::Tensor onebit_decode(const at::Tensor& bits, const at::Tensor& scales, int64
 // ---- dispatch by device (the CPU ops check their own arguments) ----
 
 double terngrad_max_abs(const at::Tensor& grad) {
-  HGC_ON_CUDA(grad.is_cuda(), terngrad_max_abs_cuda(grad));
+  HGC_ON_CUDA(grad.is_cuda(), terngrad_max_abs_device(grad));
   return terngrad_max_abs_cpu(grad);
+}
+
+double terngrad_sigma(const at::Tensor& grad) {
+  HGC_ON_CUDA(grad.is_cuda(), terngrad_sigma_device(grad));
+  return terngrad_sigma_cpu(grad);
 }
 
 std::tuple<at::Tensor, at::Tensor> terngrad_encode(const at::Tensor& grad, double scale, double clip, int64_t key0,
                                                    int64_t key1) {
-  HGC_ON_CUDA(grad.is_cuda(), terngrad_encode_cuda(grad, scale, clip, key0, key1));
+  HGC_ON_CUDA(grad.is_cuda(), terngrad_encode_device(grad, scale, clip, key0, key1));
   return terngrad_encode_cpu(grad, scale, clip, key0, key1);
 }
 
 at::Tensor terngrad_decode_sum(const at::Tensor& codes, const at::Tensor& scales, int64_t n, at::ScalarType dtype,
                                double scale, const c10::optional<at::Tensor>& out) {
-  HGC_ON_CUDA(codes.is_cuda() || scales.is_cuda(), terngrad_decode_sum_cuda(codes, scales, n, dtype, scale, out));
+  HGC_ON_CUDA(codes.is_cuda() || scales.is_cuda(), terngrad_decode_sum_device(codes, scales, n, dtype, scale, out));
   return terngrad_decode_sum_cpu(codes, scales, n, dtype, scale, out);
 }
 
@@ -104,13 +110,13 @@ at::Tensor qsgd_decode_elias(const at::Tensor& norms, const at::Tensor& nbits, c
 }
 
 at::Tensor terngrad_sum_levels(const at::Tensor& codes, int64_t n, int64_t width) {
-  TORCH_CHECK(!codes.is_cuda(), "terngrad_sum_levels: CPU tensors only (CUDA: torch ops in codecs/ternary_sum.py)");
+  HGC_ON_CUDA(codes.is_cuda(), terngrad_sum_levels_device(codes, n, width));
   return terngrad_sum_levels_cpu(codes, n, width);
 }
 
 at::Tensor terngrad_sum_decode(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
                                at::ScalarType dtype, const c10::optional<at::Tensor>& out) {
-  TORCH_CHECK(!levels.is_cuda(), "terngrad_sum_decode: CPU tensors only (CUDA: torch ops in codecs/ternary_sum.py)");
+  HGC_ON_CUDA(levels.is_cuda(), terngrad_sum_decode_device(levels, n, k, width, mult, dtype, out));
   return terngrad_sum_decode_cpu(levels, n, k, width, mult, dtype, out);
 }
 
@@ -180,16 +186,19 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
         py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
   m.def("terngrad_max_abs", &terngrad_max_abs, HGC_RELEASE_GIL, "max |grad| (NaN if any)", py::arg("grad"));
+  m.def("terngrad_sigma", &terngrad_sigma, HGC_RELEASE_GIL,
+        "population standard deviation of grad in double, fixed summation order (the clip's sigma)",
+        py::arg("grad"));
   m.def("terngrad_encode", &terngrad_encode, HGC_RELEASE_GIL, "TernGrad stochastic ternarize + pack -> (codes, scale)",
         py::arg("grad"), py::arg("scale"), py::arg("clip"), py::arg("key0"), py::arg("key1"));
   m.def("terngrad_decode_sum", &terngrad_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded TernGrad payloads",
         py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("dtype"), py::arg("scale"),
         py::arg("out") = py::none());
   m.def("terngrad_sum_levels", &terngrad_sum_levels, HGC_RELEASE_GIL,
-        "biased exact sums of K TernGrad payloads as width-bit fields (two-phase owner, CPU)", py::arg("codes"),
+        "biased exact sums of K TernGrad payloads as width-bit fields (two-phase owner)", py::arg("codes"),
         py::arg("n"), py::arg("width"));
   m.def("terngrad_sum_decode", &terngrad_sum_decode, HGC_RELEASE_GIL,
-        "(field - K) * mult of terngrad_sum_levels' fields (CPU)", py::arg("levels"), py::arg("n"), py::arg("k"),
+        "(field - K) * mult of terngrad_sum_levels' fields", py::arg("levels"), py::arg("n"), py::arg("k"),
         py::arg("width"), py::arg("mult"), py::arg("dtype"), py::arg("out") = py::none());
   m.def("qsgd_encode_fixed", &qsgd_encode_fixed, HGC_RELEASE_GIL, "QSGD encode, fixed-width coding -> (norms, packed)",
         py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"));

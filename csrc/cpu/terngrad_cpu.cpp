@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../device/terngrad_functors.h"
 #include "../payload_checks.h"
 
 #if defined(__SSE2__)
@@ -363,14 +364,7 @@ void sum_decode_range(const uint8_t* levels, int64_t K, int width, double mult_d
 
 at::Tensor terngrad_sum_levels_cpu(const at::Tensor& codes, int64_t n, int64_t width) {
   HGC_TG_CHECK_NOT_CUDA(codes);
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && codes.stride(1) == 1,
-              "terngrad_sum_levels: codes must be uint8 [K, bytes] with contiguous rows");
-  const int64_t K = codes.size(0);
-  TORCH_CHECK(K >= 1 && K <= kMaxIntK, "terngrad_sum_levels: K must be in [1, ", kMaxIntK, "], got ", K);
-  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_levels: width must be 4, 8 or 16, got ", width);
-  TORCH_CHECK(2 * K < (int64_t(1) << width), "terngrad_sum_levels: ", width, "-bit fields cannot hold sums of K=", K);
-  TORCH_CHECK(n >= 0 && codes.size(1) >= (n + 3) / 4, "terngrad_sum_levels: ", codes.size(1),
-              " bytes of codes cannot hold ", n, " values");
+  const int64_t K = hgc::check_terngrad_sum_levels_args(codes, n, width);
   auto levels = at::empty({(n * width + 7) / 8}, codes.options());
   if (n == 0) return levels;
   const uint8_t* cp = codes.data_ptr<uint8_t>();
@@ -384,13 +378,7 @@ at::Tensor terngrad_sum_levels_cpu(const at::Tensor& codes, int64_t n, int64_t w
 at::Tensor terngrad_sum_decode_cpu(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
                                    at::ScalarType dtype, const c10::optional<at::Tensor>& out_opt) {
   HGC_TG_CHECK_NOT_CUDA(levels);
-  TORCH_CHECK(levels.dim() == 1 && levels.scalar_type() == at::kByte && levels.is_contiguous(),
-              "terngrad_sum_decode: levels must be contiguous uint8 [bytes]");
-  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_decode: width must be 4, 8 or 16, got ", width);
-  TORCH_CHECK(k >= 1 && 2 * k < (int64_t(1) << width), "terngrad_sum_decode: K=", k, " does not fit ", width,
-              "-bit fields");
-  TORCH_CHECK(n >= 0 && levels.numel() >= (n * width + 7) / 8, "terngrad_sum_decode: ", levels.numel(),
-              " bytes cannot hold ", n, " ", width, "-bit fields");
+  hgc::check_terngrad_sum_decode_args(levels, n, k, width);
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, levels.device(), "terngrad_sum_decode");
   if (n == 0) return out;
   const uint8_t* lp = levels.data_ptr<uint8_t>();
@@ -401,6 +389,59 @@ at::Tensor terngrad_sum_decode_cpu(const at::Tensor& levels, int64_t n, int64_t 
     });
   });
   return out;
+}
+
+namespace {
+
+// The lanes of the fixed-order sum (terngrad_functors.h's LaneSum: lane p adds g[p], g[p + L],
+// ... in order, from 0.0), walked row by row so that the CPU streams through g; threads split
+// the lanes, never a lane. Then the block sums (BlockSum) down to one value.
+template <typename scalar_t, bool kSquares>
+double fixed_sum(const scalar_t* g, int64_t n, double mean, std::vector<double>& lanes, std::vector<double>& tmp) {
+  using T = typename std::conditional<std::is_same<scalar_t, c10::Half>::value, hgc_dev::half_t,
+            typename std::conditional<std::is_same<scalar_t, c10::BFloat16>::value, hgc_dev::bf16_t,
+                                      scalar_t>::type>::type;
+  static_assert(sizeof(T) == sizeof(scalar_t), "same storage");
+  const T* x = reinterpret_cast<const T*>(g);
+  const int64_t L = hgc_dev::terngrad::sum_lanes(n);
+  lanes.assign(L, 0.0);
+  double* acc = lanes.data();
+  at::parallel_for(0, L, 2048, [&](int64_t p0, int64_t p1) {
+    for (int64_t row = 0; row * L < n; ++row) {
+      const T* r = x + row * L;
+      const int64_t hi = std::min(p1, n - row * L);
+      for (int64_t p = p0; p < hi; ++p) acc[p] = acc[p] + hgc_dev::terngrad::Summand<T, kSquares>::of(r[p], mean);
+    }
+  });
+  int64_t m = L;
+  while (m > 1) {
+    const int64_t nb = (m + hgc_dev::terngrad::kSumBlock - 1) / hgc_dev::terngrad::kSumBlock;
+    tmp.resize(nb);
+    const hgc_dev::terngrad::BlockSum block{lanes.data(), m, tmp.data()};
+    for (int64_t b = 0; b < nb; ++b) block(b);
+    lanes.swap(tmp);
+    m = nb;
+  }
+  return lanes[0];
+}
+
+}  // namespace
+
+double terngrad_sigma_cpu(const at::Tensor& grad) {
+  HGC_TG_CHECK_NOT_CUDA(grad);
+  HGC_CHECK_CPU(grad);
+  HGC_CHECK_CONTIGUOUS(grad);
+  HGC_CHECK_FLOATING(grad);
+  const int64_t n = grad.numel();
+  if (n == 0) return 0.0;
+  double var_sum = 0.0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, grad.scalar_type(), "terngrad_sigma_cpu", [&] {
+    const auto* g = grad.data_ptr<scalar_t>();
+    std::vector<double> lanes, tmp;
+    const double sum = fixed_sum<scalar_t, false>(g, n, 0.0, lanes, tmp);
+    var_sum = fixed_sum<scalar_t, true>(g, n, sum / static_cast<double>(n), lanes, tmp);
+  });
+  return std::sqrt(var_sum / static_cast<double>(n));
 }
 
 double terngrad_max_abs_cpu(const at::Tensor& grad) {

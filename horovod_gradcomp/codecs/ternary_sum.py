@@ -17,9 +17,10 @@ Wire format (``Payload.buffers``, in this order):
 Decoding gives the mean, ``(sum_k v_k) * (s * (1/K))`` in float32 (float64 for fp64), the
 same arithmetic as :meth:`TernGradCodec.decode_mean_stacked` of the K payloads themselves.
 
-Implementations: ``impl="native"`` on the CPU runs two C++ passes (``terngrad_sum_levels``:
-the K code rows to the packed fields; ``terngrad_sum_decode``); the reference, and CUDA
-tensors (no CUDA kernel for these two yet), use torch ops. All give the same bytes and values.
+Implementations: ``impl="native"`` runs two kernel passes (``terngrad_sum_levels``: the K code
+rows to the packed fields; ``terngrad_sum_decode``), the CPU kernels on CPU tensors and the
+device kernels on CUDA tensors; ``impl="twin"`` the device kernels built for the CPU
+(``_C_twin``); the reference uses torch ops. All give the same bytes and values.
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..native import require_native
+from ..native import kernels_for, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import accumulation_dtype
 from .payload_checks import check_fixed
@@ -55,11 +56,15 @@ class TernarySumCodec(Codec):
         super().__init__(impl)
         self.k = int(k)
         self.width = level_width(self.k)
-        if impl == "native":
-            self._C = require_native()
+        if impl != "reference":
+            self._C = kernels_for(impl, "terngrad sum")
 
     def _native_on(self, device: torch.device) -> bool:
-        return self.impl == "native" and device.type == "cpu"
+        """True when this codec's kernels take the tensors (raises for CUDA tensors that the
+        native extension cannot take)."""
+        if self.impl == "native":
+            require_native_device(device, "terngrad sum")
+        return self.uses_kernels
 
     def __repr__(self) -> str:
         return f"TernarySumCodec(k={self.k}, impl={self.impl!r})"
@@ -115,8 +120,8 @@ class TernarySumCodec(Codec):
     # -- fields ---------------------------------------------------------------------
     def _pack(self, biased: torch.Tensor) -> torch.Tensor:
         """int32[n] in 0..2K -> uint8[ceil(n * width / 8)]."""
-        if self.width == 16:
-            return biased.to(torch.int16).view(torch.uint8).clone()
+        if self.width == 16:  # unsigned little-endian: fields up to 2K = 65534 (not int16)
+            return torch.stack([biased & 255, biased >> 8], dim=1).to(torch.uint8).reshape(-1)
         if self.width == 8:
             return biased.to(torch.uint8)
         n = biased.numel()
@@ -128,7 +133,8 @@ class TernarySumCodec(Codec):
     def _unpack(self, levels: torch.Tensor, n: int) -> torch.Tensor:
         """uint8 fields -> int32[n] biased sums."""
         if self.width == 16:
-            return levels.view(torch.int16)[:n].to(torch.int32)
+            pairs = levels[:2 * n].to(torch.int32).view(n, 2)
+            return pairs[:, 0] | (pairs[:, 1] << 8)
         if self.width == 8:
             return levels[:n].to(torch.int32)
         both = torch.stack([levels & 15, levels >> 4], dim=1).reshape(-1)

@@ -4,7 +4,9 @@ For a gradient ``g`` (any shape, flattened row-major, n values) and a scale ``s`
 
 * optional clipping (``clip=c``): ``a_i = min(|g_i|, t)`` with ``t = c * sigma``, sigma the
   (population) standard deviation of ``g``; no clipping when sigma is 0 (a constant tensor,
-  e.g. any one-element tensor, has no outliers to clip);
+  e.g. any one-element tensor, has no outliers to clip). sigma is computed in float64 with one
+  fixed summation order (:func:`fixed_order_sum`: mean, then the squared deviations), so it has
+  the same bits on every device, thread count and implementation;
 * ``local_scale(g) = max_i a_i``: what each rank contributes to the MAX-reduction; the caller
   agrees on ``s = max over ranks`` and passes it to :meth:`encode` (``scale=None`` uses the
   local one);
@@ -43,7 +45,8 @@ all equal (the caller did not share ``s``), it falls back to the weighted sum
 ``scale * sum_k s_k * v_k`` (still exact in meaning, just no longer one integer sum).
 
 Devices: the native kernels take CPU and (when ``_C`` has its CUDA kernels) CUDA tensors,
-with identical codes and decoded values on both.
+with identical codes and decoded values on both; ``impl="twin"`` runs the device kernels built
+for the CPU (``_C_twin``) on CPU tensors.
 """
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..native import require_native, require_native_device
+from ..native import kernels_for, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .dtypes import accumulation_dtype, check_float
 from .payload_checks import check_fixed
@@ -61,6 +64,43 @@ from .streams import CounterStream, stream_keys32, uniform_bits
 from .ternary_sum import MAX_K, TernarySumCodec
 
 _MAX_VALUES = 1 << 32
+_SUM_LANES, _SUM_BLOCK = 65536, 256  # csrc/device/terngrad_functors.h: kSumLanes, kSumBlock
+
+
+def fixed_order_sum(v: torch.Tensor) -> torch.Tensor:
+    """The sum of the float64 tensor ``v`` (flat) in the kernels' fixed order, as a 0-d tensor:
+    L = min(n, 65536) lanes, lane p = ((0 + v[p]) + v[p + L]) + ... in index order; then the
+    lanes in blocks of 256 (each 0 + its values in order), the block sums again, until one is
+    left. Element-wise float64 adds only, so every device gives the same bits."""
+    n, dev = v.numel(), v.device
+    if n == 0:
+        return torch.zeros((), dtype=torch.float64, device=dev)
+    lanes = min(n, _SUM_LANES)
+    acc = torch.zeros(lanes, dtype=torch.float64, device=dev)
+    for r in range(0, n, lanes):
+        chunk = v[r:r + lanes]
+        acc[:chunk.numel()] += chunk
+    while acc.numel() > 1:  # padding zeros change no sum: acc starts at +0 and never becomes -0
+        m = acc.numel()
+        nb = -(-m // _SUM_BLOCK)
+        blocks = torch.zeros(nb * _SUM_BLOCK, dtype=torch.float64, device=dev)
+        blocks[:m] = acc
+        blocks = blocks.view(nb, _SUM_BLOCK)
+        acc = torch.zeros(nb, dtype=torch.float64, device=dev)
+        for c in range(_SUM_BLOCK):
+            acc += blocks[:, c]
+    return acc[0]
+
+
+def clip_sigma(flat: torch.Tensor) -> float:
+    """The population standard deviation of ``flat`` (n >= 1 values) as the kernels'
+    ``terngrad_sigma`` computes it: float64, ``mean = sum / n``, ``sqrt(sum((g - mean)^2) / n)``,
+    both sums by :func:`fixed_order_sum`."""
+    n = flat.numel()
+    x = flat.reshape(-1).to(torch.float64)
+    mean = fixed_order_sum(x) / n
+    d = x - mean
+    return math.sqrt(fixed_order_sum(d * d).item() / n)
 
 
 def _f32(x: float) -> float:
@@ -117,8 +157,8 @@ class TernGradCodec(CounterStream, Codec):
                 raise ValueError(f"terngrad: clip must be a positive finite number or None, got {clip!r}")
         self.seed, self.rank_stream, self.clip = seed, rank_stream, clip
         self.counter = 0  # encode calls so far: the position in this codec's random stream
-        if impl == "native":
-            self._C = require_native()
+        if impl != "reference":
+            self._C = kernels_for(impl, "terngrad")
 
     def __repr__(self) -> str:
         # rank_stream is left out on purpose: it differs between ranks by design, and the
@@ -140,7 +180,7 @@ class TernGradCodec(CounterStream, Codec):
         if self.clip is None or flat.numel() == 0:
             return None
         acc = accumulation_dtype(flat.dtype)
-        sigma = flat.to(acc).std(correction=0).item()
+        sigma = float(self._C.terngrad_sigma(flat.contiguous())) if self.uses_kernels else clip_sigma(flat)
         if not sigma > 0:  # constant tensor (or NaN): nothing to clip
             return None
         t = self.clip * sigma
@@ -149,7 +189,7 @@ class TernGradCodec(CounterStream, Codec):
     def _max_abs(self, flat: torch.Tensor) -> float:
         if flat.numel() == 0:
             return 0.0
-        if self.impl == "native":
+        if self.uses_kernels:
             return float(self._C.terngrad_max_abs(flat.contiguous()))
         return flat.to(accumulation_dtype(flat.dtype)).abs().max().item()
 
@@ -196,7 +236,7 @@ class TernGradCodec(CounterStream, Codec):
                 raise ValueError(f"terngrad: the scale must be >= 0, got {s}")
             s = _f32_up(s)
         key0, key1 = stream_keys32(self.seed, self.rank_stream, self.next_position())
-        if self.impl == "native":
+        if self.uses_kernels:
             codes, scale_buf = self._C.terngrad_encode(flat.contiguous(), s, math.inf if t is None else t,
                                                        key0, key1)
         else:
@@ -237,8 +277,9 @@ class TernGradCodec(CounterStream, Codec):
         codes, scales = stacked.buffers["codes"], stacked.buffers["scale"]
         scale = 1.0 / k if scale is None else float(scale)
         flat_out = self.flat_out(out, stacked)
-        if self.impl == "native":
-            require_native_device(codes.device, "terngrad")
+        if self.uses_kernels:
+            if self.impl == "native":
+                require_native_device(codes.device, "terngrad")
             flat = self._C.terngrad_decode_sum(codes, scales, n, stacked.dtype, scale, flat_out)
             return flat.view(stacked.shape)
         flat = self._reference_decode_sum(codes, scales, n, stacked.dtype, scale)
