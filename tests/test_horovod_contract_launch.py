@@ -110,3 +110,25 @@ def test_disagreement_without_a_common_collective_ends_in_the_stall_abort(case, 
     assert "StallError" in out and "step 0, bucket all" in out, out[-4000:]
     assert not CRASH.search(out), out[-4000:]
     assert elapsed < 100, f"the job took {elapsed:.0f} s to end"
+
+
+FINALIZE_PROGRAM = """
+import time, torch
+import horovod_gradcomp as hgc  # before hvd.init(), as the README asks
+import horovod.torch as hvd
+hvd.init()
+from mpi4py import MPI
+hvd.allreduce(torch.ones(1), name="probe")
+if hvd.rank() == 1:
+    time.sleep(4)  # rank 0 has exited (and shut Horovod down) meanwhile
+    print("MPI finalized under a running rank:", MPI.Is_finalized(), flush=True)
+"""
+
+
+@pytest.mark.timeout(150)
+def test_another_ranks_exit_does_not_finalize_mpi_under_this_one():
+    """The root of the crashes: when hvd.init() initializes MPI, Horovod's background thread
+    finalizes it as soon as any rank shuts Horovod down, while this rank's main thread may be
+    inside an exchange. Imported first, horovod_gradcomp initializes MPI, and it stays up."""
+    proc = run(mpirun(2, "-c", FINALIZE_PROGRAM), 120)
+    assert "MPI finalized under a running rank: False" in proc.stdout, proc.stdout + proc.stderr
