@@ -47,10 +47,20 @@ class OneBitCodec(Codec):
     #: (docs/results/README.md, "Column windows").
     default_pattern = "auto"
 
-    def __init__(self, impl: str = "native"):
+    def __init__(self, impl: str = "native", warmup_steps: int = 0):
+        """``warmup_steps``: the exchange averages the first N steps of a compression at full
+        precision (:mod:`horovod_gradcomp.exchange.dense_warmup`; residuals untouched, so error
+        feedback starts from zero at step N); this codec's payloads from step N on."""
         super().__init__(impl)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"onebit: warmup_steps must be a non-negative int, got {warmup_steps!r}")
+        self.warmup_steps = warmup_steps
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
+
+    def __repr__(self) -> str:
+        extra = f", warmup_steps={self.warmup_steps}" if self.warmup_steps else ""
+        return f"{type(self).__name__}(impl={self.impl!r}{extra})"
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:

@@ -54,6 +54,7 @@ from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .stripes import stripe_key
+from .dense_warmup import DensePattern
 from .two_phase import TwoPhasePattern
 from .watchdog import default_watchdog, resolve_timeout
 
@@ -132,7 +133,8 @@ class StepEngine:
         self.watchdog = default_watchdog()
         self.stats = ExchangeStats()
         self.plan: Optional[BucketPlan] = None
-        self._patterns = {"allgather": AllgatherPattern(codec, self.pipeline_bytes, _threads_allowed)}
+        self._patterns = {"allgather": AllgatherPattern(codec, self.pipeline_bytes, _threads_allowed),
+                          "dense": DensePattern()}  # the codec's warm-up steps (warmup_steps)
         if not variable and isinstance(state.memory, ErrorFeedback):
             self._patterns["two_phase"] = TwoPhasePattern(codec, chunk_bytes=self.pipeline_bytes,
                                                           threads_allowed=_threads_allowed)
@@ -337,7 +339,10 @@ class StepEngine:
         self._totals.k = job.k
 
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
-        """This bucket's pattern (the same on every rank: it depends on shapes and K only)."""
+        """This bucket's pattern (the same on every rank: it depends on shapes, K and the step only):
+        "dense" during the codec's ``warmup_steps`` (:mod:`horovod_gradcomp.exchange.dense_warmup`)."""
+        if self.state.step < getattr(self.codec, "warmup_steps", 0):
+            return "dense"
         if self.pattern != "auto":
             return self.pattern
         two_phase = self._patterns.get("two_phase")
