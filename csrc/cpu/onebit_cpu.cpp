@@ -2,7 +2,9 @@
 //
 // Encode is two passes over v = g + r:
 //   1. per-column sums of the non-negative and negative entries and the count of
-//      non-negative ones (rows split across threads, partial sums combined after);
+//      non-negative ones, in the one order of csrc/device/onebit_functors.h (fixed row
+//      blocks, combined in double in block order) that the device kernels follow too: the
+//      scales are the same for any thread count and on either device;
 //   2. pack the sign bits (8 values -> 1 byte) and, in the same pass, overwrite r with
 //      v - decoded (the error-feedback update).
 // Decode-sum walks the output in blocks small enough to stay in cache, adding each of the
@@ -17,6 +19,7 @@
 #include <vector>
 
 #include "../checks.h"
+#include "../device/onebit_functors.h"
 #include "../payload_checks.h"
 #include "simd.h"
 
@@ -24,118 +27,136 @@ namespace {
 
 template <typename T> struct Acc { using type = float; };
 template <> struct Acc<double> { using type = double; };
+template <typename T> using acc_of = typename Acc<T>::type;
 
-constexpr int64_t kGrain = 1 << 15;     // elements per task below which threads do not pay off
-constexpr int64_t kLanes = 16;          // independent accumulators of the one-column reduction
-constexpr int64_t kMaxChunkRows = 1 << 22;  // float counts stay exact well below 2^24
+using hgc_dev::onebit::finish_column;
+using hgc_dev::onebit::kLanes;
+using hgc_dev::onebit::kRowBlock;
 
-int64_t num_chunks(int64_t work, int64_t rows) {
-  const int64_t by_threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), work / kGrain));
-  return std::max(by_threads, (rows + kMaxChunkRows - 1) / kMaxChunkRows);
+constexpr int64_t kGrain = 1 << 15;    // elements per task below which threads do not pay off
+constexpr int64_t kColTile = 1024;     // columns per task of the block sums (three float rows stay in L1)
+
+// Block sums of columns [j0, j1) over rows [r0, r1) (row `row` at g + row * ld) into
+// p/m/cnt[j0, j1): each column summed in row order from 0 (onebit_functors.h's block sums).
+template <typename scalar_t, bool kResidual>
+void block_sums(const scalar_t* g, const scalar_t* r, int64_t r0, int64_t r1, int64_t j0, int64_t j1, int64_t ld,
+                acc_of<scalar_t>* p, acc_of<scalar_t>* m, acc_of<scalar_t>* cnt) {
+  using acc_t = acc_of<scalar_t>;
+  std::fill(p + j0, p + j1, acc_t(0));
+  std::fill(m + j0, m + j1, acc_t(0));
+  std::fill(cnt + j0, cnt + j1, acc_t(0));
+#if defined(__SSE2__)
+  if constexpr (std::is_same<scalar_t, float>::value) {
+    for (int64_t row = r0; row < r1; row += 4) {
+      hgc::sse_sums_rows<kResidual>(g + row * ld + j0, kResidual ? r + row * ld + j0 : nullptr, ld,
+                                    static_cast<int>(std::min<int64_t>(4, r1 - row)), j1 - j0, p + j0, m + j0,
+                                    cnt + j0);
+    }
+    return;
+  }
+#endif
+  for (int64_t row = r0; row < r1; ++row) {
+    const scalar_t* __restrict__ gr = g + row * ld;
+    const scalar_t* __restrict__ rr = kResidual ? r + row * ld : nullptr;
+    acc_t* __restrict__ pp = p;
+    acc_t* __restrict__ mm = m;
+    acc_t* __restrict__ cc = cnt;
+    for (int64_t j = j0; j < j1; ++j) {
+      acc_t v = static_cast<acc_t>(gr[j]);
+      if (kResidual) v += static_cast<acc_t>(rr[j]);
+      const bool nonneg = v >= acc_t(0);
+      pp[j] += nonneg ? v : acc_t(0);
+      mm[j] += nonneg ? acc_t(0) : v;
+      cc[j] += nonneg ? acc_t(1) : acc_t(0);
+    }
+  }
 }
 
-inline void finish_column(double p, double m, double cnt, double rows, float* a_pos, float* a_neg) {
-  const double neg = rows - cnt;
-  *a_pos = cnt > 0 ? static_cast<float>(p / cnt) : 0.f;
-  *a_neg = neg > 0 ? static_cast<float>(m / neg) : 0.f;
-}
-
-// Pass 1: per-column mean of the non-negative and of the negative entries of v = g (+ r).
-// Row `row` of the matrix starts at g + row * ld (ld == cols: contiguous; ld > cols: a column
-// window of a wider matrix, which needs cols >= 2). The sums run in the same order for any ld.
+// Pass 1: per-column mean of the non-negative and of the negative entries of v = g (+ r), in
+// the one order of onebit_functors.h (row blocks of kRowBlock rows summed per column, the
+// blocks added in double in block order; a one-column tensor as kLanes lanes), whatever the
+// thread count. Row `row` of the matrix starts at g + row * ld (ld == cols: contiguous;
+// ld > cols: a column window of a wider matrix, which needs cols >= 2): same sums for any ld.
 template <typename scalar_t, bool kResidual>
 void column_stats(const scalar_t* g, const scalar_t* r, int64_t rows, int64_t cols, int64_t ld, float* a_pos,
                   float* a_neg) {
-  using acc_t = typename Acc<scalar_t>::type;
+  using acc_t = acc_of<scalar_t>;
   const int64_t n = rows * cols;
   if (cols == 1) {  // contiguous only (the caller never passes a one-column window)
-    // One column: a reduction over kLanes interleaved accumulators (vectorizes without
-    // reassociating floats), chunks across threads, combined in double.
-    const int64_t chunks = num_chunks(n, n / kLanes);
-    std::vector<double> part(3 * chunks, 0.0);
-    at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-      for (int64_t c = c0; c < c1; ++c) {
-        const int64_t lo = n * c / chunks, hi = n * (c + 1) / chunks;
+    // The [ceil(n / kLanes), kLanes] view: per block, kLanes column sums (p, m, cnt rows).
+    const int64_t full = n / kLanes, tail = n % kLanes;
+    const int64_t blocks = (full + (tail > 0) + kRowBlock - 1) / kRowBlock;
+    std::vector<acc_t> part(3 * kLanes * blocks);
+    at::parallel_for(0, blocks, std::max<int64_t>(1, kGrain / (kRowBlock * kLanes)), [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) {
+        acc_t* p = part.data() + 3 * kLanes * b;
+        acc_t* m = p + kLanes;
+        acc_t* cnt = m + kLanes;
+        const int64_t r0 = b * kRowBlock, r1 = std::min(full, r0 + kRowBlock);
 #if defined(__SSE2__)
         if constexpr (std::is_same<scalar_t, float>::value) {
-          hgc::sse_sums_1col<kResidual>(g, r, lo, hi, &part[3 * c]);
-          continue;
-        }
+          hgc::sse_sums_16<kResidual>(g + r0 * kLanes, kResidual ? r + r0 * kLanes : nullptr, r1 - r0, p, m, cnt);
+        } else
 #endif
-        acc_t p[kLanes] = {}, m[kLanes] = {}, cnt[kLanes] = {};
-        int64_t i = lo;
-        for (; i + kLanes <= hi; i += kLanes) {
-          for (int64_t l = 0; l < kLanes; ++l) {
-            acc_t v = static_cast<acc_t>(g[i + l]);
-            if (kResidual) v += static_cast<acc_t>(r[i + l]);
+        {
+          block_sums<scalar_t, kResidual>(g, r, r0, r1, 0, kLanes, kLanes, p, m, cnt);
+        }
+        if (tail > 0 && b == blocks - 1) {  // the partial last row: lanes [0, tail)
+          for (int64_t l = 0; l < tail; ++l) {
+            acc_t v = static_cast<acc_t>(g[full * kLanes + l]);
+            if (kResidual) v += static_cast<acc_t>(r[full * kLanes + l]);
             const bool nonneg = v >= acc_t(0);
             p[l] += nonneg ? v : acc_t(0);
             m[l] += nonneg ? acc_t(0) : v;
             cnt[l] += nonneg ? acc_t(1) : acc_t(0);
           }
         }
-        for (; i < hi; ++i) {
-          acc_t v = static_cast<acc_t>(g[i]);
-          if (kResidual) v += static_cast<acc_t>(r[i]);
-          const bool nonneg = v >= acc_t(0);
-          p[0] += nonneg ? v : acc_t(0);
-          m[0] += nonneg ? acc_t(0) : v;
-          cnt[0] += nonneg ? acc_t(1) : acc_t(0);
-        }
-        for (int64_t l = 0; l < kLanes; ++l) {
-          part[3 * c] += p[l]; part[3 * c + 1] += m[l]; part[3 * c + 2] += cnt[l];
-        }
       }
     });
-    double p = 0, m = 0, cnt = 0;
-    for (int64_t c = 0; c < chunks; ++c) { p += part[3 * c]; m += part[3 * c + 1]; cnt += part[3 * c + 2]; }
+    double lp[kLanes] = {}, lm[kLanes] = {}, lc[kLanes] = {};
+    for (int64_t b = 0; b < blocks; ++b) {
+      const acc_t* q = part.data() + 3 * kLanes * b;
+      for (int64_t l = 0; l < kLanes; ++l) {
+        lp[l] += static_cast<double>(q[l]);
+        lm[l] += static_cast<double>(q[kLanes + l]);
+        lc[l] += static_cast<double>(q[2 * kLanes + l]);
+      }
+    }
+    double p = 0.0, m = 0.0, cnt = 0.0;
+    for (int64_t l = 0; l < kLanes; ++l) { p += lp[l]; m += lm[l]; cnt += lc[l]; }
     finish_column(p, m, cnt, static_cast<double>(n), a_pos, a_neg);
     return;
   }
-  // Several columns: each chunk of rows accumulates into its own column arrays; the inner
-  // loop runs along a row, so it is contiguous and vectorizes.
-  const int64_t chunks = num_chunks(n, rows);
-  std::vector<acc_t> sp(chunks * cols, acc_t(0)), sn(chunks * cols, acc_t(0)), sc(chunks * cols, acc_t(0));
-  at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
-    for (int64_t c = c0; c < c1; ++c) {
-      acc_t* __restrict__ p = sp.data() + c * cols;
-      acc_t* __restrict__ m = sn.data() + c * cols;
-      acc_t* __restrict__ cnt = sc.data() + c * cols;
-      const int64_t row0 = rows * c / chunks, row1 = rows * (c + 1) / chunks;
-#if defined(__SSE2__)
-      if constexpr (std::is_same<scalar_t, float>::value) {
-        // Column blocks small enough for the three accumulator rows to stay in L1.
-        constexpr int64_t kColBlock = 1024;
-        for (int64_t j0 = 0; j0 < cols; j0 += kColBlock) {
-          const int64_t len = std::min(kColBlock, cols - j0);
-          for (int64_t row = row0; row < row1; row += 4) {
-            hgc::sse_sums_rows<kResidual>(g + row * ld + j0, kResidual ? r + row * ld + j0 : nullptr, ld,
-                                          static_cast<int>(std::min<int64_t>(4, row1 - row)), len, p + j0, m + j0,
-                                          cnt + j0);
-          }
-        }
-        continue;
-      }
-#endif
-      for (int64_t row = row0; row < row1; ++row) {
-        const scalar_t* __restrict__ gr = g + row * ld;
-        const scalar_t* __restrict__ rr = kResidual ? r + row * ld : nullptr;
-        for (int64_t j = 0; j < cols; ++j) {
-          acc_t v = static_cast<acc_t>(gr[j]);
-          if (kResidual) v += static_cast<acc_t>(rr[j]);
-          const bool nonneg = v >= acc_t(0);
-          p[j] += nonneg ? v : acc_t(0);
-          m[j] += nonneg ? acc_t(0) : v;
-          cnt[j] += nonneg ? acc_t(1) : acc_t(0);
-        }
-      }
+  // Several columns: a task per (row block, column tile); the inner loop runs along a row, so it
+  // is contiguous and vectorizes.
+  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock, tiles = (cols + kColTile - 1) / kColTile;
+  std::vector<acc_t> sp(blocks * cols), sn(blocks * cols), sc(blocks * cols);
+  const int64_t task_work = std::min(rows, kRowBlock) * std::min(cols, kColTile);
+  at::parallel_for(0, blocks * tiles, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, task_work)),
+                   [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t b = t / tiles, j0 = (t % tiles) * kColTile, j1 = std::min(cols, j0 + kColTile);
+      const int64_t r0 = b * kRowBlock, r1 = std::min(rows, r0 + kRowBlock);
+      block_sums<scalar_t, kResidual>(g, r, r0, r1, j0, j1, ld, sp.data() + b * cols, sn.data() + b * cols,
+                                      sc.data() + b * cols);
     }
   });
-  at::parallel_for(0, cols, kGrain, [&](int64_t j0, int64_t j1) {
-    for (int64_t j = j0; j < j1; ++j) {
-      double p = 0, m = 0, cnt = 0;
-      for (int64_t c = 0; c < chunks; ++c) { p += sp[c * cols + j]; m += sn[c * cols + j]; cnt += sc[c * cols + j]; }
-      finish_column(p, m, cnt, static_cast<double>(rows), a_pos + j, a_neg + j);
+  at::parallel_for(0, cols, std::max<int64_t>(1, kGrain / std::max<int64_t>(1, blocks)), [&](int64_t c0, int64_t c1) {
+    for (int64_t j0 = c0; j0 < c1; j0 += kColTile) {
+      const int64_t len = std::min(kColTile, c1 - j0);
+      double p[kColTile] = {}, m[kColTile] = {}, cnt[kColTile] = {};
+      for (int64_t b = 0; b < blocks; ++b) {
+        const acc_t* bp = sp.data() + b * cols + j0;
+        const acc_t* bm = sn.data() + b * cols + j0;
+        const acc_t* bc = sc.data() + b * cols + j0;
+        for (int64_t u = 0; u < len; ++u) {
+          p[u] += static_cast<double>(bp[u]);
+          m[u] += static_cast<double>(bm[u]);
+          cnt[u] += static_cast<double>(bc[u]);
+        }
+      }
+      for (int64_t u = 0; u < len; ++u)
+        finish_column(p[u], m[u], cnt[u], static_cast<double>(rows), a_pos + j0 + u, a_neg + j0 + u);
     }
   });
 }

@@ -60,38 +60,29 @@ namespace hgc {
 // fp32 fast paths of the 1-bit encoder (the scalar templates in onebit_cpu.cpp serve the
 // other dtypes and non-x86 builds). kRes: add the residual r to g first.
 
-// Sums over v = g (+ r) of [lo, hi): non-negative sum, negative sum, non-negative count.
+// Column sums of the nrows x 16 contiguous matrix v = g (+ r), each column in row order from 0,
+// into p/m/cnt[16] (non-negative sum, negative sum, non-negative count): the lanes of a
+// one-column tensor's block (onebit_functors.h), all twelve accumulators in registers.
 template <bool kRes>
-inline void sse_sums_1col(const float* g, const float* r, int64_t lo, int64_t hi, double* out3) {
+inline void sse_sums_16(const float* g, const float* r, int64_t nrows, float* p, float* m, float* cnt) {
   const __m128 z = _mm_setzero_ps(), one = _mm_set1_ps(1.f);
-  __m128 p0 = z, p1 = z, m0 = z, m1 = z, c0 = z, c1 = z;
-  int64_t i = lo;
-  double c = 0.0;
-  // Float counts stay exact for < 2^24 per lane: flush every 2^22 iterations.
-  while (i + 8 <= hi) {
-    const int64_t stop = std::min<int64_t>(hi - 7, i + (int64_t(1) << 25));
-    for (; i < stop; i += 8) {
-      __m128 v0 = _mm_loadu_ps(g + i), v1 = _mm_loadu_ps(g + i + 4);
-      if (kRes) { v0 = _mm_add_ps(v0, _mm_loadu_ps(r + i)); v1 = _mm_add_ps(v1, _mm_loadu_ps(r + i + 4)); }
-      const __m128 k0 = _mm_cmpge_ps(v0, z), k1 = _mm_cmpge_ps(v1, z);
-      p0 = _mm_add_ps(p0, _mm_and_ps(k0, v0)); p1 = _mm_add_ps(p1, _mm_and_ps(k1, v1));
-      m0 = _mm_add_ps(m0, _mm_andnot_ps(k0, v0)); m1 = _mm_add_ps(m1, _mm_andnot_ps(k1, v1));
-      c0 = _mm_add_ps(c0, _mm_and_ps(k0, one)); c1 = _mm_add_ps(c1, _mm_and_ps(k1, one));
+  __m128 sp[4] = {z, z, z, z}, sm[4] = {z, z, z, z}, sc[4] = {z, z, z, z};
+  for (int64_t row = 0; row < nrows; ++row, g += 16) {
+#pragma GCC unroll 4
+    for (int q = 0; q < 4; ++q) {
+      __m128 v = _mm_loadu_ps(g + 4 * q);
+      if (kRes) v = _mm_add_ps(v, _mm_loadu_ps(r + 16 * row + 4 * q));
+      const __m128 k = _mm_cmpge_ps(v, z);
+      sp[q] = _mm_add_ps(sp[q], _mm_and_ps(k, v));
+      sm[q] = _mm_add_ps(sm[q], _mm_andnot_ps(k, v));
+      sc[q] = _mm_add_ps(sc[q], _mm_and_ps(k, one));
     }
-    float cc[4];
-    _mm_storeu_ps(cc, _mm_add_ps(c0, c1));
-    c += double(cc[0]) + cc[1] + cc[2] + cc[3];
-    c0 = c1 = z;
   }
-  float pp[4], mm[4];
-  _mm_storeu_ps(pp, _mm_add_ps(p0, p1));
-  _mm_storeu_ps(mm, _mm_add_ps(m0, m1));
-  double p = double(pp[0]) + pp[1] + pp[2] + pp[3], m = double(mm[0]) + mm[1] + mm[2] + mm[3];
-  for (; i < hi; ++i) {
-    const float v = kRes ? g[i] + r[i] : g[i];
-    if (v >= 0.f) { p += v; c += 1; } else { m += v; }
+  for (int q = 0; q < 4; ++q) {
+    _mm_storeu_ps(p + 4 * q, sp[q]);
+    _mm_storeu_ps(m + 4 * q, sm[q]);
+    _mm_storeu_ps(cnt + 4 * q, sc[q]);
   }
-  out3[0] += p; out3[1] += m; out3[2] += c;
 }
 
 // Column-wise accumulation of one row of `cols` values into p/m/cnt[cols].

@@ -1,0 +1,28 @@
+// The 1-bit codec's device launchers (onebit_device.cu, built by nvcc for CUDA and by g++ for
+// the OpenMP twin): plain C++ over raw device pointers. Wire format, summation order and
+// arithmetic are those of csrc/cpu/onebit_cpu.cpp (see onebit_functors.h): the same bytes and
+// values. Arguments are checked by the caller (onebit_ops.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "context.h"
+
+namespace hgc_dev {
+
+// Encodes the n-value matrix of `cols` >= 1 columns whose row i starts at element i * ld of
+// `grad` (and of `residual`; nullptr: none): bits[ceil(n / 8)] (element i -> byte i / 8, bit
+// i % 8) and scales[2 * cols] (a+ of every column, then a-); the residual, when given, becomes
+// v - decoded in place. ld == cols: contiguous; ld > cols: a column window (cols >= 2). n == 0:
+// every scale 0.
+void onebit_encode(const Ctx& ctx, DType dtype, const void* grad, void* residual, int64_t n, int64_t cols,
+                   int64_t ld, uint8_t* bits, float* scales);
+
+// out = scale * the sum of K payloads (payload k's bits at bits + k * bits_stride, its scales at
+// scales + k * scales_stride) of an n-value matrix of `cols` columns, row i written from element
+// i * ld of `out` (ld == cols: contiguous; the other columns of a window are left as they are).
+void onebit_decode_sum(const Ctx& ctx, DType dtype, const uint8_t* bits, int64_t bits_stride, const float* scales,
+                       int64_t scales_stride, int64_t K, int64_t n, int64_t cols, int64_t ld, double scale,
+                       void* out);
+
+}  // namespace hgc_dev
