@@ -131,8 +131,8 @@ def main(argv=None):
               f"params identical across ranks: {identical}", flush=True)
         if args.json:
             print(json.dumps({
-                "codec": label, "ranks": accelerator.num_processes, "distributed_type": str(accelerator.distributed_type),
-                "epochs": progress.epoch, "steps": steps, "test_accuracy": acc, "params_identical": identical,
+                "codec": label, "ranks": accelerator.num_processes,
+                "distributed_type": str(accelerator.distributed_type), "epochs": progress.epoch, "steps": steps, "test_accuracy": acc, "params_identical": identical,
                 "params_digest": digests[0], "seconds": seconds, "hook_steps": stats.get("steps"),
                 "bytes_sent_per_step": stats.get("bytes_sent_per_step"),
                 "bytes_dense_per_step": stats.get("bytes_dense_per_step"), "wire_ratio": stats.get("wire_ratio"),

@@ -144,7 +144,6 @@ def _find(obj, key):
 
 
 def test_lightning_strategy_checks_its_arguments():
-    pytest.importorskip("lightning")
     from horovod_gradcomp.integrations.lightning import CompressedDDPStrategy
     with pytest.raises(ValueError, match="unknown codec 'nope'"):
         CompressedDDPStrategy("nope")
@@ -185,7 +184,6 @@ def test_accelerate_resume_continues_from_the_compression_state(accelerate_runs,
 
 
 def test_accelerate_register_single_process_and_wrong_model():
-    pytest.importorskip("accelerate")
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
     from horovod_gradcomp.integrations import accelerate as hgc_accelerate
