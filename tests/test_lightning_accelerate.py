@@ -22,9 +22,13 @@ TIMEOUT = 240
 pytestmark = pytest.mark.timeout(6 * TIMEOUT)
 
 
-def lightning(*args: str) -> dict:
+def lightning_proc(*args: str):
     # Lightning starts the second process itself (it re-runs the script).
-    return last_json(run([sys.executable, "examples/train_lightning.py", "--devices", "2", "--json", *args], TIMEOUT))
+    return run([sys.executable, "examples/train_lightning.py", "--devices", "2", "--json", *args], TIMEOUT)
+
+
+def lightning(*args: str) -> dict:
+    return last_json(lightning_proc(*args))
 
 
 def free_port() -> int:
@@ -115,7 +119,9 @@ def test_lightning_resume_continues_from_the_compression_state(lightning_runs, t
     # Without the compression state the resumed run starts its residuals fresh: other parameters.
     del saved["hgc_compression"]
     torch.save(saved, tmp_path / "no_state.ckpt")
-    fresh = lightning("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(tmp_path / "no_state.ckpt"))
+    proc = lightning_proc("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(tmp_path / "no_state.ckpt"))
+    assert "the compression state (error feedback etc.) starts fresh" in proc.stderr + proc.stdout
+    fresh = last_json(proc)
     assert fresh["params_identical"] is True and fresh["global_step"] == straight["global_step"], fresh
     assert fresh["params_digest"] != straight["params_digest"]
 
