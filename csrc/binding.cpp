@@ -10,6 +10,7 @@
 #include "cpu/dgc_memory_cpu.h"
 
 #ifdef WITH_CUDA
+#include "device/dgc_ops.h"  // DGC's device path (csrc/device/dgc_ops.cpp)
 #include "cuda/ops_cuda.h"  // the CUDA ops (csrc/cuda/ops_cuda.cpp), built only with CUDA
 #include "device/terngrad_ops.h"  // TernGrad's device path (csrc/device/terngrad_ops.cpp)
 // Device branch of a dispatch function: the CUDA op for CUDA tensors.
@@ -122,31 +123,31 @@ at::Tensor terngrad_sum_decode(const at::Tensor& levels, int64_t n, int64_t k, i
 
 std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select(const at::Tensor& x, int64_t k, int64_t sample_count,
                                                                int64_t key) {
-  HGC_ON_CUDA(x.is_cuda(), dgc_select_cuda(x, k, sample_count, key));
+  HGC_ON_CUDA(x.is_cuda(), dgc_select_device(x, k, sample_count, key));
   return dgc_select_cpu(x, k, sample_count, key);
 }
 
 at::Tensor dgc_scatter_sum(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values, int64_t n,
                            at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out) {
   HGC_ON_CUDA(!indices.empty() && indices[0].is_cuda(),
-              dgc_scatter_sum_cuda(indices, values, n, dtype, scale, out));
+              dgc_scatter_sum_device(indices, values, n, dtype, scale, out));
   return dgc_scatter_sum_cpu(indices, values, n, dtype, scale, out);
 }
 
 at::Tensor dgc_index_encode(const at::Tensor& idx, int64_t n) {
-  HGC_ON_CUDA(idx.is_cuda(), dgc_index_encode_cuda(idx, n));
+  HGC_ON_CUDA(idx.is_cuda(), dgc_index_encode_device(idx, n));
   return dgc_index_encode_cpu(idx, n);
 }
 
 at::Tensor dgc_index_decode(const at::Tensor& code, int64_t count, int64_t n) {
-  HGC_ON_CUDA(code.is_cuda(), dgc_index_decode_cuda(code, count, n));
+  HGC_ON_CUDA(code.is_cuda(), dgc_index_decode_device(code, count, n));
   return dgc_index_decode_cpu(code, count, n);
 }
 
 void dgc_accumulate(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov, double coef) {
   if (g.is_cuda()) {
 #ifdef WITH_CUDA
-    dgc_accumulate_cuda(u, v, g, momentum, nesterov, coef);
+    dgc_accumulate_device(u, v, g, momentum, nesterov, coef);
     return;
 #else
     TORCH_CHECK(false, "horovod_gradcomp._C was built without CUDA kernels; got CUDA tensors (use impl='reference')");

@@ -2,8 +2,8 @@
 // csrc/checks.h and csrc/payload_checks.h, made before anything is launched), output
 // allocation on the input's device, and calls of the kernel launchers of csrc/cuda/*.cu on
 // the current CUDA stream. Only the host round trips the results' sizes need synchronize
-// (DGC's selection count, the Elias stream length and header, validity flags of received
-// payloads: DGC indices and Elias codes are data, checked on the device, flag read back once).
+// (the Elias stream length and header, validity flags of received payloads: Elias codes are
+// data, checked on the device, flag read back once). DGC: csrc/device/dgc_ops.cpp.
 #include "ops_cuda.h"
 
 #include <ATen/cuda/CUDAContext.h>
@@ -14,7 +14,6 @@
 
 #include "../checks.h"
 #include "../payload_checks.h"
-#include "dgc_cuda.h"
 #include "onebit_cuda.h"
 #include "qsgd_cuda.h"
 #include "terngrad_cuda.h"
@@ -201,111 +200,4 @@ at::Tensor qsgd_decode_elias_cuda(const at::Tensor& norms, const at::Tensor& nbi
                                           group_buckets, G, out.data_ptr(), bad.data_ptr<int>(), stream()));
   TORCH_CHECK(bad.item<int>() == 0, hgc::kQsgdEliasMalformed);  // one synchronization
   return out;
-}
-
-// ---- DGC ------------------------------------------------------------------------------------
-
-std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cuda(const at::Tensor& x, int64_t k,
-                                                                    int64_t sample_count, int64_t key) {
-  HGC_CHECK_CONTIGUOUS(x);
-  HGC_CHECK_FLOATING(x);
-  hgc::check_dgc_select_args(k, sample_count);
-  const int64_t n = x.numel();
-  const at::ScalarType ity = hgc::dgc_index_type(n);
-  if (n == 0 || k == 0)
-    return {at::empty({0}, x.options().dtype(ity)), at::empty({0}, x.options()),
-            std::numeric_limits<double>::infinity(), 2};
-  const at::cuda::CUDAGuard guard(x.device());
-  const auto dt = cuda_dtype(x.scalar_type());
-  uint64_t t_key = 1;
-  double t = 0;
-  int64_t path = 2, count = 0;
-  HGC_CUDA_OK(hgc_cuda::dgc_threshold(dt, x.data_ptr(), n, k, sample_count, static_cast<uint64_t>(key), &t_key, &t,
-                                      &path, &count, stream()));
-  auto idx = at::empty({count}, x.options().dtype(ity));
-  auto vals = at::empty({count}, x.options());
-  HGC_CUDA_OK(hgc_cuda::dgc_compact(dt, x.data_ptr(), n, t_key, ity == at::kLong, idx.data_ptr(), vals.data_ptr(),
-                                    count, stream()));
-  return {idx, vals, t, path};
-}
-
-at::Tensor dgc_scatter_sum_cuda(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values, int64_t n,
-                                at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
-  const at::ScalarType ity = hgc::check_dgc_scatter_args(indices, values, n, dtype, at::kCUDA);
-  const int64_t K = static_cast<int64_t>(indices.size());
-  const at::Device dev = indices[0].device();
-  const bool wide = ity == at::kLong;
-  const at::cuda::CUDAGuard guard(dev);
-  std::vector<at::Tensor> ix(K), vx(K);
-  std::vector<const void*> ip(K), vp(K);
-  std::vector<int64_t> cnt(K);
-  for (int64_t r = 0; r < K; ++r) {
-    ix[r] = indices[r].contiguous();
-    vx[r] = values[r].contiguous();
-    ip[r] = ix[r].data_ptr();
-    vp[r] = vx[r].data_ptr();
-    cnt[r] = ix[r].numel();
-  }
-  // The indices are data: checked on the device before anything is written (one flag per
-  // payload, read back at once), so that the error names the payload as the CPU's does.
-  const at::Tensor bad = at::zeros({K}, at::TensorOptions().dtype(at::kInt).device(dev));
-  HGC_CUDA_OK(hgc_cuda::dgc_check_indices(ip.data(), wide, cnt.data(), K, n, bad.data_ptr<int>(), stream()));
-  const at::Tensor flags = bad.to(at::kCPU);
-  const int* f = flags.data_ptr<int>();
-  for (int64_t r = 0; r < K; ++r)
-    TORCH_CHECK(f[r] == 0, "dgc_decode: payload ", r, ": indices must be strictly increasing and in [0, ", n, ")");
-  at::Tensor out = hgc_decode_output(out_opt, n, dtype, dev, "dgc_decode");
-  const bool direct = dtype == at::kFloat || dtype == at::kDouble;  // accumulate in `out` itself
-  at::Tensor acc = direct ? out : at::empty({n}, out.options().dtype(at::kFloat));
-  HGC_CUDA_OK(hgc_cuda::dgc_scatter_sum(cuda_dtype(dtype), ip.data(), wide, vp.data(), cnt.data(), K, n, scale,
-                                        out.data_ptr(), acc.data_ptr(), /*bad=*/nullptr, stream()));
-  return out;
-}
-
-at::Tensor dgc_index_encode_cuda(const at::Tensor& idx, int64_t n) {
-  const at::ScalarType ity = hgc::check_dgc_index_encode_args(idx, n, at::kCUDA);
-  const at::cuda::CUDAGuard guard(idx.device());
-  const at::Tensor ix = idx.contiguous();
-  const int64_t c = ix.numel();
-  const auto bytes = ix.options().dtype(at::kByte);
-  if (c == 0) return at::empty({0}, bytes);
-  int64_t top = 0;
-  bool ok = true;
-  HGC_CUDA_OK(hgc_cuda::dgc_index_scan(ix.data_ptr(), ity == at::kLong, c, n, &top, &ok, stream()));
-  TORCH_CHECK(ok, "dgc_index_encode: indices must be strictly increasing and in [0, ", n, ")");
-  const int w = top < 256 ? 1 : top < 65536 ? 2 : 0;
-  if (w == 0) return ix.view(at::kByte).clone();  // a gap too wide: the absolute indices
-  at::Tensor out = at::empty({c * w}, bytes);
-  HGC_CUDA_OK(hgc_cuda::dgc_index_write_gaps(ix.data_ptr(), ity == at::kLong, c, w, out.data_ptr<uint8_t>(), stream()));
-  return out;
-}
-
-at::Tensor dgc_index_decode_cuda(const at::Tensor& code, int64_t count, int64_t n) {
-  const int64_t w = hgc::check_dgc_index_decode_args(code, count, n, at::kCUDA);
-  const at::ScalarType ity = hgc::dgc_index_type(n);
-  const int64_t abs_w = ity == at::kLong ? 8 : 4;
-  const at::cuda::CUDAGuard guard(code.device());
-  if (count == 0) return at::empty({0}, code.options().dtype(ity));
-  const at::Tensor cx = code.contiguous();
-  at::Tensor out;
-  bool ok = true;
-  if (w == abs_w) {
-    out = cx.clone().view(ity);
-    int64_t top = 0;
-    HGC_CUDA_OK(hgc_cuda::dgc_index_scan(out.data_ptr(), ity == at::kLong, count, n, &top, &ok, stream()));
-  } else {
-    out = at::empty({count}, code.options().dtype(ity));
-    HGC_CUDA_OK(hgc_cuda::dgc_index_read_gaps(cx.data_ptr<uint8_t>(), static_cast<int>(w), count, n, ity == at::kLong,
-                                              out.data_ptr(), &ok, stream()));
-  }
-  TORCH_CHECK(ok, "dgc_index_decode: indices must be strictly increasing and in [0, ", n, ")");
-  return out;
-}
-
-void dgc_accumulate_cuda(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov,
-                         double coef) {
-  hgc::check_dgc_accumulate_args(u, v, g, momentum, at::kCUDA);
-  const at::cuda::CUDAGuard guard(g.device());
-  HGC_CUDA_OK(hgc_cuda::dgc_accumulate(cuda_dtype(g.scalar_type()), u.data_ptr(), v.data_ptr(), g.data_ptr(), g.numel(),
-                                       momentum, nesterov, coef, stream()));
 }

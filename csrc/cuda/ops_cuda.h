@@ -29,12 +29,3 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias_cuda(const at::
 at::Tensor qsgd_decode_elias_cuda(const at::Tensor& norms, const at::Tensor& nbits, const at::Tensor& stream, int64_t n,
                                   int64_t s, int64_t bucket, int64_t group_buckets, at::ScalarType dtype,
                                   const c10::optional<at::Tensor>& out);
-
-std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cuda(const at::Tensor& x, int64_t k,
-                                                                    int64_t sample_count, int64_t key);
-at::Tensor dgc_scatter_sum_cuda(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values, int64_t n,
-                                at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
-at::Tensor dgc_index_encode_cuda(const at::Tensor& idx, int64_t n);
-at::Tensor dgc_index_decode_cuda(const at::Tensor& code, int64_t count, int64_t n);
-void dgc_accumulate_cuda(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov,
-                         double coef);
