@@ -27,25 +27,32 @@ exchange is done: then the engine closes the step exactly as on the Horovod path
 (:meth:`StepEngine.close_step`: if any rank flagged a NaN or Inf in any bucket, the memory is
 rolled back and every result of the step is NaN on every rank), and every bucket's future
 completes. DDP waits for all of them at the end of backward anyway, so this costs nothing. The
-stream positions, residuals and results are those of ``CodecCompression.exchange(grads,
-partition=<DDP's buckets>)`` over any transport: the tests check them bitwise.
+stream positions, residuals and results are those of the Horovod path's engine given the same
+buckets, ``compression.engine.exchange(grads, partition=state.last_partition)``, over any
+transport: the tests check them bitwise.
 
-DGC (and any memory whose encode needs the whole step's gradient: DGC clips by the global
-norm) cannot start a bucket before the last one is in: it exchanges once per step, when DDP
-hands over the last bucket (a warning says so once). ``per_bucket=False`` asks for the same
+DGC with ``clip_norm`` (any memory whose ``needs_all_grads``: the clipping coefficient comes
+from the whole step's gradient norm) cannot start a bucket before the last one is in: it
+exchanges once per step, when DDP hands over the last bucket (a RuntimeWarning says so once
+per process). DGC without clipping goes per bucket. ``per_bucket=False`` asks for the same
 one-exchange-per-step schedule with any codec (for comparison).
 
 Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
 error) fails the step: every future of the step, those already returned and those of the
-buckets still to come, raises :class:`DDPExchangeError` naming the step, the bucket and the
-rank, and DDP raises it from ``backward()``. The memory is rolled back to where the step began.
+buckets still to come, fails with a :class:`DDPExchangeError` naming the step, the bucket and
+the rank (``wait()`` raises it as a RuntimeError carrying that message, as torch wraps errors
+of chained futures), and DDP raises it from ``backward()``. Per
+bucket, the memory is rolled back to where the step began (each bucket's memory is kept before
+it is encoded, as the engine does for a step of several buckets); with one exchange per step
+nothing is kept, and a failure inside the encode may leave part of the step's memory updated.
 A rank that stops taking part leaves the others waiting in a collective: the stall watchdog
 (``timeout=``, :mod:`horovod_gradcomp.exchange.watchdog`) ends this process with a message
 after the deadline, and the launcher ends the job.
 
 Process group. DDP's own (``ddp_model.process_group``) unless ``group=`` is given: gloo moves
-the byte buffers from the CPU; NCCL moves them on the current CUDA device (the NCCL path is
-written but has not been run: no GPU here). With ``find_unused_parameters=True`` DDP issues a
+the byte buffers from the CPU; NCCL moves them on the current CUDA device, and the results are
+decoded there (the NCCL path is written but has not been run: no GPU here; the fused layouts
+still pack payloads through host memory, :class:`~horovod_gradcomp.exchange.fusion.FusedLayout`). With ``find_unused_parameters=True`` DDP issues a
 collective of its own after the last bucket, on its group, while the hook's may still be
 issued; the hook then uses a new group with the same ranks and backend (created in
 ``register``, on every rank).
@@ -309,7 +316,8 @@ class DDPCompressionState:
         step.closed.set_result(None)
 
     def _fail(self, step: _Step, tag: str, exc: BaseException) -> None:
-        """Fail ``step``: every future of it raises; the memory goes back to where the step began."""
+        """Fail ``step``: every future of it raises; the memory of its buckets is restored from
+        their snapshots (per bucket: where the step began)."""
         if step.error is not None:
             return
         if step in self._open:
