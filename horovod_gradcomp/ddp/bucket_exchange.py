@@ -14,7 +14,9 @@ residuals and counts are those of :meth:`StepEngine.exchange` with the same part
   payloads (variable size: allgather of the sizes, then of the parts padded to the largest)
   -> decode of the mean;
 * two-phase pattern: stripes -> [shared scales] -> worker encode -> alltoallv -> owner
-  requantization -> allgather of the owners' parts (padded to the largest) -> decode.
+  requantization -> allgather of the owners' parts (padded to the largest) -> decode;
+* dense pattern (a codec's ``warmup_steps``, :mod:`horovod_gradcomp.exchange.dense_warmup`):
+  alltoallv of the flat fp32 slices -> the owner's sum -> allgather of the mean's slices.
 
 The last :class:`Call` of a job is marked ``last``: once it is issued, the sequencer
 (:mod:`horovod_gradcomp.ddp.hook`) lets the next bucket issue its collectives, while this one's
@@ -29,6 +31,7 @@ import numpy as np
 import torch
 
 from ..exchange.allgather import AllgatherPattern
+from ..exchange.dense_warmup import DensePattern
 from ..exchange.bucket import Bucket, BucketOutcome, result_tensor
 from ..exchange.encoding import StepPositions
 from ..exchange.engine import BucketJob, StepEngine
@@ -155,6 +158,20 @@ def _two_phase(pattern: TwoPhasePattern, comm, bucket: Bucket, stats, totals
     return BucketOutcome(results, plan.payload_bytes_phase1, plan.sent_bytes(rank), info)
 
 
+def _dense(pattern: DensePattern, comm, bucket: Bucket, stats, totals) -> Generator[Call, object, BucketOutcome]:
+    """The dense pattern (see :meth:`DensePattern.exchange`): its three steps around the two collectives."""
+    flat, send, send_counts, recv_counts = pattern.prepare(comm, bucket, stats)
+    if comm.size == 1:
+        return pattern.finish(comm, bucket, flat, [send], stats)
+    recv = yield Call(comm.alltoallv_async, (send, send_counts, recv_counts), "alltoallv")
+    part, counts = pattern.reduce(comm, flat, recv, stats)
+    gathered = yield Call(comm.allgatherv_known_async, (part, counts), "owners", last=True)
+    return pattern.finish(comm, bucket, flat, gathered, stats)
+
+
+_PATTERNS = {"allgather": _allgather, "two_phase": _two_phase, "dense": _dense}
+
+
 def bucket_job(engine: StepEngine, comm, job: BucketJob, snapshot: bool) -> Job:
     """The whole bucket: preamble, then its pattern; the results go to the engine
     (:meth:`StepEngine.close_bucket`), written into the bucket's gradient views."""
@@ -162,9 +179,8 @@ def bucket_job(engine: StepEngine, comm, job: BucketJob, snapshot: bool) -> Job:
     bucket = engine.open_bucket(job, nonfinite, snapshot)
     if bucket is None:
         return
-    pattern = engine._patterns[job.pattern]
-    run = _two_phase if isinstance(pattern, TwoPhasePattern) else _allgather
-    outcome = yield from run(pattern, comm, bucket, engine.stats, engine._totals)
+    outcome = yield from _PATTERNS[job.pattern](engine._patterns[job.pattern], comm, bucket, engine.stats,
+                                                 engine._totals)
     engine.close_bucket(job, outcome)
 
 

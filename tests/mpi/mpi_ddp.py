@@ -38,6 +38,7 @@ CASES = {  # id: (codec, options)
     "onebit-two_phase": ("onebit", {"pattern": "two_phase"}),
     "onebit-one_exchange": ("onebit", {"per_bucket": False}),
     "onebit-find_unused": ("onebit", {"find_unused_parameters": True}),
+    "onebit-warmup": ("onebit", {"warmup_steps": 2}),   # two dense steps, then onebit
     "terngrad": ("terngrad", {"seed": 1}),
     "terngrad-two_phase": ("terngrad", {"seed": 1, "pattern": "two_phase"}),
     "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 32, "seed": 2, "pattern": "two_phase"}),
