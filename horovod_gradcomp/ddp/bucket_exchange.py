@@ -25,7 +25,7 @@ bytes are still on the wire.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Generator, List
+from typing import Callable, Generator, List
 
 import numpy as np
 import torch
