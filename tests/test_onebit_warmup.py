@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
+from horovod_gradcomp.codecs.base import Payload
 from horovod_gradcomp.exchange.bucket import Bucket
 from horovod_gradcomp.exchange.dense_warmup import DensePattern, _slices
 from horovod_gradcomp.exchange.stats import ExchangeStats
@@ -112,3 +113,43 @@ def test_warmup_steps_are_exact_then_onebit_from_zero_residuals(impl):
     per_step = (comp.stats()["bytes_payload"] - 4 * numel * n_warm) / 2  # the fused buffer, padded
     assert onebit_bytes <= per_step < onebit_bytes + 16 and per_step < 4 * numel
     assert comp.stats()["steps"] == n_warm + 2 and comp.stats()["bytes_payload_dense"] == 4 * numel * (n_warm + 2)
+
+
+# -- scales="rows" ------------------------------------------------------------------------
+@pytest.mark.parametrize("impl", ["native", "reference"])
+@pytest.mark.parametrize("shape", [(6, 5), (4, 3, 2), (9,), (1, 7), (3, 0)])
+def test_rows_mode_is_columns_mode_of_the_transpose(impl, shape):
+    """Rows mode decodes and leaves the residual exactly as the reference's columns mode does
+    on the transposed 2-D view (1-D tensors: one group, as in columns mode)."""
+    rows_codec = hgc.get_codec("onebit", impl=impl, scales="rows")
+    cols_codec = hgc.get_codec("onebit", impl="reference")
+    gen = torch.Generator().manual_seed(len(shape))
+    g = torch.randn(shape, generator=gen)
+    g.view(-1)[::3] = 0.0  # zeros count as non-negative in both modes
+    r = torch.randn(shape, generator=gen) * 0.1
+    r_rows = r.clone()
+    payload = rows_codec.encode(g, residual=r_rows)
+    assert payload.nbytes == rows_codec.payload_nbytes(shape, g.dtype)
+    decoded = rows_codec.decode(payload)
+    if len(shape) >= 2:
+        view_t = lambda t: t.reshape(shape[0], -1).t()  # noqa: E731
+        r_t = view_t(r).contiguous()
+        expected = cols_codec.decode(cols_codec.encode(view_t(g).contiguous(), residual=r_t)).t().reshape(shape)
+        expected_r = r_t.t().reshape(shape)
+        assert payload.buffers["scales"].numel() == 2 * shape[0]
+    else:
+        expected_r = r.clone()
+        expected = cols_codec.decode(cols_codec.encode(g, residual=expected_r))
+    torch.testing.assert_close(decoded, expected, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(r_rows, expected_r, rtol=1e-6, atol=1e-6)
+    stacked = Payload({b: torch.stack([v, v]) for b, v in payload.buffers.items()}, payload.shape, payload.dtype,
+                      payload.device)
+    torch.testing.assert_close(rows_codec.decode_mean_stacked(stacked), decoded)
+
+
+def test_rows_mode_option_and_no_column_windows():
+    codec = hgc.get_codec("onebit", scales="rows")
+    assert "scales='rows'" in codec.agreement_key()
+    assert not codec.encodes_column_windows(torch.zeros(8, 8), 4)
+    with pytest.raises(ValueError, match="scales"):
+        hgc.get_codec("onebit", scales="diagonal")

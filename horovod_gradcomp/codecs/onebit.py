@@ -17,6 +17,15 @@ Wire format (what ``Payload.buffers`` holds, in this order):
 So ``nbytes = ceil(n/8) + 8*cols``. Scales are float32 whatever the gradient dtype
 (fp16/bf16/fp32/fp64 are accepted); the residual is kept in the gradient's dtype and the
 arithmetic runs in float32 (float64 for fp64 gradients).
+
+``scales="rows"`` (an option; the spec's per-column values are the default) ties the two
+values to each row of ``G`` instead (>= 2-D tensors; 1-D and 0-d stay one group): same bits,
+``scales`` float32[2*d0] (``a+`` of every row, then ``a-``). Why: where the rows of a column
+differ in scale (PyTorch stacks an RNN's gates along dim 0; an output layer's rows are
+characters of very different frequency), a column's two means carry a small part of the
+column's energy, the residual grows to many times the gradient and training at a large step
+diverges (docs/results/onebit_divergence.md). Rows mode runs the same torch code for every
+impl (the kernels implement columns); its two-phase stripes are rows (views, no copies).
 """
 from __future__ import annotations
 
@@ -37,6 +46,10 @@ def onebit_columns(shape: Sequence[int]) -> int:
     return 1 if len(shape) <= 1 else math.prod(shape[1:])
 
 
+#: Where onebit's reconstruction values are tied: per column (the spec) or per row of the 2-D view.
+SCALE_GROUPS = ("columns", "rows")
+
+
 @register_codec("onebit")
 class OneBitCodec(Codec):
     """1-bit sign quantizer with per-column means; fuses the error-feedback update."""
@@ -47,20 +60,32 @@ class OneBitCodec(Codec):
     #: (docs/results/README.md, "Column windows").
     default_pattern = "auto"
 
-    def __init__(self, impl: str = "native", warmup_steps: int = 0):
+    def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = "columns"):
         """``warmup_steps``: the exchange averages the first N steps of a compression at full
         precision (:mod:`horovod_gradcomp.exchange.dense_warmup`; residuals untouched, so error
-        feedback starts from zero at step N); this codec's payloads from step N on."""
+        feedback starts from zero at step N); this codec's payloads from step N on.
+        ``scales``: "columns" (the spec) or "rows" (see the module doc)."""
         super().__init__(impl)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"onebit: warmup_steps must be a non-negative int, got {warmup_steps!r}")
-        self.warmup_steps = warmup_steps
+        if scales not in SCALE_GROUPS:
+            raise ValueError(f"onebit: scales must be one of {SCALE_GROUPS}, got {scales!r}")
+        self.warmup_steps, self.scales = warmup_steps, scales
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
 
     def __repr__(self) -> str:
         extra = f", warmup_steps={self.warmup_steps}" if self.warmup_steps else ""
+        extra += f", scales={self.scales!r}" if self.scales != "columns" else ""
         return f"{type(self).__name__}(impl={self.impl!r}{extra})"
+
+    def _by_rows(self, shape: Sequence[int]) -> bool:
+        """True where this codec ties its values to rows (rows mode, >= 2-D)."""
+        return self.scales == "rows" and len(shape) >= 2
+
+    def groups(self, shape: Sequence[int]) -> int:
+        """Number of (a+, a-) pairs of a tensor of this shape: columns, or rows in rows mode."""
+        return int(shape[0]) if self._by_rows(shape) else onebit_columns(shape)
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
@@ -75,12 +100,15 @@ class OneBitCodec(Codec):
 
     def layout(self, shape: Sequence[int], dtype: torch.dtype) -> List[BufferSpec]:
         n = math.prod(shape)
-        return [("bits", torch.uint8, (n + 7) // 8), ("scales", torch.float32, 2 * onebit_columns(shape))]
+        return [("bits", torch.uint8, (n + 7) // 8), ("scales", torch.float32, 2 * self.groups(shape))]
 
     # -- encode -------------------------------------------------------------------
     def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
         """Encode ``tensor`` (+ ``residual``, updated in place to the new quantization error)."""
         self._check(tensor, residual)
+        if self._by_rows(tensor.shape):
+            bits, scales = self._rows_encode(tensor, residual)
+            return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
         cols = onebit_columns(tensor.shape)
         flat = tensor.reshape(-1)
         if self.uses_kernels:
@@ -111,12 +139,41 @@ class OneBitCodec(Codec):
             residual.copy_((grid - decoded).view(residual.shape))
         return pack_bits(pos), scales
 
+    @staticmethod
+    def _rows_encode(tensor: torch.Tensor, residual: Optional[torch.Tensor]):
+        """Rows mode: bits as in columns mode, (a+, a-) of each row of ``tensor.view(d0, -1)``."""
+        acc = accumulation_dtype(tensor.dtype)
+        rows = int(tensor.shape[0])
+        cols = tensor.numel() // rows if rows else 0
+        grid = tensor.reshape(rows, cols).to(acc)
+        if residual is not None:
+            grid = grid + residual.reshape(rows, cols).to(acc)
+        pos = grid >= 0
+        n_pos = pos.sum(1).to(acc)
+        n_neg = grid.shape[1] - n_pos
+        zero = torch.zeros((), dtype=acc, device=grid.device)
+        a_pos = torch.where(n_pos > 0, torch.where(pos, grid, zero).sum(1) / n_pos.clamp(min=1), zero)
+        a_neg = torch.where(n_neg > 0, torch.where(pos, zero, grid).sum(1) / n_neg.clamp(min=1), zero)
+        scales = torch.cat([a_pos, a_neg]).to(torch.float32)
+        if residual is not None:
+            sent = scales.to(acc).view(2, rows, 1)
+            residual.copy_((grid - torch.where(pos, sent[0], sent[1])).view(residual.shape))
+        return pack_bits(pos), scales
+
+    @staticmethod
+    def _rows_decode(payload: Payload) -> torch.Tensor:
+        """Rows mode: the payload's tensor (its shape and dtype)."""
+        rows = int(payload.shape[0])
+        sent = payload.buffers["scales"].view(2, rows, 1).to(accumulation_dtype(payload.dtype))
+        pos = unpack_bits(payload.buffers["bits"], payload.numel).view(rows, payload.numel // rows if rows else 0)
+        return torch.where(pos, sent[0], sent[1]).to(payload.dtype).view(payload.shape)
+
     # -- column windows (two-phase column stripes without copies) -------------------
     def encodes_column_windows(self, tensor: torch.Tensor, width: int) -> bool:
         """The kernels (native: CPU and CUDA tensors; twin: CPU tensors) read and write a window of
         >= 2 columns of a contiguous >= 2-D tensor in place; the reference impl does not."""
         devices = ("cpu", "cuda") if self.impl == "native" else ("cpu",)
-        return (self.uses_kernels and tensor.device.type in devices and tensor.dim() >= 2 and width >= 2
+        return (self.scales == "columns" and self.uses_kernels and tensor.device.type in devices and tensor.dim() >= 2 and width >= 2
                 and tensor.is_contiguous())
 
     def _window(self, tensor: torch.Tensor, start: int, stop: int) -> int:
@@ -152,6 +209,10 @@ class OneBitCodec(Codec):
         """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits
         (written into ``out`` when given: contiguous, same shape and dtype)."""
         check_fixed(self, payload)
+        if self._by_rows(payload.shape):
+            self.check_out(out, payload)
+            flat = self._rows_decode(payload)
+            return flat if out is None else out.copy_(flat)
         n, cols = payload.numel, onebit_columns(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
         if self.uses_kernels:
@@ -171,7 +232,7 @@ class OneBitCodec(Codec):
         """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
         intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
         k = check_fixed(self, stacked, stacked=True)
-        if not self.uses_kernels:
+        if not self.uses_kernels or self._by_rows(stacked.shape):
             return super().decode_mean_stacked(stacked, scale, out)
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         scale = 1.0 / k if scale is None else scale
