@@ -310,7 +310,7 @@ def test_bad_inputs(impl):
 
 
 def test_native_kernel_checks():
-    C = hgc.codecs.terngrad.require_native()
+    C = hgc.native.require_native()
     g = torch.randn(9)
     with pytest.raises(RuntimeError):
         C.terngrad_encode(g, -1.0, math.inf, 0, 0)

@@ -16,7 +16,6 @@
 #include "../payload_checks.h"
 #include "onebit_cuda.h"
 #include "qsgd_cuda.h"
-#include "terngrad_cuda.h"
 
 namespace {
 
@@ -66,45 +65,6 @@ at::Tensor onebit_decode_sum_cuda(const at::Tensor& bits, const at::Tensor& scal
   HGC_CUDA_OK(hgc_cuda::onebit_decode_sum(cuda_dtype(dtype), bits.data_ptr<uint8_t>(), bits.stride(0),
                                           scales.data_ptr<float>(), scales.stride(0), K, n, cols, scale,
                                           out.data_ptr(), stream()));
-  return out;
-}
-
-// ---- TernGrad -------------------------------------------------------------------------------
-
-double terngrad_max_abs_cuda(const at::Tensor& grad) {
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
-  const at::cuda::CUDAGuard guard(grad.device());
-  auto cell = at::empty({1}, grad.options().dtype(at::kDouble));
-  HGC_CUDA_OK(hgc_cuda::terngrad_max_abs(cuda_dtype(grad.scalar_type()), grad.data_ptr(), grad.numel(),
-                                         cell.data_ptr<double>(), stream()));
-  return cell.item<double>();  // the shared scale is agreed on the host (MAX over ranks)
-}
-
-std::tuple<at::Tensor, at::Tensor> terngrad_encode_cuda(const at::Tensor& grad, double scale, double clip, int64_t key0,
-                                                        int64_t key1) {
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
-  const int64_t n = grad.numel();
-  hgc::check_terngrad_encode_args(n, scale, clip, key0, key1);
-  const at::cuda::CUDAGuard guard(grad.device());
-  auto codes = at::empty({(n + 3) / 4}, grad.options().dtype(at::kByte));
-  auto scales = at::full({1}, scale, grad.options().dtype(at::kFloat));
-  HGC_CUDA_OK(hgc_cuda::terngrad_encode(cuda_dtype(grad.scalar_type()), grad.data_ptr(), n, scale, clip,
-                                        static_cast<uint32_t>(key0), static_cast<uint32_t>(key1),
-                                        codes.data_ptr<uint8_t>(), stream()));
-  return {codes, scales};
-}
-
-at::Tensor terngrad_decode_sum_cuda(const at::Tensor& codes, const at::Tensor& scales, int64_t n, at::ScalarType dtype,
-                                    double scale, const c10::optional<at::Tensor>& out_opt) {
-  const int64_t K = hgc::check_terngrad_decode_args(codes, scales, n, dtype, at::kCUDA);
-  const at::cuda::CUDAGuard guard(codes.device());
-  at::Tensor out = hgc_decode_output(out_opt, n, dtype, codes.device(), "terngrad_decode");
-  if (n == 0) return out;
-  HGC_CUDA_OK(hgc_cuda::terngrad_decode_sum(cuda_dtype(dtype), codes.data_ptr<uint8_t>(), codes.stride(0),
-                                            scales.data_ptr<float>(), scales.stride(0), K, n, scale, out.data_ptr(),
-                                            stream()));
   return out;
 }
 

@@ -12,12 +12,6 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_cuda(const at::Tensor& grad, co
 at::Tensor onebit_decode_sum_cuda(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                   at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
 
-double terngrad_max_abs_cuda(const at::Tensor& grad);
-std::tuple<at::Tensor, at::Tensor> terngrad_encode_cuda(const at::Tensor& grad, double scale, double clip, int64_t key0,
-                                                        int64_t key1);
-at::Tensor terngrad_decode_sum_cuda(const at::Tensor& codes, const at::Tensor& scales, int64_t n, at::ScalarType dtype,
-                                    double scale, const c10::optional<at::Tensor>& out);
-
 std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed_cuda(const at::Tensor& x, int64_t s, int64_t bucket, bool max_norm,
                                                           int64_t key);
 at::Tensor qsgd_decode_fixed_cuda(const at::Tensor& norms, const at::Tensor& packed, int64_t n, int64_t s,
