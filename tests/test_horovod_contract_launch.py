@@ -132,3 +132,44 @@ def test_another_ranks_exit_does_not_finalize_mpi_under_this_one():
     inside an exchange. Imported first, horovod_gradcomp initializes MPI, and it stays up."""
     proc = run(mpirun(2, "-c", FINALIZE_PROGRAM), 120)
     assert "MPI finalized under a running rank: False" in proc.stdout, proc.stdout + proc.stderr
+
+
+PARAM_SETS_PROGRAM = """
+import torch, horovod.torch as hvd, horovod_gradcomp as hgc
+hvd.init()
+torch.manual_seed(0)
+class Net(torch.nn.Module):  # the same names on every rank, plus "extra" on rank 0
+    def __init__(self, extra):
+        super().__init__()
+        self.extra = torch.nn.Linear(4, 4) if extra else None
+        self.a, self.b = torch.nn.Linear(4, 4), torch.nn.Linear(4, 3)
+    def forward(self, x):
+        return self.b(self.a(self.extra(x) if self.extra is not None else x))
+model = Net(hvd.rank() == 0)
+comp = hgc.Compression.onebit(model.named_parameters(), timeout=20)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                               named_parameters=model.named_parameters(), compression=comp)
+model(torch.randn(2, 4)).sum().backward()
+try:
+    opt.step()
+except hgc.exchange.ExchangeMismatchError as e:
+    print(f"rank {hvd.rank()}: ExchangeMismatchError: {e}"[:200], flush=True)
+    raise SystemExit(3)
+print("finished", hvd.rank(), flush=True)
+"""
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("np_", [2, 4])
+def test_different_parameter_sets_through_the_optimizer_fail_on_every_rank(np_):
+    """Rank 0's model has an extra first layer (its hook fires last and the other names are
+    the same on every rank, so every rank's first synchronized gradient is a common one and
+    every rank reaches the exchange): the preamble names the disagreement on every rank.
+    (Had the first synchronized gradient been one that only rank 0 has, rank 0 would wait in
+    Horovod and the others end in the stall abort: tests above.)"""
+    proc = run_job(mpirun(np_, "-c", PARAM_SETS_PROGRAM), 150)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "finished" not in out, out[-4000:]
+    for r in range(np_):
+        assert f"rank {r}: ExchangeMismatchError" in out, out[-4000:]
+    assert not CRASH.search(out), out[-4000:]
