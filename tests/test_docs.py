@@ -135,7 +135,9 @@ def test_mkdocs_build_strict(tmp_path):
     pages_ = sorted((site / "reference").rglob("index.html"))
     assert len(pages_) >= 5, pages_
     for page in pages_:
-        assert ":::" not in page.read_text(encoding="utf-8"), f"{page}: an API entry was not rendered"
+        html = page.read_text(encoding="utf-8")
+        assert ":::" not in html, f"{page}: an API entry was not rendered"
+        assert ":func:" not in html and ":class:" not in html, f"{page}: mkdocs_hooks.py left a Sphinx role"
     api = (site / "reference" / "compression" / "index.html").read_text(encoding="utf-8")
     assert "CodecCompression" in api
     assert "error_feedback" in api, "the factories' docstrings are missing from the API reference"
