@@ -46,7 +46,8 @@ Wire formats (``Payload.buffers``, in this order); ``w = 1 + bit_length(s)`` bit
 
 QSGD is used without error feedback here (``fuses_feedback = False``; ``encode`` refuses a
 residual). The native kernels run on CPU and (when ``_C`` has its CUDA kernels) CUDA tensors,
-with identical norms, codes and decoded values; ``impl="reference"`` runs on any device.
+with identical norms, codes and decoded values; ``impl="twin"`` runs the device kernels built
+for the CPU (``_C_twin``) on CPU tensors; ``impl="reference"`` runs on any device.
 """
 from __future__ import annotations
 
@@ -55,7 +56,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..native import require_native, require_native_device
+from ..native import kernels_for, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
@@ -330,8 +331,8 @@ class QSGDCodec(CounterStream, Codec):
         self.rank_stream = rank_stream
         self.variable_size = coding == "elias"
         self.counter = 0
-        if impl == "native":
-            self._C = require_native()
+        if impl != "reference":
+            self._C = kernels_for(impl, "qsgd")
 
     @property
     def width(self) -> int:
@@ -360,8 +361,9 @@ class QSGDCodec(CounterStream, Codec):
         key = stream_key(self.seed, self.rank_stream, self.next_position())
         flat = tensor.reshape(-1)
         max_norm = self.norm == "max"
-        if self.impl == "native":
-            require_native_device(tensor.device, "qsgd")
+        if self.uses_kernels:
+            if self.impl == "native":
+                require_native_device(tensor.device, "qsgd")
             x = flat.contiguous()
             if self.coding == "fixed":
                 norms, packed = self._C.qsgd_encode_fixed(x, self.s, self.bucket, max_norm, key)
@@ -402,7 +404,7 @@ class QSGDCodec(CounterStream, Codec):
         self._check_payload(payload)
         n = payload.numel
         norms = payload.buffers["norms"]
-        if self.impl == "native":
+        if self.uses_kernels:
             fo = self.flat_out(out, payload)
             if self.coding == "fixed":
                 flat = self._C.qsgd_decode_fixed(norms, payload.buffers["packed"], n, self.s, self.bucket,
@@ -423,7 +425,7 @@ class QSGDCodec(CounterStream, Codec):
         """``scale * sum_k decode(payload_k)`` (fixed coding, native: one fused pass over the
         K payloads; otherwise the base class's loop). ``scale`` defaults to 1/K."""
         k = self._check_payload(stacked, stacked=True)
-        if self.impl != "native" or self.coding != "fixed":
+        if not self.uses_kernels or self.coding != "fixed":
             return super().decode_mean_stacked(stacked, scale, out)
         norms, packed = stacked.buffers["norms"], stacked.buffers["packed"]
         scale = 1.0 / k if scale is None else scale
