@@ -12,6 +12,7 @@
 #ifdef WITH_CUDA
 #include "device/dgc_ops.h"  // DGC's device path (csrc/device/dgc_ops.cpp)
 #include "cuda/ops_cuda.h"  // the CUDA ops (csrc/cuda/ops_cuda.cpp), built only with CUDA
+#include "device/qsgd_ops.h"      // QSGD's device path (csrc/device/qsgd_ops.cpp)
 #include "device/terngrad_ops.h"  // TernGrad's device path (csrc/device/terngrad_ops.cpp)
 // Device branch of a dispatch function: the CUDA op for CUDA tensors.
 #define HGC_ON_CUDA(is_cuda, call) \
@@ -85,20 +86,20 @@ at::Tensor terngrad_decode_sum(const at::Tensor& codes, const at::Tensor& scales
 
 std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed(const at::Tensor& x, int64_t s, int64_t bucket, bool max_norm,
                                                      int64_t key) {
-  HGC_ON_CUDA(x.is_cuda(), qsgd_encode_fixed_cuda(x, s, bucket, max_norm, key));
+  HGC_ON_CUDA(x.is_cuda(), qsgd_encode_fixed_device(x, s, bucket, max_norm, key));
   return qsgd_encode_fixed_cpu(x, s, bucket, max_norm, key);
 }
 
 at::Tensor qsgd_decode_fixed(const at::Tensor& norms, const at::Tensor& packed, int64_t n, int64_t s, int64_t bucket,
                              at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out) {
   HGC_ON_CUDA(norms.is_cuda() || packed.is_cuda(),
-              qsgd_decode_fixed_cuda(norms, packed, n, s, bucket, dtype, scale, out));
+              qsgd_decode_fixed_device(norms, packed, n, s, bucket, dtype, scale, out));
   return qsgd_decode_fixed_cpu(norms, packed, n, s, bucket, dtype, scale, out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias(const at::Tensor& x, int64_t s, int64_t bucket,
                                                                  bool max_norm, int64_t key, int64_t group_buckets) {
-  HGC_ON_CUDA(x.is_cuda(), qsgd_encode_elias_cuda(x, s, bucket, max_norm, key, group_buckets));
+  HGC_ON_CUDA(x.is_cuda(), qsgd_encode_elias_device(x, s, bucket, max_norm, key, group_buckets));
   return qsgd_encode_elias_cpu(x, s, bucket, max_norm, key, group_buckets);
 }
 
@@ -106,7 +107,7 @@ at::Tensor qsgd_decode_elias(const at::Tensor& norms, const at::Tensor& nbits, c
                              int64_t s, int64_t bucket, int64_t group_buckets, at::ScalarType dtype,
                              const c10::optional<at::Tensor>& out) {
   HGC_ON_CUDA(norms.is_cuda() || nbits.is_cuda() || stream.is_cuda(),
-              qsgd_decode_elias_cuda(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out));
+              qsgd_decode_elias_device(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out));
   return qsgd_decode_elias_cpu(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out);
 }
 

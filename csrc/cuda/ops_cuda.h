@@ -12,14 +12,3 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_cuda(const at::Tensor& grad, co
 at::Tensor onebit_decode_sum_cuda(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                   at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
 
-std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed_cuda(const at::Tensor& x, int64_t s, int64_t bucket, bool max_norm,
-                                                          int64_t key);
-at::Tensor qsgd_decode_fixed_cuda(const at::Tensor& norms, const at::Tensor& packed, int64_t n, int64_t s,
-                                  int64_t bucket, at::ScalarType dtype, double scale,
-                                  const c10::optional<at::Tensor>& out);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias_cuda(const at::Tensor& x, int64_t s, int64_t bucket,
-                                                                      bool max_norm, int64_t key,
-                                                                      int64_t group_buckets);
-at::Tensor qsgd_decode_elias_cuda(const at::Tensor& norms, const at::Tensor& nbits, const at::Tensor& stream, int64_t n,
-                                  int64_t s, int64_t bucket, int64_t group_buckets, at::ScalarType dtype,
-                                  const c10::optional<at::Tensor>& out);
