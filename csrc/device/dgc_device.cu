@@ -3,10 +3,10 @@
 //
 // Selection: every quantity that decides the payload is an integer (keys, counts) or a sort of
 // integer keys, so the threshold, the path and the count are the CPU's on any backend and any
-// number of threads: the sampled keys are gathered (the CPU's stream), sorted descending and
-// the r-th read back; the count above it is an integer count_if; when the estimate is off by
-// more than 2x, the candidate keys (path 1) or all keys (path 2) are sorted and the exact k-th
-// largest read back. Compaction: one stable copy_if over (index, value) pairs, so the indices
+// number of threads: the sampled keys are gathered (the CPU's stream) and sorted descending;
+// the count of keys above the r-th is an integer reduction that also returns that key (one
+// read-back); when the estimate is off by more than 2x, the candidate keys (path 1) or all keys
+// (path 2) are sorted and counted above the exact k-th largest likewise. Compaction: one stable copy_if over (index, value) pairs, so the indices
 // ascend. Scatter-sum: the indices are checked first (one scan, K flags read back at once), then
 // one for_each per payload, in payload order, each over its strictly increasing indices.
 #include "dgc_device.h"
@@ -68,18 +68,24 @@ template <typename U> int64_t count_at(Exec& ex, const U* p, int64_t n, U t) {
                                                thrust::counting_iterator<int64_t>(n), dgc::IndexAtLeast<U>{p, t}));
 }
 
-// The exact threshold over the keys >= lo (lo = t0: the c0 candidates, which hold the k largest
-// keys; lo = 0: all n keys): sorted descending, t = their k-th largest, or 1 when the (k+1)-th
-// is zero (at most k nonzero keys: the CPU's exact_threshold). len > k.
-template <typename U> U exact_threshold(Exec& ex, const U* p, int64_t n, U lo, int64_t len, int64_t k) {
+// (#{i : key_i >= t}, t) for the threshold rule th over keys in device memory: one integer
+// reduction, one read-back.
+template <typename U> dgc::CountKey count_threshold(Exec& ex, const U* p, int64_t n, dgc::ThresholdAt<U> th) {
+  return thrust::transform_reduce(ex.policy(), thrust::counting_iterator<int64_t>(0),
+                                  thrust::counting_iterator<int64_t>(n), dgc::CountAtLeast<U>{p, th},
+                                  dgc::CountKey{0, 0}, dgc::CombineCountKey());
+}
+
+// The exact threshold over the keys >= lo (lo = t0: the len = c0 candidates, which hold the k
+// largest keys; lo = 0: all len = n keys), sorted descending: their k-th largest, or 1 when the
+// (k+1)-th is zero (at most k nonzero keys: the CPU's exact_threshold); len > k. Returns it and
+// the count of keys >= it.
+template <typename U> dgc::CountKey exact_threshold(Exec& ex, const U* p, int64_t n, U lo, int64_t len, int64_t k) {
   Scratch<U> keys(ex, len);
   const auto key_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::KeyAt<U>{p});
   thrust::copy_if(ex.policy(), key_of, key_of + n, keys.get(), dgc::KeyAtLeast<U>{lo});
   thrust::sort(ex.policy(), keys.get(), keys.get() + len, thrust::greater<U>());
-  U at[2] = {0, 0};  // the k-th and (k+1)-th largest
-  ex.to_host(at, keys.get() + (k - 1), 2 * sizeof(U));
-  if (at[1] == 0) return U(1);
-  return at[0] > U(1) ? at[0] : U(1);
+  return count_threshold<U>(ex, p, n, dgc::ThresholdAt<U>{keys.get() + (k - 1), true});
 }
 
 template <typename U>
@@ -89,25 +95,23 @@ DgcThreshold threshold_typed(Exec& ex, const U* p, int64_t n, int64_t k, int64_t
     r.count = count_at<U>(ex, p, n, U(1));
     return r;
   }
-  U t;
+  dgc::CountKey t;
   if (m > 0) {
     Scratch<U> s(ex, m);
     ex.for_each_index(m, dgc::GatherSample<U>{p, n, key, s.get()});
     thrust::sort(ex.policy(), s.get(), s.get() + m, thrust::greater<U>());
     int64_t rank = static_cast<int64_t>(std::ceil(static_cast<double>(k) * static_cast<double>(m) / n));
     rank = std::min(std::max<int64_t>(rank, 1), m);
-    U sr = 0;
-    ex.to_host(&sr, s.get() + (rank - 1), sizeof(U));
-    const U t0 = sr > U(1) ? sr : U(1);
-    const int64_t c0 = count_at<U>(ex, p, n, t0);
+    const dgc::CountKey c = count_threshold<U>(ex, p, n, dgc::ThresholdAt<U>{s.get() + (rank - 1), false});
+    const int64_t c0 = c.count;
     if (2 * c0 >= k && c0 <= 2 * k) {
-      r.key = t0;
+      r.key = c.key;
       r.path = 0;
       r.count = c0;
       return r;
     }
     if (c0 > 2 * k) {
-      t = exact_threshold<U>(ex, p, n, t0, c0, k);
+      t = exact_threshold<U>(ex, p, n, static_cast<U>(c.key), c0, k);
       r.path = 1;
     } else {
       t = exact_threshold<U>(ex, p, n, U(0), n, k);
@@ -115,8 +119,8 @@ DgcThreshold threshold_typed(Exec& ex, const U* p, int64_t n, int64_t k, int64_t
   } else {
     t = exact_threshold<U>(ex, p, n, U(0), n, k);
   }
-  r.key = t;
-  r.count = count_at<U>(ex, p, n, t);
+  r.key = t.key;
+  r.count = t.count;
   return r;
 }
 

@@ -14,7 +14,8 @@ namespace hgc_dev {
 // with m > 0 samples, t0 = max(1, the ceil(k*m/n)-th largest of the m sampled keys) and
 // c0 = #{key >= t0}; t = t0 when k/2 <= c0 <= 2k (path 0); the exact k-th largest key when
 // c0 > 2k (path 1) or c0 < k/2, m == 0, k >= n (path 2: 1 when at most k keys are nonzero).
-// Reads back a few scalars (t0, c0, and on paths 1/2 the sorted keys at k-1, k and the count).
+// Host round trips: one on path 0 (the count and t in one integer reduction), two on paths 1
+// and 2 (c0, then the exact count and t); algorithm calls: 4 on paths 0 and 2, 7 on path 1.
 struct DgcThreshold {
   uint64_t key;   // t as a key (|x|'s bits)
   double value;   // t as a double

@@ -39,6 +39,41 @@ template <typename U> struct GatherSample {
   HGC_HOST_DEVICE void operator()(int64_t j) const { s[j] = abs_key(p[hgc::dgc_sample_place(key, j, n)]); }
 };
 
+// The threshold as a function of keys in device memory (so that it is never read back before
+// the count that needs it): at[0] is the r-th largest sampled key (exact: the k-th largest key,
+// at[1] the (k+1)-th); t = max(at[0], 1), and exact: 1 when at[1] == 0 (at most k nonzero keys).
+template <typename U> struct ThresholdAt {
+  const U* at;
+  bool exact;
+  HGC_HOST_DEVICE U operator()() const {
+    if (exact && at[1] == 0) return U(1);
+    return at[0] > U(1) ? at[0] : U(1);
+  }
+};
+
+// #{key >= t} and t itself, reduced together so that one read-back gives both (integers: any
+// order of the reduction gives the same result).
+struct CountKey {
+  int64_t count;
+  uint64_t key;
+};
+
+struct CombineCountKey {
+  HGC_HOST_DEVICE CountKey operator()(const CountKey& a, const CountKey& b) const {
+    return CountKey{a.count + b.count, a.key > b.key ? a.key : b.key};
+  }
+};
+
+// Index i's term of that reduction: (key_i >= t, t).
+template <typename U> struct CountAtLeast {
+  const U* p;
+  ThresholdAt<U> th;
+  HGC_HOST_DEVICE CountKey operator()(int64_t i) const {
+    const U t = th();
+    return CountKey{abs_key(p[i]) >= t ? 1 : 0, static_cast<uint64_t>(t)};
+  }
+};
+
 // key(x_i) >= t, for an index i.
 template <typename U> struct IndexAtLeast {
   const U* p;
