@@ -142,3 +142,21 @@ def test_the_duplicate_is_made_by_the_first_exchange(recorder):
         comp.exchange({n: torch.randn(p.shape) for n, p in model.named_parameters()})
     assert recorder.calls.count("MPI Dup") == 2 and comm.connected
     assert recorder.calls[0] == "MPI Dup"
+
+
+@pytest.mark.parametrize("scheme", ["averaging", "easgd"])
+def test_synchronous_schemes_collectives_run_under_the_watchdog(recorder, scheme):
+    """The schemes' collectives (construction, step, finish) on a wrapped COMM_WORLD."""
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    comm = WatchedComm(MPI.COMM_WORLD, recorder)
+    if scheme == "averaging":
+        s = hgc.ModelAveraging(model, opt, period=2, codec="onebit", comm=comm, timeout=60)
+    else:
+        s = hgc.EASGD(model, opt, period=2, codec="onebit", comm=comm, timeout=60)
+    for step in range(4):
+        opt.zero_grad()
+        model(torch.randn(4, 6)).pow(2).sum().backward()
+        s.step()
+    s.finish()
+    assert "MPI Dup" in recorder.calls and len(recorder.calls) > 3, recorder.calls

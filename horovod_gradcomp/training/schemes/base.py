@@ -4,11 +4,15 @@ A scheme wraps a model and its (local) optimizer. ``step()`` runs ``optimizer.st
 and then whatever the scheme exchanges at that local step; ``finish()`` leaves the same
 parameters on every rank. Schemes use mpi4py on their own duplicate of ``COMM_WORLD``
 (never Horovod's communicator); they need no Horovod and coexist with ``hvd.init()``.
+The constructor, ``step()`` and ``finish()`` are collectives, each run under the stall
+watchdog (``timeout=``, as for the compressions): a rank that stops taking part ends the
+job with an error instead of a hang.
 Parameters move as one flat vector on the CPU (copied to and from the model's device).
 """
 from __future__ import annotations
 
 import collections
+from contextlib import contextmanager
 from typing import Dict, List, Optional, Union
 
 import numpy as np
@@ -16,6 +20,7 @@ import torch
 
 from ...codecs import get_codec
 from ...codecs.base import Codec
+from ...exchange.watchdog import default_watchdog, resolve_timeout
 from ...state.error_feedback import ErrorFeedback
 from .coding import RangeCoder, pieces_of_range
 
@@ -41,14 +46,17 @@ class Scheme:
         codec_options: options for ``get_codec`` when ``codec`` is a name.
         error_feedback: keep an error-feedback residual per encoded piece (codec only).
         comm: an mpi4py communicator to duplicate (default ``MPI.COMM_WORLD``).
+        timeout: seconds a collective of the scheme may wait for the other ranks before the
+            job is aborted (None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT`` or 300; 0: no deadline).
     """
 
     name = "scheme"
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, *,
                  codec: Union[None, str, Codec] = None, codec_options: Optional[dict] = None,
-                 error_feedback: bool = True, comm=None):
+                 error_feedback: bool = True, comm=None, timeout: Optional[float] = None):
         MPI = _mpi()
+        self.timeout = resolve_timeout(timeout)
         self.model, self.optimizer = model, optimizer
         named = [(n, p) for n, p in model.named_parameters()]
         if not named:
@@ -60,8 +68,10 @@ class Scheme:
             raise ValueError(f"{self.name}: all parameters must share one floating dtype, got {sorted(map(str, dtypes))}")
         self.dtype = next(iter(dtypes))
         self.numel = sum(p.numel() for p in self.params)
-        self.comm = (comm if comm is not None else MPI.COMM_WORLD).Dup()
-        self.rank, self.size = self.comm.Get_rank(), self.comm.Get_size()
+        base = comm if comm is not None else MPI.COMM_WORLD
+        self.rank, self.size = base.Get_rank(), base.Get_size()
+        with self.guard("construction"):
+            self.comm = base.Dup()
         if isinstance(codec, str):
             codec = None if codec in ("none", "") else get_codec(codec, **(codec_options or {}))
         elif codec_options:
@@ -71,10 +81,11 @@ class Scheme:
         self.local_steps = 0
         self.finished = False
         self._counters: Dict[str, int] = collections.Counter()
-        self._check_agreement()
-        # Every rank starts from rank 0's parameters.
-        start = self.get_flat()
-        self.comm.Bcast([start.numpy(), _mpi_type(self.dtype)], root=0)
+        with self.guard("construction"):
+            self._check_agreement()
+            # Every rank starts from rank 0's parameters.
+            start = self.get_flat()
+            self.comm.Bcast([start.numpy(), _mpi_type(self.dtype)], root=0)
         self.set_flat(start)
 
     # -- to implement --------------------------------------------------------------
@@ -96,14 +107,16 @@ class Scheme:
             raise RuntimeError(f"{self.name}: step() after finish()")
         self.optimizer.step()
         self.local_steps += 1
-        self._after_local_step()
+        with self.guard(f"local step {self.local_steps}"):
+            self._after_local_step()
 
     def finish(self) -> None:
         """Collective: end the scheme; afterwards every rank's model holds the same
         parameters (the average or the center variable). Calling it again does nothing."""
         if self.finished:
             return
-        self._finish()
+        with self.guard("finish"):
+            self._finish()
         self.finished = True
 
     def stats(self) -> Dict[str, object]:
@@ -130,6 +143,12 @@ class Scheme:
             self.feedback.load_state_dict(state["feedback"])
 
     # -- helpers ----------------------------------------------------------------------
+    @contextmanager
+    def guard(self, what: str):
+        """The block (collectives of this scheme) under the stall watchdog's deadline."""
+        with default_watchdog().guard(self.timeout, f"{self.name}: {what} on rank {self.rank} of {self.size}"):
+            yield
+
     def get_flat(self) -> torch.Tensor:
         """A CPU copy of the parameters as one flat vector."""
         return torch.cat([p.detach().reshape(-1).cpu() for p in self.params])

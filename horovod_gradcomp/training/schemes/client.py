@@ -26,7 +26,8 @@ class CenterClient:
 
     def __init__(self, scheme: Scheme, track_pushes: bool = False):
         self.scheme = scheme
-        self.center = ShardedCenter(scheme, scheme.get_flat())
+        with scheme.guard("starting the center"):
+            self.center = ShardedCenter(scheme, scheme.get_flat())
         self.staleness: Dict[int, int] = collections.Counter()
         self.pushed_sum: Optional[torch.Tensor] = (torch.zeros(scheme.numel, dtype=torch.float64)
                                                   if track_pushes else None)
