@@ -19,13 +19,15 @@ So ``nbytes = ceil(n/8) + 8*cols``. Scales are float32 whatever the gradient dty
 arithmetic runs in float32 (float64 for fp64 gradients).
 
 ``scales="rows"`` (an option; the spec's per-column values are the default) ties the two
-values to each row of ``G`` instead (>= 2-D tensors; 1-D and 0-d stay one group): same bits,
+values to each row of ``G`` instead (>= 2-D tensors; 1-D and 0-d stay one group). It is the
+columns mode applied to the transposed view ``G.t()`` (same kernels, one transposed copy of the
+gradient and residual in, the residual and the decoded tensor transposed back out): ``bits``
+in the order of ``G.t()`` (element ``(i, j)`` of ``G`` at flat position ``j*d0 + i``),
 ``scales`` float32[2*d0] (``a+`` of every row, then ``a-``). Why: where the rows of a column
 differ in scale (PyTorch stacks an RNN's gates along dim 0; an output layer's rows are
 characters of very different frequency), a column's two means carry a small part of the
 column's energy, the residual grows to many times the gradient and training at a large step
-diverges (docs/results/onebit_divergence.md). Rows mode runs the same torch code for every
-impl (the kernels implement columns); its two-phase stripes are rows (views, no copies).
+diverges (docs/results/onebit_divergence.md). Its two-phase stripes are rows (views).
 """
 from __future__ import annotations
 
@@ -71,6 +73,7 @@ class OneBitCodec(Codec):
         if scales not in SCALE_GROUPS:
             raise ValueError(f"onebit: scales must be one of {SCALE_GROUPS}, got {scales!r}")
         self.warmup_steps, self.scales = warmup_steps, scales
+        self._cols_twin: Optional["OneBitCodec"] = None
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
 
@@ -82,6 +85,12 @@ class OneBitCodec(Codec):
     def _by_rows(self, shape: Sequence[int]) -> bool:
         """True where this codec ties its values to rows (rows mode, >= 2-D)."""
         return self.scales == "rows" and len(shape) >= 2
+
+    def _columns(self, payload: Payload) -> "OneBitCodec":
+        """This codec in columns mode for ``payload`` (rows mode decodes G.t() through it)."""
+        if self._cols_twin is None:
+            self._cols_twin = OneBitCodec(self.impl)
+        return self._cols_twin
 
     def groups(self, shape: Sequence[int]) -> int:
         """Number of (a+, a-) pairs of a tensor of this shape: columns, or rows in rows mode."""
@@ -106,17 +115,27 @@ class OneBitCodec(Codec):
     def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
         """Encode ``tensor`` (+ ``residual``, updated in place to the new quantization error)."""
         self._check(tensor, residual)
-        if self._by_rows(tensor.shape):
-            bits, scales = self._rows_encode(tensor, residual)
-            return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
-        cols = onebit_columns(tensor.shape)
-        flat = tensor.reshape(-1)
+        if self._by_rows(tensor.shape):  # columns mode of G.t(), the residual transposed back
+            rows, cols = self._grid(tensor.shape)
+            res_t = residual.view(rows, cols).t().contiguous() if residual is not None else None
+            bits, scales = self._encode_flat(tensor.reshape(rows, cols).t().contiguous().view(-1), res_t, rows)
+            if residual is not None:
+                residual.view(rows, cols).copy_(res_t.t())
+        else:
+            bits, scales = self._encode_flat(tensor.reshape(-1), residual, onebit_columns(tensor.shape))
+        return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
+
+    @staticmethod
+    def _grid(shape: Sequence[int]):
+        """``(d0, prod(shape[1:]))``: the 2-D view's rows and columns (>= 2-D shapes)."""
+        return int(shape[0]), math.prod(shape[1:])
+
+    def _encode_flat(self, flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
+        """Columns mode of ``flat`` viewed as ``[-1, cols]``; ``residual`` (contiguous) updated."""
         if self.uses_kernels:
             res = residual.view(-1) if residual is not None else None
-            bits, scales = self._C.onebit_encode(flat.contiguous(), res, cols)
-        else:
-            bits, scales = self._reference_encode(flat, residual, cols)
-        return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
+            return self._C.onebit_encode(flat.contiguous(), res, cols)
+        return self._reference_encode(flat, residual, cols)
 
     @staticmethod
     def _reference_encode(flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
@@ -138,35 +157,6 @@ class OneBitCodec(Codec):
             decoded = torch.where(pos, sent[0], sent[1])
             residual.copy_((grid - decoded).view(residual.shape))
         return pack_bits(pos), scales
-
-    @staticmethod
-    def _rows_encode(tensor: torch.Tensor, residual: Optional[torch.Tensor]):
-        """Rows mode: bits as in columns mode, (a+, a-) of each row of ``tensor.view(d0, -1)``."""
-        acc = accumulation_dtype(tensor.dtype)
-        rows = int(tensor.shape[0])
-        cols = tensor.numel() // rows if rows else 0
-        grid = tensor.reshape(rows, cols).to(acc)
-        if residual is not None:
-            grid = grid + residual.reshape(rows, cols).to(acc)
-        pos = grid >= 0
-        n_pos = pos.sum(1).to(acc)
-        n_neg = grid.shape[1] - n_pos
-        zero = torch.zeros((), dtype=acc, device=grid.device)
-        a_pos = torch.where(n_pos > 0, torch.where(pos, grid, zero).sum(1) / n_pos.clamp(min=1), zero)
-        a_neg = torch.where(n_neg > 0, torch.where(pos, zero, grid).sum(1) / n_neg.clamp(min=1), zero)
-        scales = torch.cat([a_pos, a_neg]).to(torch.float32)
-        if residual is not None:
-            sent = scales.to(acc).view(2, rows, 1)
-            residual.copy_((grid - torch.where(pos, sent[0], sent[1])).view(residual.shape))
-        return pack_bits(pos), scales
-
-    @staticmethod
-    def _rows_decode(payload: Payload) -> torch.Tensor:
-        """Rows mode: the payload's tensor (its shape and dtype)."""
-        rows = int(payload.shape[0])
-        sent = payload.buffers["scales"].view(2, rows, 1).to(accumulation_dtype(payload.dtype))
-        pos = unpack_bits(payload.buffers["bits"], payload.numel).view(rows, payload.numel // rows if rows else 0)
-        return torch.where(pos, sent[0], sent[1]).to(payload.dtype).view(payload.shape)
 
     # -- column windows (two-phase column stripes without copies) -------------------
     def encodes_column_windows(self, tensor: torch.Tensor, width: int) -> bool:
@@ -209,10 +199,14 @@ class OneBitCodec(Codec):
         """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits
         (written into ``out`` when given: contiguous, same shape and dtype)."""
         check_fixed(self, payload)
-        if self._by_rows(payload.shape):
+        if self._by_rows(payload.shape):  # decode G.t(), transposed back
+            rows, cols = self._grid(payload.shape)
             self.check_out(out, payload)
-            flat = self._rows_decode(payload)
-            return flat if out is None else out.copy_(flat)
+            flat_t = Payload(payload.buffers, torch.Size((cols, rows)), payload.dtype, payload.device)
+            decoded_t = self._columns(flat_t).decode(flat_t)
+            result = out if out is not None else torch.empty(payload.shape, dtype=payload.dtype, device=payload.device)
+            result.view(rows, cols).copy_(decoded_t.t())
+            return result
         n, cols = payload.numel, onebit_columns(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
         if self.uses_kernels:
@@ -232,7 +226,15 @@ class OneBitCodec(Codec):
         """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
         intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
         k = check_fixed(self, stacked, stacked=True)
-        if not self.uses_kernels or self._by_rows(stacked.shape):
+        if self._by_rows(stacked.shape):  # the mean of G.t(), transposed back
+            rows, cols = self._grid(stacked.shape)
+            self.check_out(out, stacked)
+            stacked_t = Payload(stacked.buffers, torch.Size((cols, rows)), stacked.dtype, stacked.device)
+            mean_t = self._columns(stacked_t).decode_mean_stacked(stacked_t, scale)
+            result = out if out is not None else torch.empty(stacked.shape, dtype=stacked.dtype, device=stacked.device)
+            result.view(rows, cols).copy_(mean_t.t())
+            return result
+        if not self.uses_kernels:
             return super().decode_mean_stacked(stacked, scale, out)
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         scale = 1.0 / k if scale is None else scale
