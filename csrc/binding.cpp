@@ -11,7 +11,7 @@
 
 #ifdef WITH_CUDA
 #include "device/dgc_ops.h"  // DGC's device path (csrc/device/dgc_ops.cpp)
-#include "cuda/ops_cuda.h"  // the CUDA ops (csrc/cuda/ops_cuda.cpp), built only with CUDA
+#include "device/onebit_ops.h"    // onebit's device path (csrc/device/onebit_ops.cpp)
 #include "device/qsgd_ops.h"      // QSGD's device path (csrc/device/qsgd_ops.cpp)
 #include "device/terngrad_ops.h"  // TernGrad's device path (csrc/device/terngrad_ops.cpp)
 // Device branch of a dispatch function: the CUDA op for CUDA tensors.
@@ -28,29 +28,28 @@ namespace {
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                                                  int64_t cols) {
-  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_cuda(grad, residual, cols));
+  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_device(grad, residual, cols));
   return onebit_encode_cpu(grad, residual, cols);
 }
 
 at::Tensor onebit_decode_sum(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                              at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out) {
   TORCH_CHECK(bits.device() == scales.device(), "onebit_decode: bits and scales are on different devices");
-  HGC_ON_CUDA(bits.is_cuda(), onebit_decode_sum_cuda(bits, scales, n, cols, dtype, scale, out));
+  HGC_ON_CUDA(bits.is_cuda(), onebit_decode_sum_device(bits, scales, n, cols, dtype, scale, out));
   return onebit_decode_sum_cpu(bits, scales, n, cols, dtype, scale, out);
 }
 
-// Column windows have CPU kernels only: on CUDA the two-phase exchange copies its stripes.
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns(const at::Tensor& full,
                                                          const c10::optional<at::Tensor>& residual, int64_t full_cols,
                                                          int64_t col0, int64_t col1) {
-  TORCH_CHECK(!full.is_cuda(), "onebit_encode_columns: CPU tensors only (there is no CUDA kernel for column windows)");
+  HGC_ON_CUDA(full.is_cuda(), onebit_encode_columns_device(full, residual, full_cols, col0, col1));
   return onebit_encode_columns_cpu(full, residual, full_cols, col0, col1);
 }
 
 void onebit_decode_columns(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out, int64_t full_cols,
                            int64_t col0, int64_t col1) {
-  TORCH_CHECK(!out.is_cuda() && !bits.is_cuda() && !scales.is_cuda(),
-              "onebit_decode_columns: CPU tensors only (there is no CUDA kernel for column windows)");
+  HGC_ON_CUDA(out.is_cuda() || bits.is_cuda() || scales.is_cuda(),
+              onebit_decode_columns_device(bits, scales, out, full_cols, col0, col1));
   onebit_decode_columns_cpu(bits, scales, out, full_cols, col0, col1);
 }
 
