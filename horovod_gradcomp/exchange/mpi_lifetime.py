@@ -12,10 +12,13 @@ When MPI is already initialized at ``hvd.init()``, Horovod leaves it alone, and 
 finalizes it at this process's own exit, after Horovod's shutdown. So importing
 horovod_gradcomp under an MPI launcher initializes MPI through mpi4py
 (:func:`initialize_mpi_before_horovod`), unless ``HOROVOD_GRADCOMP_MPI_INIT=0``. Outside an
-MPI launcher (a lone process, torchrun, ``horovodrun --gloo``) nothing is initialized.
+MPI launcher (a lone process, torchrun, ``horovodrun --gloo``), and in the child processes of
+a rank (a DataLoader's spawned workers import the training script's modules again, with the
+launcher's environment), nothing is initialized.
 """
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
 import warnings
@@ -40,11 +43,13 @@ def initialize_mpi_before_horovod() -> str:
     """Initialize MPI (through mpi4py, MPI_THREAD_MULTIPLE) when launched by MPI and Horovod
     has not initialized it yet; returns what happened: "initialized", "already" (mpi4py was
     imported before), "horovod" (``hvd.init()`` ran first: warned, see the module doc),
-    "off" (``HOROVOD_GRADCOMP_MPI_INIT=0``) or "no launcher"."""
+    "off" (``HOROVOD_GRADCOMP_MPI_INIT=0``), "no launcher" or "child process"."""
     if os.environ.get(ENV_VAR, "1") == "0":
         return "off"
     if not launched_by_mpi():
         return "no launcher"
+    if multiprocessing.parent_process() is not None or multiprocessing.current_process().name != "MainProcess":
+        return "child process"  # (a spawned child is named before it imports the main module again)
     if horovod_initialized() and "mpi4py.MPI" not in sys.modules:
         warnings.warn("horovod_gradcomp was imported after hvd.init(): MPI was initialized by Horovod, whose "
                       "background thread finalizes it as soon as any rank shuts Horovod down, even while this rank "
