@@ -107,6 +107,29 @@ def test_clipped_payload_same_at_every_thread_count(twin, threads, dtype, n):
     assert torch.equal(_bits(ref.buffers["codes"]), want[0]) and torch.equal(_bits(ref.buffers["scale"]), want[1])
 
 
+# -- decode-sums -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("k", range(1, 9))
+def test_decode_sum_twin_equals_cpu_for_many_scales(twin, threads, k, dtype):
+    """K payloads of random codes (code 3 included) with one shared scale (the integer path) and
+    with K different scales (the weighted path), for many scales and output scales."""
+    C = require_native()
+    n = 1001
+    gen = torch.Generator().manual_seed(k)
+    codes = torch.randint(0, 256, (k, (n + 3) // 4 + 2), generator=gen, dtype=torch.uint8)[:, 1:]
+    for j in range(40):
+        s = float(torch.rand((), generator=gen, dtype=torch.float64) * 10 ** (j % 7 - 3))
+        shared = torch.full((k, 1), s, dtype=torch.float32)
+        weighted = (torch.rand(k, 1, generator=gen) * s).float()
+        for scales in (shared, weighted):
+            for scale in (1.0 / k, 1.0 / 3, 0.7):
+                want = C.terngrad_decode_sum(codes, scales, n, dtype, scale)
+                threads(1 + j % 4)
+                got = twin.terngrad_decode_sum(codes, scales, n, dtype, scale)
+                assert torch.equal(_bits(got), _bits(want)), (s, scale, scales[:, 0].tolist())
+
+
 # -- the two-phase owner's exact sums ------------------------------------------------------------
 
 def _stacked(k, n, dtype, seed=0, scale=1.5):
