@@ -43,7 +43,7 @@ def initialize_mpi_before_horovod() -> str:
     """Initialize MPI (through mpi4py, MPI_THREAD_MULTIPLE) when launched by MPI and Horovod
     has not initialized it yet; returns what happened: "initialized", "already" (mpi4py was
     imported before), "horovod" (``hvd.init()`` ran first: warned, see the module doc),
-    "off" (``HOROVOD_GRADCOMP_MPI_INIT=0``), "no launcher" or "child process"."""
+    "off" (``HOROVOD_GRADCOMP_MPI_INIT=0``), "no launcher", "child process" or "no mpi4py"."""
     if os.environ.get(ENV_VAR, "1") == "0":
         return "off"
     if not launched_by_mpi():
@@ -58,5 +58,8 @@ def initialize_mpi_before_horovod() -> str:
         return "horovod"
     if "mpi4py.MPI" in sys.modules:
         return "already"
-    from mpi4py import MPI  # noqa: F401 - the import initializes MPI (mpi4py.rc: thread level "multiple")
+    try:
+        from mpi4py import MPI  # noqa: F401 - the import initializes MPI (mpi4py.rc: thread level "multiple")
+    except ImportError:
+        return "no mpi4py"  # the mpi transport is then unavailable anyway
     return "initialized"
