@@ -318,3 +318,21 @@ def test_algorithm_calls_per_op_do_not_grow_with_the_size(tw):
             out = torch.zeros_like(g)
             assert _calls(tw, lambda: tw.onebit_decode_columns(bits[:(shape[0] * 8 + 7) // 8], scales[:16], out,
                                                                cols, 3, 11)) == 1
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+def test_encode_sign_edge_values_equal_cpu(tw, cpu, dtype):
+    """-0.0 counts as non-negative, subnormals, infinities and NaN (negative side): the same bytes
+    on the twin (x86 on both sides; a GPU's NaN bit patterns are not specified to match: the
+    exchange's non-finite check decides before a NaN payload matters)."""
+    info = torch.finfo(dtype)
+    specials = torch.tensor([0.0, -0.0, info.tiny / 4, -info.tiny / 4, info.max, -info.max], dtype=torch.float64)
+    for extra, name in (([], "finite"), ([math.inf, -math.inf], "inf"), ([math.nan], "nan")):
+        vals = torch.cat([specials, torch.tensor(extra, dtype=torch.float64)]).to(dtype)
+        g = _grad((300, 24), dtype, seed=12).reshape(-1)
+        g[torch.arange(vals.numel()) * 331 % g.numel()] = vals
+        for shape, cols in (((300, 24), 24), ((7200,), 1)):
+            r = _grad((7200,), dtype, seed=13) * 0.1
+            want, got = _encode(cpu, g, r, cols), _encode(tw, g, r, cols)
+            for what, a, b in zip(("bits", "scales", "residual"), got, want):
+                _same(a, b, f"{what} of {shape} {dtype} with {name} values")
