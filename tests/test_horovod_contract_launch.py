@@ -173,3 +173,35 @@ def test_different_parameter_sets_through_the_optimizer_fail_on_every_rank(np_):
     for r in range(np_):
         assert f"rank {r}: ExchangeMismatchError" in out, out[-4000:]
     assert not CRASH.search(out), out[-4000:]
+
+
+FAIL_MID_STEP_PROGRAM = """
+import torch, horovod.torch as hvd, horovod_gradcomp as hgc
+hvd.init()
+torch.manual_seed(0)
+model = torch.nn.Sequential(*[torch.nn.Linear(32, 32) for _ in range(4)])
+comp = hgc.Compression.onebit(model.named_parameters(), bucket_bytes=4096, overlap=True, timeout=90)
+opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                               named_parameters=model.named_parameters(), compression=comp)
+for step in range(3):
+    if step == 2 and hvd.rank() == 0:
+        raise RuntimeError("rank 0 fails between steps")
+    opt.zero_grad()
+    model(torch.randn(8, 32)).sum().backward()  # from step 1 on, buckets leave from the communication thread
+    opt.step()
+"""
+
+
+@pytest.mark.timeout(200)
+def test_a_rank_failing_mid_step_ends_the_job_without_a_crash():
+    """Rank 0 raises between steps; rank 1's communication thread is already waiting in the next
+    step's first bucket when Horovod's shutdown reaches its main thread. Its exit must not
+    finalize MPI under that thread: it aborts the job with a message, long before the stall
+    timeout (90 s)."""
+    t0 = time.monotonic()
+    proc = run_job(mpirun(2, "-c", FAIL_MID_STEP_PROGRAM), 150)
+    elapsed, out = time.monotonic() - t0, proc.stdout + proc.stderr
+    assert proc.returncode != 0 and "rank 0 fails between steps" in out, out[-4000:]
+    assert "still inside an exchange" in out, out[-4000:]
+    assert not CRASH.search(out), out[-4000:]
+    assert "StallError" not in out and elapsed < 80, f"{elapsed:.0f} s\n{out[-4000:]}"

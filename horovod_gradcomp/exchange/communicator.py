@@ -8,6 +8,7 @@ under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.e
 """
 from __future__ import annotations
 
+import atexit
 import threading
 from typing import Optional, Sequence
 
@@ -61,6 +62,7 @@ class MPICommunicator:
             with self._lock:
                 if self._comm is None:
                     self._comm = self._duplicate(self._world())
+                    _register_exit_check()
         return self._comm
 
     def _duplicate(self, base):
@@ -155,6 +157,28 @@ class MPICommunicator:
         out = np.empty_like(mine)
         self.connect().Allreduce([mine, MPI.DOUBLE], [out, MPI.DOUBLE], op=MPI.MAX)
         return out
+
+
+_exit_check_registered = False
+
+
+def _register_exit_check() -> None:
+    """Register :func:`_abort_if_exchanging` once, at the first duplicate: after ``hvd.init()``
+    and after mpi4py's import, so that it runs before Horovod's shutdown and MPI's finalize."""
+    global _exit_check_registered
+    if not _exit_check_registered:
+        _exit_check_registered = True
+        atexit.register(_abort_if_exchanging)
+
+
+def _abort_if_exchanging() -> None:
+    """At exit: when another thread of this process is still inside an exchange (a rank failed
+    mid-step while the communication thread waits in a collective), end the MPI job with
+    ``MPI_Abort`` and a message, instead of letting MPI be finalized under that thread."""
+    from .watchdog import default_watchdog, mpi_abort
+    if default_watchdog().active():
+        mpi_abort("horovod_gradcomp: this process exits while another of its threads is still inside an exchange "
+                  "(a rank failed during a step); aborting the MPI job rather than finalizing MPI under it")
 
 
 def _check_bytes(send: torch.Tensor, what: str) -> None:
