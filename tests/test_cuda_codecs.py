@@ -165,6 +165,32 @@ def test_device_onebit_without_feedback(dev, shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("shape", [(64, 3, 7, 7), (300, 1000)], ids=_ids)
+def test_device_onebit_column_windows(dev, shape, dtype):
+    """The two-phase exchange's column windows (widths 2, 7, 8, 9, 296; first, middle and last):
+    encoded and decoded in place by the device kernels with the CPU kernels' bytes (more cases,
+    twin only: tests/test_device_onebit.py)."""
+    C, D = require_native(), dev.module
+    g = _grad(shape, dtype, seed=21)
+    cols = math.prod(shape[1:])
+    for width in (w for w in (2, 7, 8, 9, 296) if w <= cols):
+        for c0 in sorted({0, (cols - width) // 2, cols - width}):
+            r_cpu = _grad(shape, dtype, seed=22) * 0.3
+            r_dev = dev.put(r_cpu.clone())  # (on the twin, put() returns the same tensor)
+            want = C.onebit_encode_columns(g, r_cpu, cols, c0, c0 + width)
+            got = D.onebit_encode_columns(dev.put(g), r_dev, cols, c0, c0 + width)
+            what = f"onebit window [{c0}, {c0 + width}) of {shape}"
+            _same(got[0], want[0], f"{what}: bits")
+            _same(got[1], want[1], f"{what}: scales")
+            _same(r_dev, r_cpu, f"{what}: residual")
+            out_cpu = _grad(shape, dtype, seed=23)
+            out_dev = dev.put(out_cpu.clone())
+            C.onebit_decode_columns(want[0], want[1], out_cpu, cols, c0, c0 + width)
+            D.onebit_decode_columns(dev.put(want[0]), dev.put(want[1]), out_dev, cols, c0, c0 + width)
+            _same(out_dev, out_cpu, f"{what}: decode")
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
 @pytest.mark.parametrize("key", list(CODECS))
 def test_device_equals_cpu_resnet50_shapes(dev, key, dtype):
     for i, shape in enumerate(RESNET_SHAPES):
