@@ -104,9 +104,8 @@ def extension():
     link = ["-fopenmp"]
     if _want_cuda():
         # csrc/device/*.cu: the Thrust sources (no PyTorch headers); csrc/device/*_ops.cpp: their
-        # torch ops. (csrc/cuda/: hand-written kernels not yet replaced by device sources.)
+        # torch ops (the same files the twin builds for the CPU).
         sources += sorted(glob.glob("csrc/device/*.cu")) + sorted(glob.glob("csrc/device/*_ops.cpp"))
-        sources += sorted(glob.glob("csrc/cuda/*.cu")) + sorted(glob.glob("csrc/cuda/*.cpp"))
         return cpp_extension.CUDAExtension(
             "horovod_gradcomp._C", sources, define_macros=[("WITH_CUDA", None)],
             extra_compile_args={"cxx": cxx, "nvcc": NVCC_FLAGS + [std]}, extra_link_args=link)

@@ -1,5 +1,5 @@
 // Argument checks shared by the bindings, the CPU ops (csrc/cpu) and the CUDA ops
-// (csrc/cuda/ops_cuda.cpp): one home, so that an op checks the same things, in the same words,
+// (csrc/device/*_ops.cpp, for CUDA and the OpenMP twin): one home, so that an op checks the same things, in the same words,
 // on either device. Device-specific checks take the device type (at::kCPU, at::kCUDA).
 // The checks of a received payload, before a decoder reads it, are in payload_checks.h.
 #pragma once

@@ -1,5 +1,5 @@
 // HGC_HOST_DEVICE: a function compiled for the CPU and, under nvcc, for the GPU too (headers
-// shared by csrc/cpu and csrc/cuda; no PyTorch headers).
+// shared by csrc/cpu and csrc/device; no PyTorch headers).
 #pragma once
 
 #if defined(__CUDACC__)

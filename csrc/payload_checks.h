@@ -1,5 +1,5 @@
 // Checks a decoder runs on a received payload before it reads a byte of it, on the CPU
-// (csrc/cpu) and on CUDA (csrc/cuda/ops_cuda.cpp) alike: one function per decoder, so that the
+// (csrc/cpu) and on CUDA (csrc/device/*_ops.cpp, CUDA and the twin) alike: one function per decoder, so that the
 // two entry points of a decoder check the same things with the same messages.
 //
 // A payload arrives from another rank: its buffers' dtypes, dims, strides and lengths, its

@@ -1,5 +1,5 @@
 // The counter-based splitmix64 stream of QSGD and DGC, one definition for csrc/cpu and
-// csrc/cuda so that both devices draw the same numbers (plain C++, no PyTorch headers).
+// csrc/device so that both devices draw the same numbers (plain C++, no PyTorch headers).
 #pragma once
 
 #include <cstdint>

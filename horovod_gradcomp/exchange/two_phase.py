@@ -46,9 +46,9 @@ every rank), ``"columns"`` when the tensor is >= 2-D, has at least K columns and
 stripes save at least 8 bytes per stripe; ``"rows"`` otherwise. TernGrad and QSGD never save
 that much (one scale per stripe, one partial bucket per stripe), so they stay on rows.
 Column stripes are encoded and decoded in place where the codec has strided kernels for the
-tensor (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`: onebit on the CPU,
-the same bytes as encoding a copy); elsewhere (CUDA tensors, the reference impl) they cost a
-strided copy in and out. onebit's reconstruction values are then exactly per column of the
+tensor (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`: onebit's native CPU
+kernels, its device kernels on CUDA and the twin; the same bytes as encoding a copy);
+elsewhere (the reference impl) they cost a strided copy in and out. onebit's reconstruction values are then exactly per column of the
 whole tensor, as in the paper (whose matrices are column-major).
 
 Other choices: TernGrad's optional clipping and QSGD's buckets apply per stripe (buckets
