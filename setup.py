@@ -83,8 +83,19 @@ def twin_extension():
               "built; tests/test_cuda_codecs.py will fail on it", flush=True)
         return None
     return cpp_extension.CppExtension("horovod_gradcomp._C_twin", sorted(glob.glob("csrc/twin/*.cpp")),
-                                      include_dirs=[inc], extra_compile_args={"cxx": twin_cxx_flags()},
+                                      include_dirs=twin_include_dirs(inc), extra_compile_args={"cxx": twin_cxx_flags()},
                                       extra_link_args=["-fopenmp"])
+
+
+def twin_include_dirs(cccl):
+    """CCCL's directory, then the CUDA toolkit's include/ when there is one: CCCL includes
+    cuda_runtime_api.h whenever the compiler can find one (a CPATH holding NVIDIA's wheel headers
+    is enough), and that header needs the toolkit's crt/ beside it."""
+    dirs = [cccl]
+    cuda_inc = os.path.join(os.path.dirname(cccl), "")
+    if os.path.isfile(os.path.join(cuda_inc, "crt", "host_defines.h")):
+        dirs.append(os.path.normpath(cuda_inc))
+    return dirs
 
 
 def twin_cxx_flags():

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
         ldflags += ["-fsanitize=address"]
     os.makedirs(args.build_dir, exist_ok=True)
     cpp_extension.load(name="_C_twin", sources=[os.path.join(ROOT, s) for s in sources],
-                       extra_include_paths=[inc], extra_cflags=cflags, extra_ldflags=ldflags,
+                       extra_include_paths=build.twin_include_dirs(inc), extra_cflags=cflags, extra_ldflags=ldflags,
                        build_directory=args.build_dir, verbose=False)
     print(os.path.join(args.build_dir, "_C_twin.so"))
     return 0
