@@ -91,7 +91,9 @@ class CodecCompression:
         check_dense(tensor, f"Compression.{self.codec.name}")
         name = self.index.name_of(tensor, lambda: calling_parameter(self))
         self.engine.submit(name, tensor)  # the mean is later written back into this buffer
-        return torch.ones(1, dtype=torch.float32, device=tensor.device), name
+        # A host placeholder whatever the gradient's device: Horovod reduces CPU tensors in any
+        # build, while a CUDA placeholder needs a Horovod built with GPU operations.
+        return torch.ones(1, dtype=torch.float32), name
 
     def decompress(self, output: torch.Tensor, name: Optional[str]) -> torch.Tensor:
         """The mean over ranks of ``name``'s decoded payloads, scaled as Horovod's op asks;
