@@ -202,6 +202,9 @@ def test_a_rank_failing_mid_step_ends_the_job_without_a_crash():
     proc = run_job(mpirun(2, "-c", FAIL_MID_STEP_PROGRAM), 150)
     elapsed, out = time.monotonic() - t0, proc.stdout + proc.stderr
     assert proc.returncode != 0 and "rank 0 fails between steps" in out, out[-4000:]
-    assert "still inside an exchange" in out, out[-4000:]
+    # Two orders are legitimate, depending on scheduling: rank 1's communication thread is
+    # already inside the next bucket's exchange (the exit aborts, naming it), or Horovod's
+    # shutdown reaches rank 1's main thread first (its own error, before any exchange starts).
+    assert "still inside an exchange" in out or "Horovod has been shut down" in out, out[-4000:]
     assert not CRASH.search(out), out[-4000:]
     assert "StallError" not in out and elapsed < 80, f"{elapsed:.0f} s\n{out[-4000:]}"
