@@ -38,10 +38,12 @@ def compression(codec: str, model: torch.nn.Module, **extra):
     return getattr(hgc.Compression, codec)(model.named_parameters(), **CODECS[codec], **extra)
 
 
-def optimizer(model: torch.nn.Module, comp) -> hvd.DistributedOptimizer:
+def optimizer(model: torch.nn.Module, comp, prefix: str = "") -> hvd.DistributedOptimizer:
+    """Horovod's optimizer over ``model``; ``prefix`` renames its tensors in Horovod, for cases
+    whose failing step can leave Horovod still processing (and refusing) the previous names."""
     kwargs = {} if comp is None else {"compression": comp}
-    return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
-                                    named_parameters=model.named_parameters(), **kwargs)
+    named = [(prefix + name, p) for name, p in model.named_parameters()]
+    return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named, **kwargs)
 
 
 def train_step(model: torch.nn.Module, opt, step: int = 0) -> None:
@@ -76,13 +78,17 @@ def test_different_patterns_raise_on_every_rank():
 def test_one_rank_with_plain_horovod_fails_on_every_rank(plain):
     """Rank 0 uses Horovod's own allreduce (no compression=, or Compression.none/fp16), the others
     a codec: Horovod's coordinator sees the codec's one-element placeholders against rank 0's
-    gradients (no parameter here has one element) and fails every rank's step."""
+    gradients (no parameter here has one element) and fails every rank's step.
+
+    Horovod fails each tensor of the step on its own: the later tensors' errors can still be in
+    its background thread when the next case starts, and a name still being processed is
+    refused ("same name as another tensor"), so each case has names of its own."""
     model = make_model()
     if RANK == 0:
         comp = None if plain == "default" else getattr(hgc.Compression, plain)(model.named_parameters())
     else:
         comp = compression("onebit", model)
-    opt = optimizer(model, comp)
+    opt = optimizer(model, comp, prefix=f"plain_{plain}.")
     with pytest.raises(Exception, match="(?i)mismatch"):
         train_step(model, opt)
 
