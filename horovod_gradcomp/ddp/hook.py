@@ -9,18 +9,28 @@ hands over during backward:
 1. records the bucket (its parameters' names and gradient views) and returns at once a
    ``torch.futures.Future`` that completes with the bucket's buffer holding the mean over ranks;
 2. on the sequencer thread (below): checks agreement and non-finite values (preamble), encodes
-   the bucket through the memory, and starts its collectives with ``async_op=True``; each
-   collective's ``get_future().then(...)`` resumes the bucket where it stopped (owner
-   requantization, the second collective, the decode into the bucket's gradient views), while
-   backward goes on computing the next buckets (:mod:`horovod_gradcomp.ddp.bucket_exchange`).
+   the bucket through the memory, and starts its collectives with ``async_op=True``; a waiter
+   thread per collective in flight waits for it and hands the bucket back to the sequencer,
+   which resumes it where it stopped (owner requantization, the second collective, the decode
+   into the bucket's gradient views), while backward goes on computing the next buckets
+   (:mod:`horovod_gradcomp.ddp.bucket_exchange`).
 
 Order. Collectives pair across ranks by the order in which each rank issues them, and the
-completions that resume a bucket arrive in an order that differs between ranks. So one thread,
-``hgc-ddp``, runs every bucket's steps and lets one bucket at a time issue collectives: bucket
+completions that resume a bucket arrive in an order that differs between ranks. So one thread
+at a time runs bucket steps (the sequencer ``hgc-ddp``, which takes DDP's buckets in order, or
+the waiter whose collective just completed; each holds the state's turn lock), and one bucket
+at a time may issue collectives: bucket
 j+1 starts once bucket j has issued its last collective (buckets in DDP's order, which is the
 same on every rank; bucket j's last bytes may still be on the wire). Chaining collectives
 directly in the callbacks, as PyTorch's PowerSGD hook does, pairs different buckets' collectives
 on gloo when a model spans several buckets; this hook does not.
+
+Threads. No Python runs on the backend's threads (no ``Future.then`` callbacks: see
+:mod:`horovod_gradcomp.transports.torch_dist`), and each bucket's future is completed by the
+hook's thread that closes the step, with the bucket's buffer, so DDP chains only its own C++ callbacks on it. At the
+interpreter's exit the hook waits until its threads are idle (a bounded wait: a thread stuck in
+a collective of a failed job is left, as a daemon), so none of them is inside torch while Python
+shuts down (:mod:`horovod_gradcomp.ddp.daemon_threads`).
 
 Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
 exchange is done: then the engine closes the step exactly as on the Horovod path
@@ -40,8 +50,8 @@ one-exchange-per-step schedule with any codec (for comparison).
 Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
 error) fails the step: every future of the step, those already returned and those of the
 buckets still to come, fails with a :class:`DDPExchangeError` naming the step, the bucket and
-the rank (``wait()`` raises it as a RuntimeError carrying that message, as torch wraps errors
-of chained futures), and DDP raises it from ``backward()``. Per
+the rank (``wait()`` raises it; it is a RuntimeError), and DDP raises its message from
+``backward()``. Per
 bucket, the memory is rolled back to where the step began (each bucket's memory is kept before
 it is encoded, as the engine does for a step of several buckets); with one exchange per step
 nothing is kept, and a failure inside the encode may leave part of the step's memory updated.
@@ -59,14 +69,15 @@ issued; the hook then uses a new group with the same ranks and backend (created 
 """
 from __future__ import annotations
 
+import atexit
 import functools
 import os
-import queue
 import sys
 import threading
 import time
 import warnings
-from typing import Dict, List, Optional
+import weakref
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -76,6 +87,7 @@ from ..exchange.watchdog import StallWatchdog
 from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .bucket_exchange import Call, bucket_job
+from .daemon_threads import DaemonThreads
 
 
 class DDPExchangeError(RuntimeError):
@@ -93,7 +105,10 @@ def _exit_on_stall(message: str) -> None:
 _WATCHDOG: Optional[StallWatchdog] = None
 #: The sequencer thread ends after this many idle seconds (and starts again with the next bucket).
 _IDLE_S = 2.0
+#: At exit, how long to wait for the hook's threads of every live state, in all.
+_EXIT_JOIN_S = 10.0
 _warned_one_exchange = False
+_LIVE_STATES: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def _watchdog() -> StallWatchdog:
@@ -104,17 +119,48 @@ def _watchdog() -> StallWatchdog:
 
 
 class _Step:
-    """One backward pass: its buckets' jobs, names, and the future every bucket's future hangs on."""
+    """One backward pass: its buckets' jobs and names, and the futures returned to DDP, each
+    completed with its bucket's buffer when the step closes (or failed with the step's error)."""
 
     def __init__(self, number: int):
         self.number = number
-        self.closed: torch.futures.Future = torch.futures.Future()
+        self._lock = threading.Lock()
+        self._futures: List[Tuple[torch.futures.Future, torch.Tensor]] = []
+        self._settled = False
+        self._outcome: Optional[BaseException] = None
         self.exchanged: List[str] = []
         self.partition: List[List[str]] = []
         self.pending: Dict[str, torch.Tensor] = {}   # one exchange per step: the grads so far
         self.running = 0                              # jobs started and not finished
         self.all_in = False                           # DDP handed over the last bucket
         self.error: Optional[BaseException] = None
+
+    def future_for(self, buffer: torch.Tensor) -> torch.futures.Future:
+        """A future of ``buffer``: completed when the step closes, at once if it already has."""
+        fut: torch.futures.Future = torch.futures.Future()
+        with self._lock:
+            if not self._settled:
+                self._futures.append((fut, buffer))
+                return fut
+        _settle(fut, buffer, self._outcome)
+        return fut
+
+    def settle(self, error: Optional[BaseException] = None) -> None:
+        """Complete every bucket's future (with its buffer, or ``error``); once."""
+        with self._lock:
+            if self._settled:
+                return
+            self._settled, self._outcome = True, error
+            futures, self._futures = self._futures, []
+        for fut, buffer in futures:
+            _settle(fut, buffer, error)
+
+
+def _settle(fut: torch.futures.Future, buffer: torch.Tensor, error: Optional[BaseException]) -> None:
+    if error is None:
+        fut.set_result(buffer)
+    else:
+        fut.set_exception(error)
 
 
 class _Running:
@@ -151,12 +197,17 @@ class DDPCompressionState:
         self._timeline = None
         self._step: Optional[_Step] = None
         self._steps = 0
-        self._events: "queue.SimpleQueue" = queue.SimpleQueue()
         self._waiting: List[tuple] = []        # jobs not started yet, in order
         self._active: Optional[_Running] = None  # the job allowed to issue collectives
-        self._thread: Optional[threading.Thread] = None
-        self._lock = threading.Lock()
         self._open: List[_Step] = []            # steps neither closed nor failed
+        # DDP's buckets go to the sequencer thread, in order; a waiter thread per collective in
+        # flight waits for it and then resumes its bucket itself; either holds _turn while it
+        # runs a bucket's steps, so that one thread at a time issues collectives
+        self._turn = threading.Lock()
+        self._sequencer = DaemonThreads("hgc-ddp", limit=1, setup=self._set_device, on_error=self._fail_open,
+                                        idle_s=_IDLE_S)
+        self._waiters = DaemonThreads("hgc-ddp-wait", setup=self._set_device, idle_s=_IDLE_S)
+        _LIVE_STATES.add(self)
         if per_bucket and not self.per_bucket:
             _warn_one_exchange(compression)
 
@@ -180,8 +231,7 @@ class DDPCompressionState:
             step = self._step = _Step(self._steps)
             self._steps += 1
             self._open.append(step)
-        buffer = bucket.buffer()
-        fut = step.closed.then(lambda f: (f.value(), buffer)[1])
+        fut = step.future_for(bucket.buffer())
         last, tag = bucket.is_last(), str(bucket.index())
         if last:
             self._step = None          # the next backward is a new step
@@ -195,31 +245,21 @@ class DDPCompressionState:
 
     # -- the sequencer thread -------------------------------------------------------------
     def _post(self, fn, *args) -> None:
-        with self._lock:
-            self._events.put((fn, args))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="hgc-ddp", daemon=True)
-                self._thread.start()
+        """Run ``fn(*args)`` on the sequencer thread, after everything posted before."""
+        self._sequencer.post(self._in_turn, fn, *args)
 
-    def _run(self) -> None:
-        """The sequencer thread: runs posted steps in order; ends after ``_IDLE_S`` without any
-        (so that a state no longer used can be freed), and :meth:`_post` starts it again."""
+    def _in_turn(self, fn, *args) -> None:
+        with self._turn:
+            fn(*args)
+
+    def _set_device(self) -> None:
         if self.communicator.device.type == "cuda":
             torch.cuda.set_device(self.communicator.device)
-        while True:
-            try:
-                fn, args = self._events.get(timeout=_IDLE_S)
-            except queue.Empty:
-                with self._lock:
-                    if self._events.empty():
-                        self._thread = None
-                        return
-                continue
-            try:
-                fn(*args)
-            except BaseException as exc:  # noqa: BLE001 - a bug here must not leave DDP waiting forever
-                for step in list(self._open):
-                    self._fail(step, "?", exc)
+
+    def _fail_open(self, exc: BaseException) -> None:
+        """A bug in the sequencer must not leave DDP waiting forever: fail every open step."""
+        for step in list(self._open):
+            self._fail(step, "?", exc)
 
     def _hand_over(self, step: _Step, tag: str, names: List[str], grads: Dict[str, torch.Tensor], last: bool):
         if step.error is not None:
@@ -283,17 +323,37 @@ class DDPCompressionState:
             self._fail(job.step, job.tag, exc)   # first: no later bucket of the step may start
             self._end_job(job)
             return
-        done.then(functools.partial(self._completed, job, call, issued_at))
+        self._waiters.post(self._await, job, call, issued_at, done)
         if call.last and self._active is job:
             self._active = None
             self._start_next()
 
-    def _completed(self, job: _Running, call: Call, issued_at: float, fut: torch.futures.Future) -> None:
-        """A collective finished (any thread): record it, resume its job on the sequencer thread."""
+    def _await(self, job: _Running, call: Call, issued_at: float, done) -> None:
+        """A waiter thread: wait for one collective (its error is raised again where the job
+        resumes), record it, and resume its job in turn."""
+        try:
+            done.wait()
+        except BaseException:  # noqa: BLE001 - done.wait() raises it again in _advance
+            pass
         if self._timeline is not None:
             self._timeline.intervals.append(Interval("collective", f"hgc-ddp bucket {job.tag}: {call.kind}",
                                                     issued_at, time.perf_counter()))
-        self._post(self._advance, job, fut)
+        with self._turn:
+            try:
+                self._advance(job, done)
+            except BaseException as exc:  # noqa: BLE001
+                self._fail_open(exc)
+
+    def wait_idle(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until none of the hook's threads runs anything (each
+        collective in flight waited for and its bucket resumed); True if so."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not (self._waiters.wait_idle(max(0.0, deadline - time.monotonic()))
+                    and self._sequencer.wait_idle(max(0.0, deadline - time.monotonic()))):
+                return False
+            if self._waiters.wait_idle(0):    # the sequencer started no new wait meanwhile
+                return True
 
     def _end_job(self, job: _Running) -> None:
         job.guard.__exit__(None, None, None)
@@ -313,7 +373,7 @@ class DDPCompressionState:
             return
         self.last_partition = step.partition
         self._open.remove(step)
-        step.closed.set_result(None)
+        step.settle()
 
     def _fail(self, step: _Step, tag: str, exc: BaseException) -> None:
         """Fail ``step``: every future of it raises; the memory of its buckets is restored from
@@ -332,7 +392,7 @@ class DDPCompressionState:
             self.compression.state.restore(snapshot)
         engine.abort_step()
         self.compression.index.end_step()
-        step.closed.set_exception(err)
+        step.settle(err)
 
     # -- introspection and checkpoints -----------------------------------------------------
     def stats(self) -> dict:
@@ -358,6 +418,14 @@ def _warn_one_exchange(compression) -> None:
         warnings.warn(f"hgc.ddp: {compression.codec.name} needs the whole step's gradient before it encodes "
                       "(DGC clips by the global norm): one exchange per step, after DDP hands over its last bucket; "
                       "no bucket's exchange overlaps backward", RuntimeWarning, stacklevel=3)
+
+
+@atexit.register
+def _join_at_exit() -> None:
+    """Before Python shuts down: no hook thread may be inside torch (see the module doc)."""
+    deadline = time.monotonic() + _EXIT_JOIN_S
+    for state in list(_LIVE_STATES):
+        state.wait_idle(max(0.0, deadline - time.monotonic()))
 
 
 def _hook(state, bucket):  # no annotations: DDP compares them to Future[Tensor] objects, not strings

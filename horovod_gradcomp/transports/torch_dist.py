@@ -3,8 +3,14 @@
 :class:`TorchDistributedCommunicator` has the interface of
 :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` (blocking collectives) plus an
 asynchronous twin of each collective (``*_async``: issued with ``async_op=True``, returning a
-``torch.futures.Future`` of what the blocking one returns, chained on the work's
-``get_future()``). The blocking ones are the asynchronous ones waited for: one code path.
+:class:`Pending` of what the blocking one returns). The blocking ones are the asynchronous ones
+waited for: one code path.
+
+No Python runs on the backend's threads: a :class:`Pending` finishes its result (slicing,
+stacking, the copy to numpy) on the thread that waits for it, never in a ``Future.then``
+callback. A callback run by a gloo or NCCL thread takes the GIL again after it returns, to free
+itself, and a process whose main thread has begun to exit in between is aborted by the C++
+runtime ("terminate called without an active exception").
 
 Its group: the one given (``hgc.ddp.register`` passes DDP's own process group, or ``group=``),
 else a new gloo group over all ranks. The backend decides where the bytes live:
@@ -27,7 +33,7 @@ sequencer does, :mod:`horovod_gradcomp.ddp.hook`).
 from __future__ import annotations
 
 import threading
-from typing import Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -40,10 +46,43 @@ def _check_bytes(send: torch.Tensor, what: str) -> None:
         raise TypeError(f"{what} expects a flat uint8 tensor")
 
 
-def _done(value) -> torch.futures.Future:
-    fut: torch.futures.Future = torch.futures.Future()
-    fut.set_result(value)
-    return fut
+class Pending:
+    """A collective in flight and how to finish its result.
+
+    ``wait()`` waits for ``inner`` (a work's ``torch.futures.Future``, another Pending, or None),
+    passes its value to ``finish`` on the calling thread, and returns what ``finish`` returns;
+    it raises what either raised. Every later ``wait()``, from any thread, returns (or raises)
+    the same without waiting again. ``then(fn)`` is a Pending of ``fn(value)``.
+    """
+
+    def __init__(self, inner: Optional[Any], finish: Callable[[Any], Any]):
+        self._inner = inner
+        self._finish = finish
+        self._lock = threading.Lock()
+        self._settled = False
+        self._value: Any = None
+        self._error: Optional[BaseException] = None
+
+    def wait(self) -> Any:
+        with self._lock:
+            if not self._settled:
+                try:
+                    value = self._inner.wait() if self._inner is not None else None
+                    self._value = self._finish(value)
+                except BaseException as exc:  # noqa: BLE001 - every waiter gets it
+                    self._error = exc
+                self._settled = True
+                self._inner = self._finish = None
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def then(self, fn: Callable[[Any], Any]) -> "Pending":
+        return Pending(self, fn)
+
+
+def _done(value) -> Pending:
+    return Pending(None, lambda _: value)
 
 
 class TorchDistributedCommunicator:
@@ -91,7 +130,7 @@ class TorchDistributedCommunicator:
             self.padding_bytes += nbytes
 
     # -- asynchronous collectives --------------------------------------------------------
-    def allgather_async(self, send: torch.Tensor) -> torch.futures.Future:
+    def allgather_async(self, send: torch.Tensor) -> Pending:
         """Future of uint8[K, n]: every rank's ``send`` (n bytes on every rank), row k from rank k."""
         _check_bytes(send, "allgather")
         send = self._on_device(send)
@@ -101,12 +140,12 @@ class TorchDistributedCommunicator:
         if self._gather_flat is not None:
             out = torch.empty(k * send.numel(), dtype=torch.uint8, device=self.device)
             work = self._gather_flat(out, send, group=self.group, async_op=True)
-            return work.get_future().then(lambda fut: (fut.value(), out.view(k, -1))[1])
+            return Pending(work.get_future(), lambda _: out.view(k, -1))
         parts = [torch.empty_like(send) for _ in range(k)]
         work = self._dist.all_gather(parts, send, group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: (fut.value(), torch.stack(parts))[1])
+        return Pending(work.get_future(), lambda _: torch.stack(parts))
 
-    def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> torch.futures.Future:
+    def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> Pending:
         """Future of ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` for parts whose sizes every
         rank knows: one allgather padded to the largest part (padding counted)."""
         _check_bytes(send, "allgatherv_known")
@@ -120,17 +159,16 @@ class TorchDistributedCommunicator:
             padded = torch.zeros(longest, dtype=torch.uint8, device=send.device)
             padded[:send.numel()] = send
         self._add_padding((longest - send.numel()) * (self.size - 1))
-        return self.allgather_async(padded).then(
-            lambda fut: [row[:int(n)] for row, n in zip(fut.value(), c)])
+        return self.allgather_async(padded).then(lambda rows: [row[:int(n)] for row, n in zip(rows, c)])
 
-    def sizes_async(self, n: int) -> torch.futures.Future:
+    def sizes_async(self, n: int) -> Pending:
         """Future of every rank's ``n`` (int64 numpy vector): one allgather of 8 bytes."""
         mine = torch.tensor([n], dtype=torch.int64).view(torch.uint8)
         return self.allgather_async(mine).then(
-            lambda fut: fut.value().cpu().contiguous().view(torch.int64).reshape(-1).numpy())
+            lambda rows: rows.cpu().contiguous().view(torch.int64).reshape(-1).numpy())
 
     def alltoallv_async(self, send: torch.Tensor, send_counts: Sequence[int],
-                        recv_counts: Sequence[int]) -> torch.futures.Future:
+                        recv_counts: Sequence[int]) -> Pending:
         """Future of the personalized exchange (see :meth:`MPICommunicator.alltoallv`): one
         ``all_to_all_single`` with uneven splits."""
         _check_bytes(send, "alltoallv")
@@ -144,16 +182,16 @@ class TorchDistributedCommunicator:
         recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=self.device)
         work = self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(),
                                             input_split_sizes=sc.tolist(), group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: (fut.value(), recv)[1])
+        return Pending(work.get_future(), lambda _: recv)
 
-    def allreduce_max_async(self, values: np.ndarray) -> torch.futures.Future:
+    def allreduce_max_async(self, values: np.ndarray) -> Pending:
         """Future of the elementwise maximum over ranks of a float64 vector (numpy, same shape)."""
         shape = np.shape(values)
         t = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1)).to(self.device)
         if self.size == 1:
             return _done(t.cpu().numpy().reshape(shape))
         work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
-        return work.get_future().then(lambda fut: (fut.value(), t.cpu().numpy().reshape(shape))[1])
+        return Pending(work.get_future(), lambda _: t.cpu().numpy().reshape(shape))
 
     # -- the MPICommunicator interface (blocking) -------------------------------------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:

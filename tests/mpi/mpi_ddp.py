@@ -216,7 +216,8 @@ def test_error_in_one_bucket_reaches_every_future():
         time.sleep(0.01)
     for fut in futures:
         assert fut.done()
-        with pytest.raises(RuntimeError, match=f"DDPExchangeError: hgc.ddp: step 2, bucket 1 failed on rank {RANK}"):
+        with pytest.raises(hgc.ddp.DDPExchangeError, match=f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: "
+                                                            "ValueError: injected"):
             fut.wait()
     after = flat_state(state.state_dict())
     assert all(torch.equal(u, v) for (_, u), (_, v) in zip(before, after)), "the failed step's memory rolled back"
