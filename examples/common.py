@@ -1,14 +1,18 @@
-"""What the examples share: the two data sets, the sharding of the training set, the parameter digest.
+"""What the examples share: the two data sets, the sharding of the training set, the digits
+model and its plain training epoch, the ``--codec``/``--codec-opt`` options, the parameter digest.
 
 The examples are run as ``python examples/X.py``, which puts ``examples/`` on ``sys.path``;
 they import this module as ``from common import ...``.
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 
 import numpy as np
 import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
 
 def load_data(seed):
@@ -31,6 +35,77 @@ def shard(x_tr, y_tr, rank, size, batch_size):
     if steps == 0:
         raise SystemExit(f"--batch-size {batch_size} x {size} ranks exceeds the {len(x_tr)} training samples")
     return x_tr[rank::size], y_tr[rank::size], steps
+
+
+def digits_setup(seed, hidden, rank, size, batch_size):
+    """examples/train.py's digits run on one rank: torch's generator seeded with ``seed``, the
+    data (:func:`load_data`), this rank's shard (:func:`shard`) and the MLP (64 -> ``hidden`` ->
+    ReLU -> 10). Returns (model, x_shard, y_shard, steps per epoch, x_te, y_te)."""
+    torch.manual_seed(seed)
+    x_tr, y_tr, x_te, y_te = load_data(seed)
+    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, batch_size)
+    model = nn.Sequential(nn.Linear(x_tr.shape[1], hidden), nn.ReLU(), nn.Linear(hidden, 10))
+    return model, x_shard, y_shard, steps, x_te, y_te
+
+
+def train_epoch(model, optimizer, x_shard, y_shard, steps, batch_size, gen):
+    """One epoch of plain steps (zero_grad, cross-entropy, backward, ``optimizer.step()``) over
+    the shard in an order drawn from ``gen``; returns the sum of the ``steps`` losses."""
+    order = torch.randperm(len(x_shard), generator=gen)
+    loss_sum = 0.0
+    for i in range(steps):
+        idx = order[i * batch_size:(i + 1) * batch_size]
+        optimizer.zero_grad()
+        loss = F.cross_entropy(model(x_shard[idx]), y_shard[idx])
+        loss.backward()
+        optimizer.step()
+        loss_sum += loss.item()
+    return loss_sum
+
+
+def add_codec_args(p, codec_help, default="onebit"):
+    """``--codec NAME`` and the repeatable ``--codec-opt KEY=VALUE`` on the parser ``p``."""
+    p.add_argument("--codec", default=default, help=codec_help)
+    p.add_argument("--codec-opt", action="append", default=[], metavar="KEY=VALUE",
+                   help="codec option (repeatable); VALUE is a Python literal or a string")
+
+
+def parse_codec_args(p, argv, known):
+    """``p.parse_args(argv)`` with ``args.options``, the ``--codec-opt`` dict; a bad pair or a
+    ``--codec`` not in ``known`` is refused through ``p.error`` (usage, exit status 2)."""
+    args = p.parse_args(argv)
+    args.options = codec_options(args.codec_opt, p.error)
+    check_codec(args.codec, known, p.error)
+    return args
+
+
+def _fail(message, error):
+    if error is None:
+        raise SystemExit(message)
+    error(message)  # argparse's p.error: usage and the message on stderr, exit status 2
+    raise SystemExit(message)  # an ``error`` that returned
+
+
+def codec_options(pairs, error=None):
+    """The ``--codec-opt KEY=VALUE`` pairs as a dict (VALUE a Python literal where it parses as
+    one, else the string). A pair without ``=`` is refused with a message naming it: through
+    ``error(message)`` when given (a parser's ``p.error``), else ``SystemExit(message)``."""
+    opts = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep:
+            _fail(f"--codec-opt expects KEY=VALUE, got {pair!r}", error)
+        try:
+            opts[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            opts[key] = value
+    return opts
+
+
+def check_codec(name, known, error=None):
+    """Refuses a ``--codec`` not in ``known`` as :func:`codec_options` refuses a bad pair."""
+    if name not in known:
+        _fail(f"unknown --codec {name!r}; choose one of {', '.join(known)}", error)
 
 
 def load_text(context, train_stride=16, test_stride=64):

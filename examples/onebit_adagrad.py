@@ -23,11 +23,9 @@ import time
 
 import horovod.torch as hvd
 import torch
-import torch.nn as nn
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import load_data, params_digest, shard  # noqa: E402
+from common import digits_setup, params_digest, train_epoch  # noqa: E402
 
 import horovod_gradcomp as hgc  # noqa: E402
 
@@ -50,11 +48,7 @@ def main(argv=None):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
-
-    model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    model, x_shard, y_shard, steps, x_te, y_te = digits_setup(args.seed, args.hidden, rank, size, args.batch_size)
     compression = (hgc.Compression.onebit(model.named_parameters()) if args.codec == "onebit"
                    else hgc.Compression.none())
     optimizer = hvd.DistributedOptimizer(torch.optim.Adagrad(model.parameters(), lr=args.lr),
@@ -66,15 +60,7 @@ def main(argv=None):
     t0 = time.perf_counter()
     model.train()
     for epoch in range(args.epochs):
-        order = torch.randperm(len(x_shard), generator=gen)
-        loss_sum = 0.0
-        for i in range(steps):
-            idx = order[i * args.batch_size:(i + 1) * args.batch_size]
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x_shard[idx]), y_shard[idx])
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item()
+        loss_sum = train_epoch(model, optimizer, x_shard, y_shard, steps, args.batch_size, gen)
         train_loss = hvd.allreduce(torch.tensor(loss_sum / steps), name=f"loss.{epoch}").item()
     seconds = time.perf_counter() - t0
 

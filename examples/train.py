@@ -27,7 +27,6 @@ skip the same steps.
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import math
 import sys
@@ -40,7 +39,7 @@ import horovod.torch as hvd
 from tqdm import tqdm
 
 import horovod_gradcomp as hgc
-from common import load_data, load_text, params_digest, shard
+from common import add_codec_args, check_codec, codec_options, load_data, load_text, params_digest, shard
 
 DENSE = {"none": hgc.Compression.none, "fp16": hgc.Compression.fp16}
 # Per task: epochs, learning rate.
@@ -51,11 +50,8 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--task", choices=tuple(TASK_DEFAULTS), default="digits")
-    p.add_argument("--codec", default="onebit",
-                   help="none | fp16 | onebit-noef | any of hgc.available_codecs(): "
-                        + ", ".join(hgc.available_codecs()))
-    p.add_argument("--codec-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="option for the codec (repeatable); VALUE is a Python literal or a string")
+    add_codec_args(p, "none | fp16 | onebit-noef | any of hgc.available_codecs(): "
+                   + ", ".join(hgc.available_codecs()))
     p.add_argument("--label", default=None, help="name of this run in the output (default: --codec)")
     p.add_argument("--epochs", type=int, default=None, help="default: digits 30, charlm 4")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
@@ -134,28 +130,13 @@ def lm_loss(model, x, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), next_chars(x, y).reshape(-1))
 
 
-def codec_options(pairs):
-    opts = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--codec-opt expects KEY=VALUE, got {pair!r}")
-        try:
-            opts[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            opts[key] = value
-    return opts
-
-
 def all_finite(params):
     return all(bool(torch.isfinite(p.grad).all()) for p in params if p.grad is not None)
 
 
 def main(argv=None):
     args = parse_args(argv)
-    known = [*DENSE, "onebit-noef", *hgc.available_codecs()]
-    if args.codec not in known:
-        raise SystemExit(f"unknown --codec {args.codec!r}; choose one of {', '.join(known)}")
+    check_codec(args.codec, [*DENSE, "onebit-noef", *hgc.available_codecs()])
     label = args.label or args.codec
     hvd.init()
     rank, size = hvd.rank(), hvd.size()

@@ -21,11 +21,10 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
-from common import load_data, params_digest, shard
-from train import codec_options, parse_args
+from common import check_codec, codec_options, digits_setup, params_digest, train_epoch
+from train import parse_args
 
 BASELINES = ("none", "powersgd")
 
@@ -49,20 +48,13 @@ def attach(name, ddp, options, momentum):
 
 def main(argv=None):
     args = parse_args(argv)
-    known = [*BASELINES, "onebit-noef", *hgc.available_codecs()]
-    if args.codec not in known:
-        raise SystemExit(f"unknown --codec {args.codec!r}; choose one of {', '.join(known)}")
+    check_codec(args.codec, [*BASELINES, "onebit-noef", *hgc.available_codecs()])
     label = args.label or f"ddp-{args.codec}"
     dist.init_process_group("gloo")
     rank, size = dist.get_rank(), dist.get_world_size()
     if args.threads > 0:
         torch.set_num_threads(args.threads)
-    torch.manual_seed(args.seed)
-
-    x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
-
-    model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    model, x_shard, y_shard, steps, x_te, y_te = digits_setup(args.seed, args.hidden, rank, size, args.batch_size)
     # One DDP bucket: DDP's PowerSGD hook on gloo fails across several (see DESIGN.md).
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=64 if args.codec == "powersgd" else 25)
     state = attach(args.codec, ddp, codec_options(args.codec_opt), args.momentum)
@@ -75,15 +67,7 @@ def main(argv=None):
     for epoch in range(args.epochs):
         if state is not None:
             state.set_epoch(epoch)
-        order = torch.randperm(len(x_shard), generator=gen)
-        loss_sum = 0.0
-        for i in range(steps):
-            idx = order[i * args.batch_size:(i + 1) * args.batch_size]
-            optimizer.zero_grad()
-            loss = F.cross_entropy(ddp(x_shard[idx]), y_shard[idx])
-            loss.backward()
-            optimizer.step()
-            loss_sum += loss.item()
+        loss_sum = train_epoch(ddp, optimizer, x_shard, y_shard, steps, args.batch_size, gen)
         mean_loss = torch.tensor(loss_sum / steps)
         dist.all_reduce(mean_loss)
         train_loss = mean_loss.item() / size

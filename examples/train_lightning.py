@@ -16,7 +16,6 @@ prints one JSON object as its last line; the exit status is 3 if parameters diff
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 import time
@@ -31,7 +30,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.integrations.lightning import CompressedDDPStrategy
-from common import load_data, params_digest
+from common import add_codec_args, load_data, params_digest, parse_codec_args
 
 
 class DigitsMLP(L.LightningModule):
@@ -55,9 +54,7 @@ class DigitsMLP(L.LightningModule):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--codec", default="onebit", help="none | " + " | ".join(hgc.available_codecs()))
-    p.add_argument("--codec-opt", action="append", default=[], metavar="KEY=VALUE",
-                   help="codec option (repeatable); VALUE is a Python literal or a string")
+    add_codec_args(p, "none | " + " | ".join(hgc.available_codecs()))
     p.add_argument("--devices", type=int, default=2, help="CPU processes")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
@@ -69,19 +66,7 @@ def parse_args(argv=None):
     p.add_argument("--ckpt-dir", metavar="DIR", help="a checkpoint per epoch here (ModelCheckpoint)")
     p.add_argument("--resume", metavar="CKPT", help="continue from this checkpoint")
     p.add_argument("--json", action="store_true", help="rank 0 prints a JSON summary as its last line")
-    args = p.parse_args(argv)
-    args.options = {}
-    for pair in args.codec_opt:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            p.error(f"--codec-opt expects KEY=VALUE, got {pair!r}")
-        try:
-            args.options[key] = ast.literal_eval(value)
-        except (ValueError, SyntaxError):
-            args.options[key] = value
-    if args.codec != "none" and args.codec not in hgc.available_codecs():
-        p.error(f"unknown --codec {args.codec!r}; choose none or one of {', '.join(hgc.available_codecs())}")
-    return args
+    return parse_codec_args(p, argv, ["none", *hgc.available_codecs()])
 
 
 def main(argv=None):

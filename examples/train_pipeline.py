@@ -22,12 +22,11 @@ import time
 
 import horovod.torch as hvd
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import load_data, params_digest, shard  # noqa: E402
-from train import codec_options, make_compression  # noqa: E402
+from common import add_codec_args, codec_options, digits_setup, params_digest  # noqa: E402
+from train import make_compression  # noqa: E402
 
 import horovod_gradcomp as hgc  # noqa: E402
 
@@ -35,8 +34,7 @@ import horovod_gradcomp as hgc  # noqa: E402
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--codec", default="onebit", help="none | fp16 | a codec name")
-    p.add_argument("--codec-opt", action="append", default=[], metavar="KEY=VALUE")
+    add_codec_args(p, "none | fp16 | a codec name")
     p.add_argument("--pipeline", action="store_true", help="double buffering (off: the synchronous step)")
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--batch-size", type=int, default=32, help="per rank; even with --pipeline")
@@ -53,11 +51,7 @@ def main(argv=None):
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    x_tr, y_tr, x_te, y_te = load_data(args.seed)
-    x_shard, y_shard, steps = shard(x_tr, y_tr, rank, size, args.batch_size)
-
-    model = nn.Sequential(nn.Linear(x_tr.shape[1], args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    model, x_shard, y_shard, steps, x_te, y_te = digits_setup(args.seed, args.hidden, rank, size, args.batch_size)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     compression = make_compression(args.codec, model, codec_options(args.codec_opt), args.momentum)
     own_momentum = isinstance(getattr(compression, "memory", None), hgc.DGCMemory)

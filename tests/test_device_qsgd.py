@@ -11,27 +11,11 @@ import pytest
 import torch
 
 from horovod_gradcomp.codecs.qsgd import group_buckets
-from horovod_gradcomp.native import require_native, require_twin
+from horovod_gradcomp.native import require_native
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-THREADS = [1, 2, 4]
+from device_helpers import DTYPES, THREADS, device_calls, dtype_id, threads, twin  # noqa: F401 (fixtures)
+
 KEY = 0x1234_5678_9ABC_DEF0 - (1 << 63)  # a key with the sign bit set (two's complement)
-
-
-def _ids(x):
-    return str(x).replace("torch.", "")
-
-
-@pytest.fixture(scope="module")
-def twin():
-    return require_twin()
-
-
-@pytest.fixture
-def threads():
-    saved = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(saved)
 
 
 def _grad(n, dtype, seed=0):
@@ -58,7 +42,7 @@ OPTIONS = [  # (levels s, bucket, max_norm)
 ]
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("n", [0, 1, 7, 31, 33, 8001, 70_001])
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: f"s{o[0]}-d{o[1]}-{'max' if o[2] else 'l2'}")
 def test_fixed_twin_equals_cpu(twin, threads, opt, n, dtype):
@@ -75,7 +59,7 @@ def test_fixed_twin_equals_cpu(twin, threads, opt, n, dtype):
         _same(twin.qsgd_decode_fixed(norms, packed, n, s, d, dtype, 1.0), want, f"decode at {t} threads")
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("n", [0, 1, 7, 33, 8001, 140_001])
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: f"s{o[0]}-d{o[1]}-{'max' if o[2] else 'l2'}")
 def test_elias_twin_equals_cpu(twin, threads, opt, n, dtype):
@@ -113,7 +97,7 @@ def test_elias_buckets_sharing_bytes(twin, d, gb):
 
 
 @pytest.mark.parametrize("K", range(1, 9))
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("opt", [(15, 512, False), (255, 100, True), (5, 33, False), (1000, 64, False)],
                          ids=lambda o: f"s{o[0]}-d{o[1]}-{'max' if o[2] else 'l2'}")
 def test_fixed_decode_sum_of_k_payloads(twin, threads, opt, dtype, K):
@@ -177,20 +161,14 @@ def test_elias_malformed_streams_refused_like_cpu(twin):
     assert refused >= 5
 
 
-def _calls(twin, fn):
-    before = twin.algorithm_calls()
-    fn()
-    return twin.algorithm_calls() - before
-
-
 @pytest.mark.parametrize("n", [100, 8001, (1 << 20) + 3])
 def test_algorithm_calls_per_op_do_not_grow_with_size(twin, n):
     g = _grad(n, torch.float32, seed=1)
     gb = group_buckets(512)
     norms, packed = twin.qsgd_encode_fixed(g, 15, 512, False, KEY)
-    assert _calls(twin, lambda: twin.qsgd_encode_fixed(g, 15, 512, False, KEY)) == 2
+    assert device_calls(twin, lambda: twin.qsgd_encode_fixed(g, 15, 512, False, KEY)) == 2
     stacked_n, stacked_p = norms.expand(3, -1), packed.expand(3, -1)
-    assert _calls(twin, lambda: twin.qsgd_decode_fixed(stacked_n, stacked_p, n, 15, 512, torch.float32, 1 / 3)) == 1
+    assert device_calls(twin, lambda: twin.qsgd_decode_fixed(stacked_n, stacked_p, n, 15, 512, torch.float32, 1 / 3)) == 1
     enc = twin.qsgd_encode_elias(g, 15, 512, False, KEY, gb)
-    assert _calls(twin, lambda: twin.qsgd_encode_elias(g, 15, 512, False, KEY, gb)) == 8
-    assert _calls(twin, lambda: twin.qsgd_decode_elias(*enc, n, 15, 512, gb, torch.float32)) == 3
+    assert device_calls(twin, lambda: twin.qsgd_encode_elias(g, 15, 512, False, KEY, gb)) == 8
+    assert device_calls(twin, lambda: twin.qsgd_decode_elias(*enc, n, 15, 512, gb, torch.float32)) == 3

@@ -17,27 +17,9 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs.base import Payload
 from horovod_gradcomp.codecs.ternary_sum import MAX_K, TernarySumCodec, level_width
 from horovod_gradcomp.codecs.terngrad import clip_sigma
-from horovod_gradcomp.native import require_native, require_twin
+from horovod_gradcomp.native import require_native
 
-DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-THREADS = [1, 2, 4]
-
-
-def _ids(x):
-    return str(x).replace("torch.", "")
-
-
-@pytest.fixture(scope="module")
-def twin():
-    return require_twin()
-
-
-@pytest.fixture
-def threads():
-    """Runs the body at a given thread count and restores the count afterwards."""
-    saved = torch.get_num_threads()
-    yield torch.set_num_threads
-    torch.set_num_threads(saved)
+from device_helpers import DTYPES, THREADS, device_calls, dtype_id, threads, twin  # noqa: F401 (fixtures)
 
 
 def _grad(n, dtype, seed=0, mean=0.0):
@@ -55,7 +37,7 @@ def _f64_bits(v: float) -> bytes:
 
 # -- the clip's sigma: one fixed order everywhere ----------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("n", [1, 2, 7, 255, 257, 65535, 65536, 65537, 300_001, (1 << 20) + 3])
 def test_sigma_cpu_twin_reference_bitwise(twin, threads, dtype, n):
     C = require_native()
@@ -89,7 +71,7 @@ def test_max_abs_special_values(twin):
 
 
 @pytest.mark.parametrize("clip", [None, 2.0])
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("n", [33, 8001, (1 << 20) + 3])
 def test_payload_same_at_every_thread_count(twin, threads, dtype, n, clip):
     g = _grad(n, dtype, seed=5)
@@ -110,7 +92,7 @@ def test_payload_same_at_every_thread_count(twin, threads, dtype, n, clip):
 
 # -- decode-sums -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("k", range(1, 9))
 def test_decode_sum_twin_equals_cpu_for_many_scales(twin, threads, k, dtype):
     """K payloads of random codes (code 3 included) with one shared scale (the integer path) and
@@ -140,7 +122,7 @@ def _stacked(k, n, dtype, seed=0, scale=1.5):
     return codec, Payload(bufs, payloads[0].shape, dtype, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=_ids)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("k", range(1, 9))
 @pytest.mark.parametrize("n", [1, 7, 33, 8001])
 def test_owner_sums_twin_equal_cpu(twin, threads, k, n, dtype):
@@ -184,30 +166,24 @@ def test_owner_sums_at_the_largest_k(twin, codes_byte):
 
 # -- device algorithm calls per op ---------------------------------------------------------------
 
-def _calls(twin, fn):
-    before = twin.algorithm_calls()
-    fn()
-    return twin.algorithm_calls() - before
-
-
 @pytest.mark.parametrize("n", [5, 8001, (1 << 20) + 3])
 def test_algorithm_calls_per_op_do_not_grow_with_size(twin, n):
     g = _grad(n, torch.float32, seed=1)
     codes, scales = twin.terngrad_encode(g, 1.0, math.inf, 1, 2)
     stacked_c, stacked_s = codes.expand(4, -1), scales.expand(4, -1)
-    assert _calls(twin, lambda: twin.terngrad_encode(g, 1.0, math.inf, 1, 2)) == 1
-    assert _calls(twin, lambda: twin.terngrad_decode_sum(stacked_c, stacked_s, n, torch.float32, 0.25)) == 2
-    assert _calls(twin, lambda: twin.terngrad_max_abs(g)) == 1
+    assert device_calls(twin, lambda: twin.terngrad_encode(g, 1.0, math.inf, 1, 2)) == 1
+    assert device_calls(twin, lambda: twin.terngrad_decode_sum(stacked_c, stacked_s, n, torch.float32, 0.25)) == 2
+    assert device_calls(twin, lambda: twin.terngrad_max_abs(g)) == 1
     levels = twin.terngrad_sum_levels(stacked_c, n, 4)
-    assert _calls(twin, lambda: twin.terngrad_sum_levels(stacked_c, n, 4)) == 1
-    assert _calls(twin, lambda: twin.terngrad_sum_decode(levels, n, 4, 4, 0.25, torch.float32)) == 1
+    assert device_calls(twin, lambda: twin.terngrad_sum_levels(stacked_c, n, 4)) == 1
+    assert device_calls(twin, lambda: twin.terngrad_sum_decode(levels, n, 4, 4, 0.25, torch.float32)) == 1
     # two fixed-order sums: lanes, then at most two levels of blocks each
-    assert 2 <= _calls(twin, lambda: twin.terngrad_sigma(g)) <= 6
+    assert 2 <= device_calls(twin, lambda: twin.terngrad_sigma(g)) <= 6
 
 
 def test_twin_codec_sends_every_call_to_the_twin(twin):
     g = _grad(4001, torch.float32, seed=3)
     codec = hgc.get_codec("terngrad", impl="twin", clip=2.5)
     p = [None]
-    assert _calls(twin, lambda: p.__setitem__(0, codec.encode(g))) >= 1 + 1 + 2  # encode, max, sigma
-    assert _calls(twin, lambda: codec.decode(p[0])) == 2
+    assert device_calls(twin, lambda: p.__setitem__(0, codec.encode(g))) >= 1 + 1 + 2  # encode, max, sigma
+    assert device_calls(twin, lambda: codec.decode(p[0])) == 2
