@@ -6,11 +6,17 @@ asynchronous twin of each collective (``*_async``: issued with ``async_op=True``
 :class:`Pending` of what the blocking one returns). The blocking ones are the asynchronous ones
 waited for: one code path.
 
-No Python runs on the backend's threads: a :class:`Pending` finishes its result (slicing,
-stacking, the copy to numpy) on the thread that waits for it, never in a ``Future.then``
-callback. A callback run by a gloo or NCCL thread takes the GIL again after it returns, to free
-itself, and a process whose main thread has begun to exit in between is aborted by the C++
-runtime ("terminate called without an active exception").
+Python's exit. A gloo worker thread frees each work after completing its future, and a work
+holds the tensors it was given; freeing a tensor that Python created takes the GIL. If Python
+has begun to shut down by then (the last step's future completed, the script ended), the C++
+runtime aborts the process ("terminate called without an active exception"; seen with plain DDP
+on gloo too, torch 2.13: a core dump shows ``~AsyncAllgatherWork`` -> ``decref_pyobject`` ->
+``take_gil`` -> ``pthread_exit``). So no Python runs on the backend's threads beyond that: a
+:class:`Pending` finishes its result (slicing, stacking, the copy to numpy) on the thread that
+waits for it, never in a ``Future.then`` callback; and every tensor handed to a collective is a
+fresh alias that only the work keeps, counted until it is freed, so that
+:meth:`TorchDistributedCommunicator.wait_released` can wait, at exit, until the workers have
+freed every work of this communicator.
 
 Its group: the one given (``hgc.ddp.register`` passes DDP's own process group, or ``group=``),
 else a new gloo group over all ranks. The backend decides where the bytes live:
@@ -33,6 +39,8 @@ sequencer does, :mod:`horovod_gradcomp.ddp.hook`).
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
@@ -111,6 +119,8 @@ class TorchDistributedCommunicator:
             self.device = torch.device("cpu")
         self.padding_bytes = 0
         self._lock = threading.Lock()
+        self._held = 0                        # aliases given to collectives and not freed yet
+        self._released = threading.Condition(self._lock)
         # one flat output of K*n bytes (torch 2.13 renamed all_gather_into_tensor to all_gather_single)
         self._gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
@@ -129,6 +139,34 @@ class TorchDistributedCommunicator:
         with self._lock:
             self.padding_bytes += nbytes
 
+    def _lend(self, t: torch.Tensor) -> torch.Tensor:
+        """An alias of ``t`` (same storage) for a collective to keep: counted until freed. The
+        caller must not keep it (pass it to the collective only)."""
+        alias = t.view(t.shape)
+        with self._lock:
+            self._held += 1
+        weakref.finalize(alias, self._give_back).atexit = False
+        return alias
+
+    def _give_back(self) -> None:
+        with self._lock:
+            self._held -= 1
+            if self._held == 0:
+                self._released.notify_all()
+
+    def wait_released(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds until every tensor given to a collective of this
+        communicator has been freed (by the backend's thread, once its work is done); True if
+        so. For the interpreter's exit (see the module doc)."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._held:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._released.wait(left)
+        return True
+
     # -- asynchronous collectives --------------------------------------------------------
     def allgather_async(self, send: torch.Tensor) -> Pending:
         """Future of uint8[K, n]: every rank's ``send`` (n bytes on every rank), row k from rank k."""
@@ -139,10 +177,11 @@ class TorchDistributedCommunicator:
             return _done(send.reshape(1, -1).clone())
         if self._gather_flat is not None:
             out = torch.empty(k * send.numel(), dtype=torch.uint8, device=self.device)
-            work = self._gather_flat(out, send, group=self.group, async_op=True)
+            work = self._gather_flat(self._lend(out), self._lend(send), group=self.group, async_op=True)
             return Pending(work.get_future(), lambda _: out.view(k, -1))
         parts = [torch.empty_like(send) for _ in range(k)]
-        work = self._dist.all_gather(parts, send, group=self.group, async_op=True)
+        work = self._dist.all_gather([self._lend(p) for p in parts], self._lend(send), group=self.group,
+                                     async_op=True)
         return Pending(work.get_future(), lambda _: torch.stack(parts))
 
     def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> Pending:
@@ -180,7 +219,7 @@ class TorchDistributedCommunicator:
         if k == 1:
             return _done(send.clone())
         recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=self.device)
-        work = self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(),
+        work = self._dist.all_to_all_single(self._lend(recv), self._lend(send), output_split_sizes=rc.tolist(),
                                             input_split_sizes=sc.tolist(), group=self.group, async_op=True)
         return Pending(work.get_future(), lambda _: recv)
 
@@ -190,7 +229,7 @@ class TorchDistributedCommunicator:
         t = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1)).to(self.device)
         if self.size == 1:
             return _done(t.cpu().numpy().reshape(shape))
-        work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
+        work = self._dist.all_reduce(self._lend(t), op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
         return Pending(work.get_future(), lambda _: t.cpu().numpy().reshape(shape))
 
     # -- the MPICommunicator interface (blocking) -------------------------------------------

@@ -149,7 +149,9 @@ def deep_model():
 def _timed_backward(per_bucket: bool):
     ddp = nn.parallel.DistributedDataParallel(deep_model(), bucket_cap_mb=1.1)   # about one layer a bucket
     state = hgc.ddp.register(ddp, "onebit", per_bucket=per_bucket)
-    x, y = torch.randn(2048, 512), torch.randint(0, 10, (2048,))   # backward long enough to hide a bucket
+    # backward long enough to hide a bucket even at 4 ranks on 2 loaded cores, where the ranks
+    # reach a bucket up to a few hundred ms apart and its preamble waits for the last
+    x, y = torch.randn(8192, 512), torch.randint(0, 10, (8192,))
     for step in range(3):   # DDP rebuilds its buckets after the first step
         timeline = state.timeline = Timeline()
         ddp.zero_grad()
