@@ -28,11 +28,11 @@ on gloo when a model spans several buckets; this hook does not.
 Threads. No Python runs on the backend's threads (no ``Future.then`` callbacks: see
 :mod:`horovod_gradcomp.transports.torch_dist`), and each bucket's future is completed by the
 hook's thread that closes the step, with the bucket's buffer, so DDP chains only its own C++ callbacks on it. At the
-interpreter's exit the hook waits until its threads are idle and the backend's threads have
-freed every work of its collectives (a bounded wait: a thread stuck in a collective of a failed
-job is left, as a daemon), so that no thread takes the GIL while Python shuts down
-(:mod:`horovod_gradcomp.ddp.daemon_threads`,
-:meth:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator.wait_released`).
+interpreter's exit the hook waits until its threads are idle (a bounded wait: a thread stuck in
+a collective of a failed job is left, as a daemon), so that none of them is inside torch while
+Python shuts down (:mod:`horovod_gradcomp.ddp.daemon_threads`); the communicator keeps its
+recent works so that no backend thread frees one then
+(:mod:`horovod_gradcomp.transports.torch_dist`).
 
 Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
 exchange is done: then the engine closes the step exactly as on the Horovod path
@@ -428,9 +428,6 @@ def _join_at_exit() -> None:
     deadline = time.monotonic() + _EXIT_JOIN_S
     for state in list(_LIVE_STATES):
         state.wait_idle(max(0.0, deadline - time.monotonic()))
-        release = getattr(state.communicator, "wait_released", None)
-        if release is not None:     # the backend's threads have freed every work (torch_dist)
-            release(max(0.0, deadline - time.monotonic()))
 
 
 def _hook(state, bucket):  # no annotations: DDP compares them to Future[Tensor] objects, not strings

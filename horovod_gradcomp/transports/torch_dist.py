@@ -13,10 +13,12 @@ runtime aborts the process ("terminate called without an active exception"; seen
 on gloo too, torch 2.13: a core dump shows ``~AsyncAllgatherWork`` -> ``decref_pyobject`` ->
 ``take_gil`` -> ``pthread_exit``). So no Python runs on the backend's threads beyond that: a
 :class:`Pending` finishes its result (slicing, stacking, the copy to numpy) on the thread that
-waits for it, never in a ``Future.then`` callback; and every tensor handed to a collective is a
-fresh alias that only the work keeps, counted until it is freed, so that
-:meth:`TorchDistributedCommunicator.wait_released` can wait, at exit, until the workers have
-freed every work of this communicator.
+waits for it, never in a ``Future.then`` callback; and the communicator keeps a reference to
+its most recent works (:data:`KEEP_WORKS`, at most :data:`KEEP_BYTES` of their tensors beyond
+the last :data:`KEEP_WORKS_MIN`), so that a worker thread never frees one of those: it drops
+its own reference only, without the GIL, and the work is freed later by the thread that issues
+a newer collective, or by Python's own teardown, with the GIL. A work that leaves this window
+is many collectives old, long freed by its worker.
 
 Its group: the one given (``hgc.ddp.register`` passes DDP's own process group, or ``group=``),
 else a new gloo group over all ranks. The backend decides where the bytes live:
@@ -38,15 +40,21 @@ sequencer does, :mod:`horovod_gradcomp.ddp.hook`).
 """
 from __future__ import annotations
 
+import collections
 import threading
-import time
-import weakref
 from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ..exchange.communicator import _counts
+
+
+#: How many of the most recent works a communicator keeps (see the module doc) ...
+KEEP_WORKS = 32
+#: ... as long as their tensors hold at most this many bytes beyond the last KEEP_WORKS_MIN.
+KEEP_BYTES = 256 << 20
+KEEP_WORKS_MIN = 8
 
 
 def _check_bytes(send: torch.Tensor, what: str) -> None:
@@ -119,8 +127,8 @@ class TorchDistributedCommunicator:
             self.device = torch.device("cpu")
         self.padding_bytes = 0
         self._lock = threading.Lock()
-        self._held = 0                        # aliases given to collectives and not freed yet
-        self._released = threading.Condition(self._lock)
+        self._recent: "collections.deque" = collections.deque()   # (work, bytes), newest last
+        self._recent_bytes = 0
         # one flat output of K*n bytes (torch 2.13 renamed all_gather_into_tensor to all_gather_single)
         self._gather_flat = getattr(dist, "all_gather_single", None) or getattr(dist, "all_gather_into_tensor", None)
 
@@ -139,33 +147,20 @@ class TorchDistributedCommunicator:
         with self._lock:
             self.padding_bytes += nbytes
 
-    def _lend(self, t: torch.Tensor) -> torch.Tensor:
-        """An alias of ``t`` (same storage) for a collective to keep: counted until freed. The
-        caller must not keep it (pass it to the collective only)."""
-        alias = t.view(t.shape)
+    def _keep(self, work, *tensors: torch.Tensor) -> None:
+        """Keep ``work`` among the recent works (see the module doc); the oldest leave (and are
+        freed here, on this thread) beyond the window."""
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
         with self._lock:
-            self._held += 1
-        weakref.finalize(alias, self._give_back).atexit = False
-        return alias
-
-    def _give_back(self) -> None:
-        with self._lock:
-            self._held -= 1
-            if self._held == 0:
-                self._released.notify_all()
-
-    def wait_released(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds until every tensor given to a collective of this
-        communicator has been freed (by the backend's thread, once its work is done); True if
-        so. For the interpreter's exit (see the module doc)."""
-        deadline = time.monotonic() + timeout
-        with self._lock:
-            while self._held:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._released.wait(left)
-        return True
+            self._recent.append((work, nbytes))
+            self._recent_bytes += nbytes
+            leaving = []
+            while len(self._recent) > KEEP_WORKS_MIN and (len(self._recent) > KEEP_WORKS
+                                                          or self._recent_bytes > KEEP_BYTES):
+                old, old_bytes = self._recent.popleft()
+                self._recent_bytes -= old_bytes
+                leaving.append(old)
+        del leaving   # freed outside the lock
 
     # -- asynchronous collectives --------------------------------------------------------
     def allgather_async(self, send: torch.Tensor) -> Pending:
@@ -177,11 +172,12 @@ class TorchDistributedCommunicator:
             return _done(send.reshape(1, -1).clone())
         if self._gather_flat is not None:
             out = torch.empty(k * send.numel(), dtype=torch.uint8, device=self.device)
-            work = self._gather_flat(self._lend(out), self._lend(send), group=self.group, async_op=True)
+            work = self._gather_flat(out, send, group=self.group, async_op=True)
+            self._keep(work, out, send)
             return Pending(work.get_future(), lambda _: out.view(k, -1))
         parts = [torch.empty_like(send) for _ in range(k)]
-        work = self._dist.all_gather([self._lend(p) for p in parts], self._lend(send), group=self.group,
-                                     async_op=True)
+        work = self._dist.all_gather(parts, send, group=self.group, async_op=True)
+        self._keep(work, send, *parts)
         return Pending(work.get_future(), lambda _: torch.stack(parts))
 
     def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> Pending:
@@ -219,8 +215,9 @@ class TorchDistributedCommunicator:
         if k == 1:
             return _done(send.clone())
         recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=self.device)
-        work = self._dist.all_to_all_single(self._lend(recv), self._lend(send), output_split_sizes=rc.tolist(),
+        work = self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(),
                                             input_split_sizes=sc.tolist(), group=self.group, async_op=True)
+        self._keep(work, recv, send)
         return Pending(work.get_future(), lambda _: recv)
 
     def allreduce_max_async(self, values: np.ndarray) -> Pending:
@@ -229,7 +226,8 @@ class TorchDistributedCommunicator:
         t = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1)).to(self.device)
         if self.size == 1:
             return _done(t.cpu().numpy().reshape(shape))
-        work = self._dist.all_reduce(self._lend(t), op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
+        work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
+        self._keep(work, t)
         return Pending(work.get_future(), lambda _: t.cpu().numpy().reshape(shape))
 
     # -- the MPICommunicator interface (blocking) -------------------------------------------
