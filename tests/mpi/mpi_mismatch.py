@@ -10,6 +10,7 @@ disagreement on every rank (:class:`ExchangeMismatchError`).
 from __future__ import annotations
 
 import itertools
+from typing import Optional
 
 import horovod.torch as hvd
 import pytest
@@ -38,10 +39,17 @@ def compression(codec: str, model: torch.nn.Module, **extra):
     return getattr(hgc.Compression, codec)(model.named_parameters(), **CODECS[codec], **extra)
 
 
-def optimizer(model: torch.nn.Module, comp, prefix: str = "") -> hvd.DistributedOptimizer:
-    """Horovod's optimizer over ``model``; ``prefix`` renames its tensors in Horovod, for cases
-    whose failing step can leave Horovod still processing (and refusing) the previous names."""
+_OPTIMIZERS = itertools.count()
+
+
+def optimizer(model: torch.nn.Module, comp, prefix: Optional[str] = None) -> hvd.DistributedOptimizer:
+    """Horovod's optimizer over ``model``, its tensors named anew for each optimizer (the same
+    names on every rank: every rank builds the same optimizers in the same order). A failed step
+    leaves its other tensors in Horovod's background thread for a while, and Horovod refuses a
+    name it is still processing ("same name as another tensor"), whatever the next case does.
+    ``prefix``: these names instead (for optimizers that must share their tensors' names)."""
     kwargs = {} if comp is None else {"compression": comp}
+    prefix = f"opt{next(_OPTIMIZERS)}." if prefix is None else prefix
     named = [(prefix + name, p) for name, p in model.named_parameters()]
     return hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named, **kwargs)
 
@@ -78,17 +86,13 @@ def test_different_patterns_raise_on_every_rank():
 def test_one_rank_with_plain_horovod_fails_on_every_rank(plain):
     """Rank 0 uses Horovod's own allreduce (no compression=, or Compression.none/fp16), the others
     a codec: Horovod's coordinator sees the codec's one-element placeholders against rank 0's
-    gradients (no parameter here has one element) and fails every rank's step.
-
-    Horovod fails each tensor of the step on its own: the later tensors' errors can still be in
-    its background thread when the next case starts, and a name still being processed is
-    refused ("same name as another tensor"), so each case has names of its own."""
+    gradients (no parameter here has one element) and fails every rank's step."""
     model = make_model()
     if RANK == 0:
         comp = None if plain == "default" else getattr(hgc.Compression, plain)(model.named_parameters())
     else:
         comp = compression("onebit", model)
-    opt = optimizer(model, comp, prefix=f"plain_{plain}.")
+    opt = optimizer(model, comp)
     with pytest.raises(Exception, match="(?i)mismatch"):
         train_step(model, opt)
 
@@ -119,7 +123,8 @@ def test_compressions_used_in_a_different_order_raise_on_every_rank():
     Horovod's placeholder allreduces pair up and every rank reaches the exchange.)"""
     models = {"a": make_model(1), "b": make_model(2, width=5)}
     comps = {k: compression(c, models[k]) for k, c in (("a", "onebit"), ("b", "onebit"))}
-    opts = {k: optimizer(models[k], comps[k]) for k in models}
+    shared = f"opt{next(_OPTIMIZERS)}."
+    opts = {k: optimizer(models[k], comps[k], prefix=shared) for k in models}
     first = "b" if RANK == 0 else "a"
     with pytest.raises(ExchangeMismatchError, match="disagree"):
         train_step(models[first], opts[first])
