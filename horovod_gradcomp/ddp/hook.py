@@ -10,9 +10,9 @@ hands over during backward:
    ``torch.futures.Future`` that completes with the bucket's buffer holding the mean over ranks;
 2. on the sequencer thread (below): checks agreement and non-finite values (preamble), encodes
    the bucket through the memory, and starts its collectives with ``async_op=True``; a waiter
-   thread per collective in flight waits for it and hands the bucket back to the sequencer,
-   which resumes it where it stopped (owner requantization, the second collective, the decode
-   into the bucket's gradient views), while backward goes on computing the next buckets
+   thread per collective in flight waits for it and then resumes the bucket where it stopped
+   (owner requantization, the second collective, the decode into the bucket's gradient views),
+   in turn with the sequencer, while backward goes on computing the next buckets
    (:mod:`horovod_gradcomp.ddp.bucket_exchange`).
 
 Order. Collectives pair across ranks by the order in which each rank issues them, and the
@@ -105,7 +105,7 @@ def _exit_on_stall(message: str) -> None:
 
 
 _WATCHDOG: Optional[StallWatchdog] = None
-#: The sequencer thread ends after this many idle seconds (and starts again with the next bucket).
+#: The sequencer and waiter threads end after this many idle seconds (and start again when needed).
 _IDLE_S = 2.0
 #: At exit, how long to wait for the hook's threads of every live state, in all.
 _EXIT_JOIN_S = 10.0
@@ -129,7 +129,6 @@ class _Step:
         self._lock = threading.Lock()
         self._futures: List[Tuple[torch.futures.Future, torch.Tensor]] = []
         self._settled = False
-        self._outcome: Optional[BaseException] = None
         self.exchanged: List[str] = []
         self.partition: List[List[str]] = []
         self.pending: Dict[str, torch.Tensor] = {}   # one exchange per step: the grads so far
@@ -144,18 +143,19 @@ class _Step:
             if not self._settled:
                 self._futures.append((fut, buffer))
                 return fut
-        _settle(fut, buffer, self._outcome)
+        _settle(fut, buffer, self.error)
         return fut
 
-    def settle(self, error: Optional[BaseException] = None) -> None:
-        """Complete every bucket's future (with its buffer, or ``error``); once."""
+    def settle(self) -> None:
+        """Complete every bucket's future: with its buffer, or with :attr:`error` when the step
+        failed (set it first); once."""
         with self._lock:
             if self._settled:
                 return
-            self._settled, self._outcome = True, error
+            self._settled = True
             futures, self._futures = self._futures, []
         for fut, buffer in futures:
-            _settle(fut, buffer, error)
+            _settle(fut, buffer, self.error)
 
 
 def _settle(fut: torch.futures.Future, buffer: torch.Tensor, error: Optional[BaseException]) -> None:
@@ -394,7 +394,7 @@ class DDPCompressionState:
             self.compression.state.restore(snapshot)
         engine.abort_step()
         self.compression.index.end_step()
-        step.settle(err)
+        step.settle()
 
     # -- introspection and checkpoints -----------------------------------------------------
     def stats(self) -> dict:

@@ -147,9 +147,10 @@ class TorchDistributedCommunicator:
         with self._lock:
             self.padding_bytes += nbytes
 
-    def _keep(self, work, *tensors: torch.Tensor) -> None:
-        """Keep ``work`` among the recent works (see the module doc); the oldest leave (and are
-        freed here, on this thread) beyond the window."""
+    def _pending(self, work, finish: Callable[[Any], Any], *tensors: torch.Tensor) -> Pending:
+        """The :class:`Pending` of ``work`` (whose ``tensors`` it holds), ``work`` kept among the
+        recent works (see the module doc); the oldest leave (and are freed here, on this thread)
+        beyond the window."""
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         with self._lock:
             self._recent.append((work, nbytes))
@@ -161,6 +162,7 @@ class TorchDistributedCommunicator:
                 self._recent_bytes -= old_bytes
                 leaving.append(old)
         del leaving   # freed outside the lock
+        return Pending(work.get_future(), finish)
 
     # -- asynchronous collectives --------------------------------------------------------
     def allgather_async(self, send: torch.Tensor) -> Pending:
@@ -173,12 +175,10 @@ class TorchDistributedCommunicator:
         if self._gather_flat is not None:
             out = torch.empty(k * send.numel(), dtype=torch.uint8, device=self.device)
             work = self._gather_flat(out, send, group=self.group, async_op=True)
-            self._keep(work, out, send)
-            return Pending(work.get_future(), lambda _: out.view(k, -1))
+            return self._pending(work, lambda _: out.view(k, -1), out, send)
         parts = [torch.empty_like(send) for _ in range(k)]
         work = self._dist.all_gather(parts, send, group=self.group, async_op=True)
-        self._keep(work, send, *parts)
-        return Pending(work.get_future(), lambda _: torch.stack(parts))
+        return self._pending(work, lambda _: torch.stack(parts), send, *parts)
 
     def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> Pending:
         """Future of ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` for parts whose sizes every
@@ -217,8 +217,7 @@ class TorchDistributedCommunicator:
         recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=self.device)
         work = self._dist.all_to_all_single(recv, send, output_split_sizes=rc.tolist(),
                                             input_split_sizes=sc.tolist(), group=self.group, async_op=True)
-        self._keep(work, recv, send)
-        return Pending(work.get_future(), lambda _: recv)
+        return self._pending(work, lambda _: recv, recv, send)
 
     def allreduce_max_async(self, values: np.ndarray) -> Pending:
         """Future of the elementwise maximum over ranks of a float64 vector (numpy, same shape)."""
@@ -227,8 +226,7 @@ class TorchDistributedCommunicator:
         if self.size == 1:
             return _done(t.cpu().numpy().reshape(shape))
         work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
-        self._keep(work, t)
-        return Pending(work.get_future(), lambda _: t.cpu().numpy().reshape(shape))
+        return self._pending(work, lambda _: t.cpu().numpy().reshape(shape), t)
 
     # -- the MPICommunicator interface (blocking) -------------------------------------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
