@@ -2,6 +2,7 @@
 #include <torch/extension.h>
 
 #include "checks.h"
+#include "cpu/gloo_exit.h"
 #include "cpu/onebit_cpu.h"
 #include "cpu/terngrad_cpu.h"
 #include "cpu/qsgd_cpu.h"
@@ -173,6 +174,11 @@ bool has_cuda() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "horovod_gradcomp native codec kernels";
   m.def("has_cuda", &has_cuda, "True when built with the CUDA kernels");
+  // Holds the GIL: replacing the held object releases the previous one.
+  m.def("retain_backward_context", &retain_backward_context,
+        "during a backward: keep its stashed context alive (see horovod_gradcomp/ddp/gloo_exit.py)");
+  m.def("keep_until_exit", &keep_until_exit, "hold a C++ reference to each tensor until the process ends",
+        py::arg("tensors"));
   m.def("onebit_encode", &onebit_encode, HGC_RELEASE_GIL, "1-bit encode with fused error feedback -> (bits, scales)",
         py::arg("grad"), py::arg("residual"), py::arg("cols"));
   m.def("onebit_decode", &onebit_decode, HGC_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"), py::arg("scales"),

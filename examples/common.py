@@ -134,3 +134,17 @@ def params_digest(model):
         h.update(name.encode())
         h.update(p.detach().cpu().contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def all_gather_digests(digest: str) -> list:
+    """Every rank's :func:`params_digest` over torch.distributed (the default group), in rank
+    order. The buffers stay referenced until the process exits
+    (``hgc.ddp.keep_until_exit``: PyTorch 2.13 can abort a gloo job at exit without it)."""
+    import torch.distributed as dist
+    from horovod_gradcomp.ddp import keep_until_exit
+
+    mine = torch.tensor(list(bytes.fromhex(digest)), dtype=torch.uint8)
+    every = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    keep_until_exit(mine, *every)
+    return [bytes(t.tolist()).hex() for t in every]

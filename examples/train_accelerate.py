@@ -25,12 +25,12 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from accelerate import Accelerator, DataLoaderConfiguration
-from accelerate.utils import gather_object, set_seed
+from accelerate.utils import set_seed
 from torch.utils.data import DataLoader, TensorDataset
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.integrations import accelerate as hgc_accelerate
-from common import add_codec_args, load_data, params_digest, parse_codec_args
+from common import add_codec_args, all_gather_digests, load_data, params_digest, parse_codec_args
 
 
 class Progress:
@@ -82,6 +82,8 @@ def main(argv=None):
     progress = Progress()
     accelerator.register_for_checkpointing(progress)
     state = None if args.codec == "none" else hgc_accelerate.register(accelerator, model, args.codec, **options)
+    if state is None:  # plain DDP; the codec's hook does this itself
+        hgc.ddp.hold_backward_context(model)   # PyTorch 2.13 can abort gloo jobs at exit without it
     if args.resume:
         accelerator.load_state(args.resume)
 
@@ -103,7 +105,7 @@ def main(argv=None):
     seconds = time.perf_counter() - t0
 
     net = accelerator.unwrap_model(model)
-    digests = gather_object([params_digest(net)])
+    digests = all_gather_digests(params_digest(net))
     identical = len(set(digests)) == 1
     stats = state.stats() if state is not None else {}
     if accelerator.is_main_process:

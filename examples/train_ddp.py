@@ -23,7 +23,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import horovod_gradcomp as hgc
-from common import check_codec, codec_options, digits_setup, params_digest, train_epoch
+from common import all_gather_digests, check_codec, codec_options, digits_setup, params_digest, train_epoch
 from train import parse_args
 
 BASELINES = ("none", "powersgd")
@@ -58,6 +58,8 @@ def main(argv=None):
     # One DDP bucket: DDP's PowerSGD hook on gloo fails across several (see DESIGN.md).
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=64 if args.codec == "powersgd" else 25)
     state = attach(args.codec, ddp, codec_options(args.codec_opt), args.momentum)
+    if state is None:  # DDP's allreduce or one of PyTorch's hooks; hgc.ddp.register does this itself
+        hgc.ddp.hold_backward_context(ddp)   # PyTorch 2.13 can abort gloo jobs at exit without it
     own_momentum = state is not None and isinstance(state.compression.memory, hgc.DGCMemory)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.0 if own_momentum else args.momentum)
 
@@ -70,11 +72,11 @@ def main(argv=None):
         loss_sum = train_epoch(ddp, optimizer, x_shard, y_shard, steps, args.batch_size, gen)
         mean_loss = torch.tensor(loss_sum / steps)
         dist.all_reduce(mean_loss)
+        hgc.ddp.keep_until_exit(mean_loss)   # one small tensor an epoch: see all_gather_digests
         train_loss = mean_loss.item() / size
     seconds = time.perf_counter() - t0
 
-    digests = [None] * size
-    dist.all_gather_object(digests, params_digest(model))
+    digests = all_gather_digests(params_digest(model))
     identical = len(set(digests)) == 1
     stats = state.stats() if state is not None else {}
     if rank == 0:

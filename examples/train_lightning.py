@@ -23,14 +23,13 @@ import time
 import lightning as L
 from lightning.pytorch.callbacks import ModelCheckpoint
 import torch
-import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.integrations.lightning import CompressedDDPStrategy
-from common import add_codec_args, load_data, params_digest, parse_codec_args
+from common import add_codec_args, all_gather_digests, load_data, params_digest, parse_codec_args
 
 
 class DigitsMLP(L.LightningModule):
@@ -87,6 +86,8 @@ def main(argv=None):
             momentum = 0.0
         strategy = CompressedDDPStrategy(args.codec, codec_options=options)
     model = DigitsMLP(args.hidden, args.lr, momentum)
+    if args.codec == "none":  # plain DDP; the codec's strategy does this itself
+        hgc.ddp.hold_backward_context(model)   # PyTorch 2.13 can abort gloo jobs at exit without it
     callbacks = [ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}", save_top_k=-1)] if args.ckpt_dir else []
     trainer = L.Trainer(accelerator="cpu", devices=args.devices, strategy=strategy, max_epochs=args.epochs,
                         logger=False, callbacks=callbacks, enable_checkpointing=bool(callbacks),
@@ -97,8 +98,7 @@ def main(argv=None):
 
     state = getattr(trainer.strategy, "compression_state", None)
     stats = state.stats() if state is not None else {}
-    digests = [None] * trainer.world_size
-    dist.all_gather_object(digests, params_digest(model))
+    digests = all_gather_digests(params_digest(model))
     identical = len(set(digests)) == 1
     if trainer.is_global_zero:
         model.eval()

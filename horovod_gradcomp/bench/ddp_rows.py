@@ -151,6 +151,8 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
     no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP.__init__).parameters
                else "broadcast_buffers")
     ddp = DDP(module, bucket_cap_mb=cap, **{no_sync: False})
+    from ..ddp.gloo_exit import hold_backward_context
+    hold_backward_context(ddp)   # every row, the baselines' hooks too: PyTorch 2.13 can abort gloo jobs at exit
     k = dist.get_world_size()
     ring = 2.0 * (k - 1) / k if k > 1 else 0.0
     numel = sum(p.numel() for p in params)

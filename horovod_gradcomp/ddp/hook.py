@@ -85,6 +85,7 @@ import torch
 
 from ..codecs import available_codecs
 from ..exchange.timeline import Interval
+from .gloo_exit import hold_backward_context
 from ..exchange.watchdog import StallWatchdog
 from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
@@ -474,4 +475,5 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     compression = factory(named, communicator=comm, **options)
     state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket)
     ddp_model.register_comm_hook(state, _hook)
+    hold_backward_context(ddp_model)   # PyTorch 2.13's abort at exit on gloo: see gloo_exit.py
     return state

@@ -5,9 +5,10 @@ torch.distributed (gloo) is initialized on the mpirun ranks. A DDP model with
 what the Horovod path's engine over mpi4py makes of the same local gradients (computed on a
 plain copy of the model) with the same bucket partition (DDP's buckets, which the hook reports
 in ``state.last_partition``), for every codec and both patterns; the hook's state_dict must
-equal the mpi4py compression's. Then: the per-bucket hook overlaps backward (a timeline shows a
-bucket's collective starting before DDP hands over its last bucket; not so with one exchange
-per step), and an error in one bucket reaches every future of the step on every rank.
+equal the mpi4py compression's. Then: the per-bucket hook overlaps backward (the backward halts
+halfway until a bucket's payload has completed, and a timeline shows it starting before DDP hands
+over its last bucket; not so with one exchange per step), and an error in one bucket reaches
+every future of the step on every rank.
 """
 from __future__ import annotations
 
@@ -138,37 +139,78 @@ def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere():
             assert all(bool(g.isfinite().all()) for g in grads)
 
 
-def deep_model():
-    torch.manual_seed(1)
-    layers = []
-    for _ in range(10):
-        layers += [nn.Linear(512, 512), nn.ReLU()]
-    return nn.Sequential(*layers, nn.Linear(512, 10))
+PAYLOAD_KINDS = ("payload", "alltoallv")   # the payloads' collectives (allgather; two-phase, onebit's default from K = 3)
+GATE_LIMIT_S = 120.0
+
+
+def _is_payload(iv) -> bool:
+    return iv.phase == "collective" and iv.thread.split(": ")[-1] in PAYLOAD_KINDS
+
+
+class _Gate(torch.autograd.Function):
+    """Identity. Its backward, which runs when the layers above it have their gradients (their
+    buckets handed over) and those below it not yet, waits until ``opened()`` holds, for at most
+    GATE_LIMIT_S; ``waits`` records whether it opened."""
+
+    @staticmethod
+    def forward(ctx, x, opened, waits):
+        ctx.opened, ctx.waits = opened, waits
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        deadline = time.monotonic() + GATE_LIMIT_S
+        while not ctx.opened() and time.monotonic() < deadline:
+            time.sleep(0.002)
+        ctx.waits.append(ctx.opened())
+        return grad, None, None
+
+
+class GatedDeepModel(nn.Module):
+    """Ten 512x512 layers and a head; once ``opened`` is set, a :class:`_Gate` after the fifth."""
+
+    def __init__(self, opened=None):
+        super().__init__()
+        torch.manual_seed(1)
+        self.lower = nn.Sequential(*[m for _ in range(5) for m in (nn.Linear(512, 512), nn.ReLU())])
+        self.upper = nn.Sequential(*[m for _ in range(5) for m in (nn.Linear(512, 512), nn.ReLU())],
+                                   nn.Linear(512, 10))
+        self.opened, self.waits = opened, []
+
+    def forward(self, x):
+        h = self.lower(x)
+        return self.upper(_Gate.apply(h, self.opened, self.waits) if self.opened is not None else h)
 
 
 def _timed_backward(per_bucket: bool):
-    """Three steps of a deep model, one layer a bucket; the timelines of the last two (DDP
-    rebuilds its buckets after the first): [(ready, collectives, backward), ...]."""
-    ddp = nn.parallel.DistributedDataParallel(deep_model(), bucket_cap_mb=1.1)   # about one layer a bucket
+    """Three steps, one layer a bucket; the timelines of the last two (DDP rebuilds its buckets
+    after the first) as [(ready, collectives, backward), ...], and whether the gate opened in
+each of the three steps. Per bucket, the backward halts at
+    the gate between the upper and the lower five layers until a payload collective of this
+    step has completed: the overlap is then a matter of order, not of the machine's timing (if
+    the hook sent nothing before backward ended, the gate would stay closed)."""
+    timeline = Timeline()
+    net = GatedDeepModel()
+    ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=1.1)   # about one layer a bucket
     state = hgc.ddp.register(ddp, "onebit", per_bucket=per_bucket)
-    # backward long enough to hide a bucket even at 4 ranks on 2 loaded cores, where the ranks
-    # reach a bucket up to a few hundred ms apart and its preamble waits for the last
-    x, y = torch.randn(8192, 512), torch.randint(0, 10, (8192,))
+    state.timeline = timeline
+    x, y = torch.randn(256, 512), torch.randint(0, 10, (256,))
     steps = []
     for step in range(3):
-        timeline = state.timeline = Timeline()
+        if step == 1 and per_bucket:   # DDP's first step hands over one bucket
+            net.opened = lambda: any(_is_payload(iv) for iv in list(timeline.intervals))
         ddp.zero_grad()
         with timeline.span("backward"):
             F.cross_entropy(ddp(x), y).backward()
+        intervals = timeline.take()
         if step == 0:
             continue
-        intervals = timeline.take()
         ready = sorted(iv.t0 for iv in intervals if iv.phase == "bucket_ready")
         collectives = [iv for iv in intervals if iv.phase == "collective"]
         backward = next(iv for iv in intervals if iv.phase == "backward")
         assert len(ready) == len(state.last_partition if per_bucket else ready) and len(ready) >= 5
         steps.append((ready, collectives, backward))
-    return steps
+    return steps, net.waits
 
 
 def _on_every_rank(problem: str) -> None:
@@ -176,13 +218,13 @@ def _on_every_rank(problem: str) -> None:
     alone would leave the others waiting in the next test's collectives)."""
     flag = torch.tensor([1 if problem else 0])
     dist.all_reduce(flag)
+    hgc.ddp.keep_until_exit(flag)   # the suite's last collective may be this one
     assert not problem, problem
     assert int(flag) == 0, "the check failed on another rank"
 
 
 def _overlap_problem(ready, collectives, backward) -> str:
-    # the payloads' collectives (allgather: "payload"; two-phase, onebit's default from K = 3: "alltoallv", "owners")
-    data = sorted(iv.t0 for iv in collectives if iv.thread.split(": ")[-1] in ("payload", "alltoallv"))
+    data = sorted(iv.t0 for iv in collectives if _is_payload(iv))
     if len(data) != len(ready):
         return f"{len(data)} payload collectives for {len(ready)} buckets"
     if not all(backward.t0 <= iv.t0 and iv.t1 <= backward.t1 for iv in collectives):
@@ -193,11 +235,15 @@ def _overlap_problem(ready, collectives, backward) -> str:
 
 
 def test_per_bucket_collectives_overlap_backward():
-    """In at least one of two steps (the machine's load can delay one), on every rank."""
-    problems = [_overlap_problem(*step) for step in _timed_backward(per_bucket=True)]
-    _on_every_rank("" if "" in problems else "; ".join(problems))
+    """In every step, on every rank."""
+    steps, waits = _timed_backward(per_bucket=True)
+    problems = [p for p in (_overlap_problem(*step) for step in steps) if p]
+    if waits != [True] * 2:
+        problems.append(f"the gate opened (a payload completed during backward) in these steps: {waits}")
+    _on_every_rank("; ".join(problems))
+    steps, _ = _timed_backward(per_bucket=False)
     problems = [f"one exchange per step started at {min(iv.t0 for iv in c):.3f}, before the last bucket {r[-1]:.3f}"
-                for r, c, _ in _timed_backward(per_bucket=False) if min(iv.t0 for iv in c) < r[-1]]
+                for r, c, _ in steps if min(iv.t0 for iv in c) < r[-1]]
     _on_every_rank("; ".join(problems))
 
 

@@ -1,0 +1,28 @@
+#include "gloo_exit.h"
+
+#include <memory>
+#include <mutex>
+
+#include <ATen/ThreadLocalPythonObjects.h>
+
+bool retain_backward_context() {
+  // PyTorch (2.13) stashes contextvars.copy_context() under "context" for the duration of each
+  // backward; every collective issued meanwhile copies the thread-local state, so a gloo worker
+  // that frees a finished work can drop the last reference. That release takes the GIL, and a
+  // thread taking the GIL while the interpreter finalizes is ended by pthread_exit, which
+  // aborts in the work's noexcept destructor ("terminate called without an active exception").
+  // A second owner here makes the workers' releases plain decrements. Leaked on purpose: a
+  // static holder's destructor would run after finalization.
+  static auto* held = new std::shared_ptr<c10::SafePyObject>();
+  static constexpr const char* kKey = "context";
+  if (!at::impl::ThreadLocalPythonObjects::contains(kKey)) return false;
+  *held = at::impl::ThreadLocalPythonObjects::get(kKey);  // the previous one is released here, under the GIL
+  return true;
+}
+
+void keep_until_exit(const std::vector<at::Tensor>& tensors) {
+  static auto* mutex = new std::mutex();
+  static auto* kept = new std::vector<at::Tensor>();  // leaked on purpose, as above
+  std::lock_guard<std::mutex> lock(*mutex);
+  kept->insert(kept->end(), tensors.begin(), tensors.end());
+}

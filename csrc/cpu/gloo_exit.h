@@ -1,0 +1,18 @@
+// References that outlive the Python interpreter, so that gloo's worker threads never release
+// the last one (see horovod_gradcomp/ddp/gloo_exit.py for the abort this prevents).
+#pragma once
+#include <vector>
+
+#include <torch/extension.h>
+
+// Called during a backward pass: hold one more reference to the backward's stashed
+// "context" (a contextvars.Context), replacing the one held before. The holder is never
+// destroyed, so the last backward's context is released only after Python has finalized
+// (where PyTorch skips the release). False when nothing is stashed (outside a backward, or a
+// PyTorch that does not stash).
+bool retain_backward_context();
+
+// Hold a C++ reference to each tensor until the process ends. A tensor's Python object is
+// released whenever its C++ reference count drops from 2 to 1; with this extra owner, a gloo
+// worker's release of a finished collective's tensors is never that drop.
+void keep_until_exit(const std::vector<at::Tensor>& tensors);
