@@ -33,6 +33,8 @@ import torch.nn as nn
 
 from ..native import NativeUnavailableError, _C, native_error
 
+_HANDLE = "_hgc_backward_context_hold"   # the module attribute holding hold_backward_context's hook
+
 
 def hold_backward_context(module: nn.Module):
     """On every forward of ``module`` (a DDP model, the module inside it, or a LightningModule
@@ -49,9 +51,6 @@ def hold_backward_context(module: nn.Module):
         handle = module.register_forward_hook(_mark_output)
         setattr(module, _HANDLE, handle)
     return handle
-
-
-_HANDLE = "_hgc_backward_context_hold"
 
 
 def keep_until_exit(*tensors: torch.Tensor) -> None:

@@ -85,12 +85,12 @@ import torch
 
 from ..codecs import available_codecs
 from ..exchange.timeline import Interval
-from .gloo_exit import hold_backward_context
 from ..exchange.watchdog import StallWatchdog
 from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .bucket_exchange import Call, bucket_job
 from .daemon_threads import DaemonThreads
+from .gloo_exit import hold_backward_context
 
 
 class DDPExchangeError(RuntimeError):

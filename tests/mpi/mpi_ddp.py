@@ -185,10 +185,10 @@ class GatedDeepModel(nn.Module):
 def _timed_backward(per_bucket: bool):
     """Three steps, one layer a bucket; the timelines of the last two (DDP rebuilds its buckets
     after the first) as [(ready, collectives, backward), ...], and whether the gate opened in
-each of the three steps. Per bucket, the backward halts at
-    the gate between the upper and the lower five layers until a payload collective of this
-    step has completed: the overlap is then a matter of order, not of the machine's timing (if
-    the hook sent nothing before backward ended, the gate would stay closed)."""
+    each of those two. Per bucket, the backward halts at the gate between the upper and the
+    lower five layers until a payload collective of this step has completed: the overlap is
+    then a matter of order, not of the machine's timing (if the hook sent nothing before
+    backward ended, the gate would stay closed)."""
     timeline = Timeline()
     net = GatedDeepModel()
     ddp = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=1.1)   # about one layer a bucket
