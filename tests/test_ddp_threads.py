@@ -51,6 +51,22 @@ def test_unlimited_pool_runs_blocked_calls_side_by_side():
     assert pool.wait_idle(10)
 
 
+def test_an_idle_thread_holds_no_argument_of_its_last_call():
+    """Once wait_idle returns, the threads have let go of the calls' arguments (a tensor freed by
+    a thread that ends during the interpreter's exit aborted a DDP suite at -np 4)."""
+    import weakref
+
+    class Payload:
+        pass
+    pool = DaemonThreads("a", limit=1, idle_s=30)
+    arg = Payload()
+    gone = weakref.ref(arg)
+    pool.post(lambda x: None, arg)
+    del arg
+    assert pool.wait_idle(10)
+    assert gone() is None, "the idle thread still refers to its last call's argument"
+
+
 def test_errors_go_to_on_error_and_the_thread_goes_on():
     errors, done = [], []
     pool = DaemonThreads("e", limit=1, on_error=errors.append, idle_s=0.05)

@@ -5,9 +5,10 @@ to ``limit``: with ``limit=1`` the calls run one at a time, in the order posted)
 ends after ``idle_s`` seconds without a call, so a state no longer used leaves no thread behind.
 
 :meth:`DaemonThreads.wait_idle` is for the interpreter's exit: a daemon thread that is inside
-torch (a collective's wait, a future's completion) when Python shuts down can be ended by the C++
-runtime's ``terminate``; a thread blocked on the pool's queue is only in Python's own code, which
-shuts down cleanly.
+torch (a collective's wait, a future's completion, freeing a tensor) when Python shuts down can be
+ended by the C++ runtime's ``terminate``; a thread blocked on the pool's queue is only in Python's
+own code, which shuts down cleanly. A thread lets go of a call's arguments before it counts as
+idle, so an idle thread holds no tensor that its exit would free.
 """
 from __future__ import annotations
 
@@ -93,5 +94,9 @@ class DaemonThreads:
                 else:
                     traceback.print_exc()
             finally:
+                # Drop the call and its arguments (a bucket's gradients) while still counted busy:
+                # a thread that ends when idle must free no tensor, since freeing one can release
+                # the GIL inside torch, and once Python finalizes that ends in terminate.
+                del fn, args
                 with self._lock:
                     self._busy -= 1
