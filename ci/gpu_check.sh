@@ -13,8 +13,13 @@
 #             OpenMP), in place; the architecture from the GPU;
 #   tests     tests/test_cuda_codecs.py on both backends (cuda and twin) but the fuzz corpus;
 #   fuzz      the fuzz corpus through the CUDA decoders;
-#   others    every other test marked requires_cuda (the cuda parameter of the codec tests);
-#   exchange  compression.exchange() of CUDA gradients at -np 2 on one GPU vs the CPU path;
+#   others    every other test marked requires_cuda (the cuda parameter of the codec tests, the
+#             CUDA stagings of tests/test_staging.py, real events in tests/test_stream_handoff.py);
+#   exchange  compression.exchange() of CUDA gradients at -np 2 on one GPU vs the CPU path; then
+#             the staging (the direct path on CUDA buffers when MPI is CUDA-aware, with a
+#             HOROVOD_GRADCOMP_HOST_STAGING=1 rerun; SKIPPED with the MPI's name otherwise) and
+#             the stream hand-over (gradients written on a side stream, exchanged on the engine's
+#             and the wire thread's streams, results read back on the side stream);
 #   ddp_nccl  the DDP hook on NCCL: needs one GPU per process (says so and passes with one GPU);
 #   bench     python -m horovod_gradcomp.bench codecs --device cuda (figures in the JSON).
 #
@@ -151,7 +156,7 @@ export -f deps toolkit mpi_ok mpi build pytest_q tests fuzz others exchange ddp_
 export NVCC
 
 declare -A LIMIT=([deps]=120 [toolkit]=30 [mpi]=120 [build]=540 [tests]=540 [fuzz]=540 [others]=420
-                  [exchange]=300 [ddp_nccl]=300 [bench]=300)
+                  [exchange]=420 [ddp_nccl]=300 [bench]=300)
 for s in "${STEPS[@]}"; do
     [ -n "${LIMIT[$s]:-}" ] || { log "unknown step '$s' (steps: ${!LIMIT[*]})"; exit 2; }
     run_step "$s" "${LIMIT[$s]}" "$s"

@@ -37,3 +37,13 @@ def device_calls(twin, fn):
     before = twin.algorithm_calls()
     fn()
     return twin.algorithm_calls() - before
+
+
+def outcome(fn, *args):
+    """``(exception type, first line of its message)`` of ``fn(*args)``, or ``(None, "returned")``:
+    what a refusal looks like, to compare the twin's with the CPU kernels'."""
+    try:
+        fn(*args)
+    except (RuntimeError, ValueError, TypeError) as e:
+        return type(e), str(e).splitlines()[0]
+    return None, "returned"

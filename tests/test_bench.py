@@ -66,7 +66,14 @@ def test_json_rows_cover_every_codec_and_impl(capsys):
     impls = ["native", "twin", "reference"] if hgc.native_available() else ["reference"]
     assert hgc.twin_available(), "the twin of the device kernels did not build: its rows would be missing"
     expected = {("fp16", "torch")} | {(c, i) for c in hgc.available_codecs() for i in impls}
+    if "twin" in impls:  # every codec's device kernels have bucket ops (csrc/device/multi_tensor.cuh)
+        expected |= {(c, "twin-bucket") for c in hgc.available_codecs()}
     assert {(r["codec"], r["impl"]) for r in rows} == expected
+    calls = {(r["codec"], r["impl"]): r.get("device_calls") for r in rows if r["impl"].startswith("twin")}
+    assert all(c is not None and len(c) == 2 for c in calls.values()), calls
+    # ResNet-50's first 4 tensors (a convolution, batch-norm vectors): the 5 stages of a bucket, one decode
+    assert calls[("onebit", "twin-bucket")] == [5, 1], calls
+    assert calls[("onebit", "twin")][0] > 5, calls
     numel = total_numel(resnet50_shapes()[:4])
     for r in rows:
         assert set(codecs_bench.REQUIRED_KEYS) <= set(r) and "options" not in r

@@ -13,7 +13,7 @@ import torch
 from horovod_gradcomp.codecs.qsgd import group_buckets
 from horovod_gradcomp.native import require_native
 
-from device_helpers import DTYPES, THREADS, device_calls, dtype_id, threads, twin  # noqa: F401 (fixtures)
+from device_helpers import DTYPES, THREADS, device_calls, dtype_id, outcome, threads, twin  # noqa: F401 (fixtures)
 
 KEY = 0x1234_5678_9ABC_DEF0 - (1 << 63)  # a key with the sign bit set (two's complement)
 
@@ -122,14 +122,6 @@ def _elias_payload(C, n=4000, s=7, d=16, gb=1):
     return C.qsgd_encode_elias(g, s, d, False, 3, gb), (n, s, d, gb)
 
 
-def _outcome(fn, *args):
-    try:
-        fn(*args)
-    except (RuntimeError, ValueError, TypeError) as e:
-        return type(e), str(e).splitlines()[0]
-    return None, "returned"
-
-
 def test_elias_malformed_streams_refused_like_cpu(twin):
     C = require_native()
     (norms, nbits, stream), (n, s, d, gb) = _elias_payload(C)
@@ -151,8 +143,8 @@ def test_elias_malformed_streams_refused_like_cpu(twin):
     cases.append(("negative count", norms, neg, stream))
     refused = 0
     for name, nr, nb, st in cases:
-        want = _outcome(C.qsgd_decode_elias, nr, nb, st, n, s, d, gb, torch.float32)
-        got = _outcome(twin.qsgd_decode_elias, nr, nb, st, n, s, d, gb, torch.float32)
+        want = outcome(C.qsgd_decode_elias, nr, nb, st, n, s, d, gb, torch.float32)
+        got = outcome(twin.qsgd_decode_elias, nr, nb, st, n, s, d, gb, torch.float32)
         assert got == want, f"{name}: twin {got} vs CPU {want}"
         refused += want[0] is not None
         if want[0] is None:  # accepted by both: the same values

@@ -96,3 +96,18 @@ def test_keep_until_exit_holds_a_cpp_reference():
     plain, kept = torch.ones(2), torch.ones(2)
     hgc.ddp.keep_until_exit(kept)
     assert sys.getrefcount(kept) == sys.getrefcount(plain) + 1
+
+
+def test_hold_latest_holds_one_set_per_slot():
+    """Each call holds its tensors (one more reference each) and releases the slot's previous
+    ones; slots are independent."""
+    plain, first, second, other = torch.ones(2), torch.ones(2), torch.ones(2), torch.ones(2)
+    hgc.ddp.hold_latest("test slot", first)
+    hgc.ddp.hold_latest("other test slot", other)
+    assert sys.getrefcount(first) == sys.getrefcount(plain) + 1
+    hgc.ddp.hold_latest("test slot", second)
+    assert sys.getrefcount(first) == sys.getrefcount(plain)
+    assert sys.getrefcount(second) == sys.getrefcount(plain) + 1
+    assert sys.getrefcount(other) == sys.getrefcount(plain) + 1
+    with pytest.raises(TypeError, match="expected tensors"):
+        hgc.ddp.hold_latest("test slot", "not a tensor")

@@ -14,19 +14,10 @@ import torch
 
 from horovod_gradcomp.bench import exchange_bench as eb
 from horovod_gradcomp.bench import memory_bench as mb
+from one_rank import OneRank
 
 ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT_S = 150
-
-
-class _OneRank:
-    rank, size, thread_multiple = 0, 1, True
-
-    def allgather(self, send):
-        return send.reshape(1, -1).clone()
-
-    def allgatherv(self, send):
-        return [send.clone()]
 
 
 def _named(shapes):
@@ -39,9 +30,9 @@ def test_held_state_in_process(name, expected):
     import horovod_gradcomp as hgc
     named = _named([(30, 20), (17,), (8, 3, 3, 3)])
     if name == "dgc":
-        comp = hgc.Compression.dgc(named, density=0.1, momentum=0.9, check_optimizer=False, communicator=_OneRank())
+        comp = hgc.Compression.dgc(named, density=0.1, momentum=0.9, check_optimizer=False, communicator=OneRank())
     else:
-        comp = hgc.Compression.codec(name, named, communicator=_OneRank())
+        comp = hgc.Compression.codec(name, named, communicator=OneRank())
     for step in range(2):
         comp.exchange({n: torch.randn(p.shape) for n, p in named})
     model = sum(4 * p.numel() for _, p in named)

@@ -8,6 +8,7 @@ import torch
 from horovod_gradcomp.bench import breakdown as bd
 from horovod_gradcomp.exchange.stats import ExchangeStats
 from horovod_gradcomp.exchange.timeline import Interval, TimedCommunicator, Timeline, exclusive_times, split_steps
+from one_rank import OneRank
 
 
 def _iv(phase, t0, t1, thread="MainThread"):
@@ -55,16 +56,9 @@ def test_stats_timed_records_only_when_attached():
     assert "timeline" not in stats.as_dict() and ExchangeStats().timeline is None
 
 
-class _OneRank:
-    rank, size, thread_multiple = 0, 1, True
-
-    def allgather(self, send):
-        return send.reshape(1, -1).clone()
-
-
 def test_timed_communicator_records_collectives():
     tl = Timeline()
-    comm = TimedCommunicator(_OneRank(), tl)
+    comm = TimedCommunicator(OneRank(), tl)
     out = comm.allgather(torch.arange(4, dtype=torch.uint8))
     assert out.shape == (1, 4) and comm.size == 1
     assert [iv.phase for iv in tl.intervals] == ["collective"]
@@ -76,7 +70,7 @@ def test_a_recorded_exchange_adds_up(monkeypatch):
     import horovod_gradcomp as hgc
     params = [torch.nn.Parameter(torch.zeros(300, 40)), torch.nn.Parameter(torch.zeros(77))]
     named = [("a", params[0]), ("b", params[1])]
-    comp = hgc.Compression.codec("onebit", named, communicator=_OneRank())
+    comp = hgc.Compression.codec("onebit", named, communicator=OneRank())
     tl = Timeline()
     bd.instrument(comp, tl)
     grads = {"a": torch.randn(300, 40), "b": torch.randn(77)}
@@ -89,7 +83,7 @@ def test_a_recorded_exchange_adds_up(monkeypatch):
     assert {"flush", "preamble", "encode", "decode", "exchange"} <= set(main)
     assert sum(main.values()) == pytest.approx(steps[0]["step_ms"], abs=1e-3)
     # recording changes nothing: the same result as an unrecorded compression
-    ref = hgc.Compression.codec("onebit", named, communicator=_OneRank()).exchange(expected)
+    ref = hgc.Compression.codec("onebit", named, communicator=OneRank()).exchange(expected)
     for n in grads:
         assert torch.equal(out[n], ref[n])
 

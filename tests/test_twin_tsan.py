@@ -5,8 +5,8 @@ torch) is built by clang++ with ``-fsanitize=thread`` and LLVM's libomp, whose A
 TSan OpenMP's synchronization (g++'s libgomp is not instrumented: TSan reports false races in
 Thrust's OpenMP scan there, which is why torch, linked with libgomp, stays out of this process).
 This test writes the cases: random fp32 inputs and the outputs of the native CPU kernels for
-them (onebit encode and decode-sum, TernGrad encode and decode-sum, DGC selection and
-scatter-sum, QSGD fixed-width encode); the driver runs each at 1, 2 and 4 OpenMP threads and
+them (onebit encode and decode-sum, also as bucket ops over three tensors, TernGrad encode and
+decode-sum, DGC selection and scatter-sum, QSGD fixed-width encode); the driver runs each at 1, 2 and 4 OpenMP threads and
 compares with those bytes. Any TSan report or mismatch fails. A second run of the driver with a
 deliberately racy functor (every index adds into one word) must be reported by TSan: the
 harness can fail.
@@ -99,6 +99,23 @@ def _cases(base: Path) -> list:
         cases.append(_write(base / f"onebit_decode_{n}_{cols}", "onebit_decode_sum",
                             {"n": n, "cols": cols, "K": 3, "scale": repr(1 / 3)}, {"bits.bin": b3, "scales.bin": s3},
                             {"out": C.onebit_decode_sum(b3, s3, n, cols, f32, 1 / 3, None)}))
+    # onebit's bucket ops: three tensors (a matrix, a one-column tensor, a wide window's shape) per call
+    shapes = ((40, 25), (70001, 1), (13, 296))
+    params, ins, expect, dec_ins, dec_expect = {"count": 3}, {}, {}, {}, {}
+    for t, (rows, cols) in enumerate(shapes):
+        n = rows * cols
+        params[f"n{t}"], params[f"cols{t}"] = n, cols
+        g, r = torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 0.1
+        r_cpu = r.clone()
+        expect[f"bits{t}"], expect[f"scales{t}"] = C.onebit_encode(g, r_cpu, cols)
+        ins[f"grad{t}.bin"], ins[f"residual{t}.bin"], expect[f"residual{t}"] = g, r, r_cpu
+        pays = [C.onebit_encode(torch.randn(n, generator=gen), None, cols) for _ in range(3)]
+        b3, s3 = torch.stack([p[0] for p in pays]), torch.stack([p[1] for p in pays])
+        dec_ins[f"bits{t}.bin"], dec_ins[f"scales{t}.bin"] = b3, s3
+        dec_expect[f"out{t}"] = C.onebit_decode_sum(b3, s3, n, cols, f32, 1 / 3, None)
+    cases.append(_write(base / "onebit_encode_many", "onebit_encode_many", params, ins, expect))
+    cases.append(_write(base / "onebit_decode_sum_many", "onebit_decode_sum_many",
+                        dict(params, K=3, scale=repr(1 / 3)), dec_ins, dec_expect))
     for n in (1, 33, 100003):
         g = torch.randn(n, generator=gen)
         scale = float(g.abs().max())

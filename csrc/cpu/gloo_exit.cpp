@@ -1,5 +1,6 @@
 #include "gloo_exit.h"
 
+#include <map>
 #include <memory>
 #include <mutex>
 
@@ -25,4 +26,16 @@ void keep_until_exit(const std::vector<at::Tensor>& tensors) {
   static auto* kept = new std::vector<at::Tensor>();  // leaked on purpose, as above
   std::lock_guard<std::mutex> lock(*mutex);
   kept->insert(kept->end(), tensors.begin(), tensors.end());
+}
+
+void hold_latest(const std::string& slot, const std::vector<at::Tensor>& tensors) {
+  static auto* mutex = new std::mutex();
+  static auto* held = new std::map<std::string, std::vector<at::Tensor>>();  // leaked on purpose, as above
+  std::vector<at::Tensor> previous;
+  {
+    std::lock_guard<std::mutex> lock(*mutex);
+    previous.swap((*held)[slot]);
+    (*held)[slot] = tensors;
+  }
+  // `previous` is released here, by the caller's thread (which holds the GIL)
 }

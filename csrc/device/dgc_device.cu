@@ -9,12 +9,28 @@
 // (path 2) are sorted and counted above the exact k-th largest likewise. Compaction: one stable copy_if over (index, value) pairs, so the indices
 // ascend. Scatter-sum: the indices are checked first (one scan, K flags read back at once), then
 // one for_each per payload, in payload order, each over its strictly increasing indices.
+//
+// A bucket (the *_many launchers, multi_tensor.cuh): each stage of the per-tensor launchers runs
+// once for all tensors. Decode-sum: the int64 indices of every payload from one scan of their
+// steps, their check from one scan of bad flags, the flags of all payloads read back in one copy,
+// then per dtype a fill, one stage per payload rank, the scaling. Momentum correction: one
+// for_each per dtype. Masking: one for_each.
+// Selection (dgc_threshold_many, dgc_compact_many): the keys to sort of every tensor (sampled
+// keys, or all keys of the exactly selected ones) widened to (tensor, uint64 key) pairs, one
+// gather and one sort by (tensor, key descending) for the bucket, every tensor's (count, threshold)
+// in one reduce_by_key over the concatenated values (read back in one copy); the estimates off by
+// more than 2x refined together (copy_if of their candidates, sort, reduce_by_key, one read-back);
+// then one copy_if of all selected positions and one for_each writing indices and values. Index
+// code (dgc_index_*_many): one reduce_by_key of every tensor's GapStats, one read-back, one
+// for_each. Their tables (Pack) go up in one copy per round.
 #include "dgc_device.h"
 
 #include <thrust/copy.h>
 #include <thrust/count.h>
 #include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/discard_iterator.h>
+#include <thrust/reduce.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/zip_iterator.h>
 #include <thrust/scan.h>
@@ -25,12 +41,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <type_traits>
 #include <vector>
 
 #include "dgc_functors.h"
 #include "exec.cuh"
+#include "multi_tensor.cuh"
 
 namespace hgc_dev {
 namespace {
@@ -205,6 +223,177 @@ void accumulate_typed(Exec& ex, T* u, T* v, const T* g, int64_t n, T m, T c, boo
   }
 }
 
+// ---- a bucket at once ---------------------------------------------------------------------------
+
+// The scatter-sum stages of a bucket's tensors of one dtype: fill, one stage per payload rank r
+// (the payloads in order, as scatter_typed adds them), scaling.
+template <typename T> struct SumStages {
+  using A = typename Elem<T>::acc;
+  Stage<dgc::FillZero<A>> fill;
+  std::vector<Stage<dgc::ScatterAdd<T, A, int64_t>>> scatter;
+  Stage<dgc::ScaleStore<T, A>> scale;
+  bool used = false;
+
+  explicit SumStages(int64_t K) : scatter(static_cast<std::size_t>(K)) {}
+
+  // Tensor `t` with its K payloads (their int64 indices at idx + base[r]); fp16/bf16 accumulate in
+  // `narrow` (advanced by n), fp32/fp64 in the output itself.
+  void add(const DgcSumTensor& t, const DgcSumPayload* pays, const int64_t* base, const int64_t* idx, double s,
+           float*& narrow) {
+    if (t.n <= 0) return;
+    used = true;
+    T* out = static_cast<T*>(t.out);
+    A* acc;
+    if (std::is_same<A, T>::value) {
+      acc = reinterpret_cast<A*>(out);
+    } else {
+      acc = reinterpret_cast<A*>(narrow);
+      narrow += t.n;
+    }
+    fill.add(dgc::FillZero<A>{acc}, t.n);
+    for (std::size_t r = 0; r < scatter.size(); ++r)
+      scatter[r].add(dgc::ScatterAdd<T, A, int64_t>{idx + base[r], static_cast<const T*>(pays[r].values), acc},
+                     pays[r].count);
+    scale.add(dgc::ScaleStore<T, A>{acc, static_cast<A>(s), out}, t.n);
+  }
+  void put(TableSet& tables) {
+    tables.put(fill);
+    for (auto& st : scatter) tables.put(st);
+    tables.put(scale);
+  }
+  void run(TableSet& tables) const {
+    if (!used) return;
+    tables.run(fill);
+    for (const auto& st : scatter) tables.run(st);
+    tables.run(scale);
+  }
+};
+
+// The sum stages of the four dtypes, each run in DType order (one launch sequence per dtype present).
+struct AllSumStages {
+  SumStages<half_t> h;
+  SumStages<bf16_t> b;
+  SumStages<float> f;
+  SumStages<double> d;
+  explicit AllSumStages(int64_t K) : h(K), b(K), f(K), d(K) {}
+  void put(TableSet& tables) {
+    h.put(tables);
+    b.put(tables);
+    f.put(tables);
+    d.put(tables);
+  }
+  void run(TableSet& tables) const {
+    h.run(tables);
+    b.run(tables);
+    f.run(tables);
+    d.run(tables);
+  }
+};
+
+template <bool kClip, bool kNesterov>
+void accumulate_many_typed(Exec& ex, const DgcAccumulateItem* items, int64_t count, double m, double c) {
+  Stage<dgc::Accumulate<float, kClip, kNesterov>> f32;
+  Stage<dgc::Accumulate<double, kClip, kNesterov>> f64;
+  for (int64_t i = 0; i < count; ++i) {
+    const DgcAccumulateItem& it = items[i];
+    if (it.dtype == DType::kFloat)
+      f32.add({static_cast<float*>(it.u), static_cast<float*>(it.v), static_cast<const float*>(it.g),
+               static_cast<float>(m), static_cast<float>(c)},
+              it.n);
+    else if (it.dtype == DType::kDouble)
+      f64.add({static_cast<double*>(it.u), static_cast<double*>(it.v), static_cast<const double*>(it.g), m, c}, it.n);
+    else
+      throw std::invalid_argument("dgc_accumulate_many: fp32 or fp64 only");
+  }
+  TableSet tables(ex);
+  tables.put(f32);
+  tables.put(f64);
+  tables.upload();
+  tables.run(f32);
+  tables.run(f64);
+}
+
+// ---- a bucket's selection and index code -------------------------------------------------------
+
+// Host arrays (per-tensor functors or descriptors, prefix counts) packed into ONE upload, then
+// read by the algorithms through their device pointers: TableSet's idea for tables that are not
+// only for_each stages (the segmented reductions, copy_if and sorts read them too).
+class Pack {
+ public:
+  explicit Pack(Exec& ex) : ex_(ex) {}
+  template <typename T> std::size_t add(const std::vector<T>& v) {
+    static_assert(std::is_trivially_copyable<T>::value, "packed as bytes");
+    static_assert(alignof(T) <= kAlign, "aligned to kAlign");
+    const std::size_t at = (host_.size() + kAlign - 1) / kAlign * kAlign;
+    host_.resize(at + v.size() * sizeof(T));
+    if (!v.empty()) std::memcpy(host_.data() + at, v.data(), v.size() * sizeof(T));
+    return at;
+  }
+  void upload() {
+    device_.reset(new Scratch<unsigned char>(ex_, static_cast<int64_t>(host_.size())));
+    ex_.to_device(device_->get(), host_.data(), host_.size());
+  }
+  template <typename T> const T* at(std::size_t offset) const {
+    return reinterpret_cast<const T*>(device_->get() + offset);
+  }
+
+ private:
+  static constexpr std::size_t kAlign = 16;
+  Exec& ex_;
+  std::vector<unsigned char> host_;
+  std::unique_ptr<Scratch<unsigned char>> device_;
+};
+
+// Per-tensor descriptors (or functors) and their prefix counts over a concatenated index space.
+template <typename F> struct Segments {
+  std::vector<F> items;
+  std::vector<int64_t> start{0};
+  std::size_t items_at = 0, start_at = 0;
+  void add(const F& f, int64_t count) {
+    items.push_back(f);
+    start.push_back(start.back() + (count > 0 ? count : 0));
+  }
+  int64_t total() const { return start.back(); }
+  int64_t size() const { return static_cast<int64_t>(items.size()); }
+  void put(Pack& p) {
+    items_at = p.add(items);
+    start_at = p.add(start);
+  }
+  const F* dev_items(const Pack& p) const { return p.at<F>(items_at); }
+  const int64_t* dev_start(const Pack& p) const { return p.at<int64_t>(start_at); }
+  // One for_each of MultiFor<F> over every segment (F a per-tensor functor).
+  void run(Exec& ex, const Pack& p) const {
+    if (total() > 0) ex.for_each_index(total(), MultiFor<F>{dev_items(p), dev_start(p), size()});
+  }
+};
+
+int esize_of(DType dtype) {
+  switch (dtype) {
+    case DType::kHalf:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat: return 4;
+    case DType::kDouble: return 8;
+  }
+  throw std::invalid_argument("dgc: unknown dtype");
+}
+
+// The per-tensor (count, threshold) of every rule over its tensor's values (all segments hold
+// >= 1 value): one reduce_by_key over the concatenated values, one read-back into host[].
+void count_thresholds(Exec& ex, const Pack& p, const Segments<dgc::ThresholdRule>& rules,
+                      std::vector<dgc::CountKey>& host) {
+  const int64_t T = rules.size();
+  host.assign(static_cast<std::size_t>(T), dgc::CountKey{0, 0});
+  if (T == 0) return;
+  Scratch<dgc::CountKey> sums(ex, T);
+  const int64_t* start = rules.dev_start(p);
+  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
+  const auto term = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
+                                                    dgc::SegCountTerm{rules.dev_items(p), start, T});
+  thrust::reduce_by_key(ex.policy(), seg, seg + rules.total(), term, thrust::make_discard_iterator(), sums.get(),
+                        thrust::equal_to<int64_t>(), dgc::CombineCountKey());
+  ex.to_host(host.data(), sums.get(), sizeof(dgc::CountKey) * static_cast<std::size_t>(T));
+}
+
 }  // namespace
 
 DgcThreshold dgc_threshold(const Ctx& ctx, DType dtype, const void* x, int64_t n, int64_t k, int64_t sample_count,
@@ -307,6 +496,293 @@ void dgc_accumulate(const Ctx& ctx, DType dtype, void* u, void* v, const void* g
                              momentum, coef, clip, nesterov);
   else
     throw std::invalid_argument("dgc_accumulate: fp32 or fp64 only");
+}
+
+}  // namespace hgc_dev
+
+namespace hgc_dev {
+
+bool dgc_scatter_sum_many(const Ctx& ctx, const DgcSumTensor* tensors, int64_t count, const DgcSumPayload* payloads,
+                          int64_t K, double scale, int64_t* bad) {
+  if (count <= 0 || K <= 0) return true;
+  const int64_t P = count * K;
+  std::vector<int64_t> base(static_cast<std::size_t>(P) + 1, 0);  // payload p's first position
+  for (int64_t p = 0; p < P; ++p) base[p + 1] = base[p] + payloads[p].count;
+  const int64_t total = base[P];
+  int64_t narrow = 0;  // fp16/bf16 accumulators
+  for (int64_t t = 0; t < count; ++t)
+    if (tensors[t].dtype == DType::kHalf || tensors[t].dtype == DType::kBFloat16) narrow += tensors[t].n;
+  Exec ex(ctx);
+  Scratch<int64_t> sums(ex, total), idx(ex, total), flags(ex, total), bad_dev(ex, P);
+  Scratch<float> acc(ex, narrow);
+
+  // The indices of every payload and their check (one index per position, one per payload).
+  Stage<dgc::PayloadSteps> steps;
+  Stage<dgc::PayloadIndices> indices;
+  Stage<dgc::BadInRange> per_payload;
+  for (int64_t t = 0; t < count; ++t) {
+    for (int64_t r = 0; r < K; ++r) {
+      const int64_t p = t * K + r, b = base[p], c = payloads[p].count;
+      const DgcSumPayload& pay = payloads[p];
+      steps.add(dgc::PayloadSteps{pay.index_bytes, pay.w, sums.get() + b}, c);
+      indices.add(dgc::PayloadIndices{pay.index_bytes, pay.w, sums.get() + b, b > 0 ? sums.get() + b - 1 : nullptr,
+                                      tensors[t].n, idx.get() + b, flags.get() + b},
+                  c);
+      per_payload.add(dgc::BadInRange{flags.get(), b, b + c, bad_dev.get() + p}, 1);
+    }
+  }
+  // The sums, per dtype.
+  AllSumStages sum(K);
+  float* cursor = acc.get();
+  for (int64_t t = 0; t < count; ++t) {
+    const DgcSumTensor& tt = tensors[t];
+    const DgcSumPayload* pays = payloads + t * K;
+    const int64_t* pbase = base.data() + t * K;
+    switch (tt.dtype) {
+      case DType::kHalf: sum.h.add(tt, pays, pbase, idx.get(), scale, cursor); break;
+      case DType::kBFloat16: sum.b.add(tt, pays, pbase, idx.get(), scale, cursor); break;
+      case DType::kFloat: sum.f.add(tt, pays, pbase, idx.get(), scale, cursor); break;
+      case DType::kDouble: sum.d.add(tt, pays, pbase, idx.get(), scale, cursor); break;
+      default: throw std::invalid_argument("dgc_scatter_sum_many: unknown dtype");
+    }
+  }
+  TableSet tables(ex);
+  tables.put(steps);
+  tables.put(indices);
+  tables.put(per_payload);
+  sum.put(tables);
+  tables.upload();
+
+  tables.run(steps);
+  if (total > 0) thrust::inclusive_scan(ex.policy(), sums.get(), sums.get() + total, sums.get());
+  tables.run(indices);
+  if (total > 0) thrust::inclusive_scan(ex.policy(), flags.get(), flags.get() + total, flags.get());
+  tables.run(per_payload);
+  ex.to_host(bad, bad_dev.get(), sizeof(int64_t) * static_cast<std::size_t>(P));
+  for (int64_t p = 0; p < P; ++p)
+    if (bad[p] != 0) return false;  // nothing written: the caller names the payload
+
+  sum.run(tables);
+  return true;
+}
+
+void dgc_accumulate_many(const Ctx& ctx, const DgcAccumulateItem* items, int64_t count, double momentum,
+                         bool nesterov, double coef) {
+  if (count <= 0) return;
+  Exec ex(ctx);
+  const bool clip = coef != 1.0;
+  if (clip) {
+    if (nesterov) accumulate_many_typed<true, true>(ex, items, count, momentum, coef);
+    else accumulate_many_typed<true, false>(ex, items, count, momentum, coef);
+  } else {
+    if (nesterov) accumulate_many_typed<false, true>(ex, items, count, momentum, coef);
+    else accumulate_many_typed<false, false>(ex, items, count, momentum, coef);
+  }
+}
+
+void dgc_mask_many(const Ctx& ctx, const DgcMaskItem* items, int64_t count) {
+  if (count <= 0) return;
+  Exec ex(ctx);
+  Stage<dgc::ZeroSent> zero;
+  for (int64_t i = 0; i < count; ++i) {
+    const DgcMaskItem& it = items[i];
+    zero.add(dgc::ZeroSent{it.idx, it.wide, it.n, it.esize, it.v, it.u}, it.count);
+  }
+  TableSet tables(ex);
+  tables.put(zero);
+  tables.upload();
+  tables.run(zero);
+}
+
+
+void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t count, DgcThreshold* out) {
+  if (count <= 0) return;
+  for (int64_t t = 0; t < count; ++t)
+    if (items[t].n <= 0 || items[t].k <= 0 || items[t].sample_count < 0)
+      throw std::invalid_argument("dgc_threshold_many: n, k >= 1, sample_count >= 0 for every tensor");
+  Exec ex(ctx);
+  // Round 1: mode 0 (k >= n: t = 1), 1 (sampled: t0 from the m sampled keys), 2 (m == 0: exact
+  // over all n keys). The keys to sort, per tensor, at base[t] of one pool.
+  std::vector<int> mode(static_cast<std::size_t>(count));
+  std::vector<int64_t> base(static_cast<std::size_t>(count), 0), rank(static_cast<std::size_t>(count), 0);
+  int64_t M = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    const DgcSelectItem& it = items[t];
+    const int64_t m = it.sample_count;
+    if (it.k >= it.n) {
+      mode[t] = 0;
+      continue;
+    }
+    base[t] = M;
+    if (m > 0) {
+      mode[t] = 1;
+      int64_t r = static_cast<int64_t>(std::ceil(static_cast<double>(it.k) * static_cast<double>(m) / it.n));
+      rank[t] = std::min(std::max<int64_t>(r, 1), m);
+      M += m;
+    } else {
+      mode[t] = 2;
+      M += it.n;
+    }
+  }
+  Scratch<dgc::SegKey> pool(ex, M);
+  Segments<dgc::GatherSegKeys> gather;
+  Segments<dgc::ThresholdRule> rules;
+  for (int64_t t = 0; t < count; ++t) {
+    const DgcSelectItem& it = items[t];
+    const int es = esize_of(it.dtype);
+    dgc::SegKey* at = pool.get() + base[t];
+    if (mode[t] == 1) gather.add({it.x, es, it.n, it.key, true, t, at}, it.sample_count);
+    if (mode[t] == 2) gather.add({it.x, es, it.n, it.key, false, t, at}, it.n);
+    const dgc::SegKey* th = mode[t] == 1 ? at + (rank[t] - 1) : mode[t] == 2 ? at + (it.k - 1) : nullptr;
+    rules.add({it.x, es, mode[t], th}, it.n);
+  }
+  std::vector<dgc::CountKey> c;
+  {
+    Pack pack(ex);
+    gather.put(pack);
+    rules.put(pack);
+    pack.upload();
+    gather.run(ex, pack);
+    if (M > 0) thrust::sort(ex.policy(), pool.get(), pool.get() + M, dgc::SegKeyOrder());
+    count_thresholds(ex, pack, rules, c);  // the bucket's read-back
+  }
+  // The paths; the estimates off by more than 2x go to round 2 (candidates >= lo, len of them).
+  std::vector<int64_t> again;
+  std::vector<uint64_t> lo;
+  std::vector<int64_t> len;
+  for (int64_t t = 0; t < count; ++t) {
+    const DgcSelectItem& it = items[t];
+    DgcThreshold& r = out[t];
+    r = DgcThreshold{c[t].key, 0.0, 2, c[t].count};
+    if (mode[t] == 1) {
+      const int64_t c0 = c[t].count, k = it.k;
+      if (2 * c0 >= k && c0 <= 2 * k) {
+        r.path = 0;
+      } else {
+        again.push_back(t);
+        lo.push_back(c0 > 2 * k ? c[t].key : 0);
+        len.push_back(c0 > 2 * k ? c0 : it.n);
+        r.path = c0 > 2 * k ? 1 : 2;
+      }
+    }
+  }
+  if (!again.empty()) {
+    // Round 2: every such tensor's candidates (path 1: keys >= t0, c0 > 2k of them; path 2: all
+    // n keys) in one stable copy_if (so tensor by tensor, at base2), one segmented sort, the
+    // exact rule over them, one reduce_by_key, one read-back.
+    const int64_t R = static_cast<int64_t>(again.size());
+    int64_t L = 0;
+    std::vector<int64_t> base2(static_cast<std::size_t>(R));
+    for (int64_t j = 0; j < R; ++j) {
+      base2[j] = L;
+      L += len[j];
+    }
+    Scratch<dgc::SegKey> cand(ex, L);
+    Segments<dgc::KeyBound> bounds;
+    Segments<dgc::ThresholdRule> exact;
+    for (int64_t j = 0; j < R; ++j) {
+      const DgcSelectItem& it = items[again[j]];
+      const int es = esize_of(it.dtype);
+      bounds.add({it.x, es, lo[j]}, it.n);
+      exact.add({it.x, es, 2, cand.get() + base2[j] + (it.k - 1)}, it.n);
+    }
+    std::vector<dgc::CountKey> c2;
+    Pack pack(ex);
+    bounds.put(pack);
+    exact.put(pack);
+    pack.upload();
+    const int64_t* start = bounds.dev_start(pack);
+    const auto keys = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
+                                                      dgc::SegKeyAt{bounds.dev_items(pack), start, R});
+    thrust::copy_if(ex.policy(), keys, keys + bounds.total(), cand.get(), dgc::KeepAtLeast{bounds.dev_items(pack)});
+    thrust::sort(ex.policy(), cand.get(), cand.get() + L, dgc::SegKeyOrder());
+    count_thresholds(ex, pack, exact, c2);
+    for (int64_t j = 0; j < R; ++j) {
+      out[again[j]].key = c2[j].key;
+      out[again[j]].count = c2[j].count;
+    }
+  }
+  for (int64_t t = 0; t < count; ++t) out[t].value = key_value(out[t].key, items[t].dtype);
+}
+
+void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count) {
+  if (count <= 0) return;
+  Exec ex(ctx);
+  Segments<dgc::KeyBound> bounds;  // the tensors with a selection, their positions concatenated
+  std::vector<int64_t> first;      // where each one's positions start in `pos`
+  int64_t total = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    const DgcCompactItem& it = items[t];
+    if (it.count <= 0 || it.n <= 0) continue;
+    bounds.add({it.x, esize_of(it.dtype), it.t_key}, it.n);
+    first.push_back(total);
+    total += it.count;
+  }
+  if (total == 0) return;
+  Scratch<int64_t> pos(ex, total);
+  Segments<dgc::WriteSelected> write;
+  for (int64_t t = 0, j = 0; t < count; ++t) {
+    const DgcCompactItem& it = items[t];
+    if (it.count <= 0 || it.n <= 0) continue;
+    write.add({pos.get() + first[j], bounds.start[j], it.x, esize_of(it.dtype), it.wide, it.idx, it.vals}, it.count);
+    ++j;
+  }
+  Pack pack(ex);
+  bounds.put(pack);
+  write.put(pack);
+  pack.upload();
+  // `count` is the number selected (dgc_threshold_many's): the copy writes exactly total positions.
+  thrust::copy_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
+                  thrust::counting_iterator<int64_t>(bounds.total()), pos.get(),
+                  dgc::SelectedAt{bounds.dev_items(pack), bounds.dev_start(pack), bounds.size()});
+  write.run(ex, pack);
+}
+
+void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t count, DgcIndexScan* out) {
+  if (count <= 0) return;
+  Segments<dgc::IndexList> lists;
+  std::vector<int64_t> which;
+  for (int64_t t = 0; t < count; ++t) {
+    out[t] = DgcIndexScan{0, true};
+    if (items[t].count <= 0) continue;
+    lists.add({items[t].idx, items[t].wide, items[t].n}, items[t].count);
+    which.push_back(t);
+  }
+  if (which.empty()) return;
+  Exec ex(ctx);
+  const int64_t T = lists.size();
+  Pack pack(ex);
+  lists.put(pack);
+  pack.upload();
+  Scratch<dgc::GapStats> sums(ex, T);
+  const int64_t* start = lists.dev_start(pack);
+  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
+  const auto term = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
+                                                    dgc::SegGapTerm{lists.dev_items(pack), start, T});
+  thrust::reduce_by_key(ex.policy(), seg, seg + lists.total(), term, thrust::make_discard_iterator(), sums.get(),
+                        thrust::equal_to<int64_t>(), dgc::CombineGapStats());
+  std::vector<dgc::GapStats> host(static_cast<std::size_t>(T));
+  ex.to_host(host.data(), sums.get(), sizeof(dgc::GapStats) * static_cast<std::size_t>(T));
+  for (int64_t j = 0; j < T; ++j) out[which[j]] = DgcIndexScan{host[j].top, host[j].bad == 0};
+}
+
+void dgc_index_write_many(const Ctx& ctx, const DgcIndexItem* items, const int* w, uint8_t* const* code,
+                          int64_t count) {
+  if (count <= 0) return;
+  Segments<dgc::WriteIndexCode> write;
+  for (int64_t t = 0; t < count; ++t) {
+    if (w[t] != 1 && w[t] != 2 && w[t] != 4 && w[t] != 8)
+      throw std::invalid_argument("dgc_index_write_many: w must be 1, 2, 4 or 8");
+    if (w[t] >= 4 && w[t] != (items[t].wide ? 8 : 4))
+      throw std::invalid_argument("dgc_index_write_many: an absolute code has the indices' width");
+    if (items[t].count > 0) write.add({items[t].idx, items[t].wide, w[t], code[t]}, items[t].count);
+  }
+  if (write.total() == 0) return;
+  Exec ex(ctx);
+  Pack pack(ex);
+  write.put(pack);
+  pack.upload();
+  write.run(ex, pack);
 }
 
 }  // namespace hgc_dev

@@ -68,4 +68,119 @@ bool dgc_indices_ok(const Ctx& ctx, const void* idx, bool wide, int64_t count, i
 void dgc_accumulate(const Ctx& ctx, DType dtype, void* u, void* v, const void* g, int64_t n, double momentum,
                     bool nesterov, double coef);
 
+// ---- a bucket at once (multi_tensor.cuh): a fixed number of device algorithm calls ------------
+
+// One payload of a bucket's decode-sum: `count` indices of w bytes each at `index_bytes` (any
+// alignment): w = 1, 2: the gap code (as dgc_index_read_gaps reads it); w = 4, 8: the indices
+// themselves, little-endian int32 / int64 (decoded indices are their own absolute code); and
+// `count` values of the tensor's dtype.
+struct DgcSumPayload {
+  const uint8_t* index_bytes;
+  int w;
+  int64_t count;
+  const void* values;
+};
+
+// One tensor of a bucket's decode-sum: n values of dtype, into out.
+struct DgcSumTensor {
+  DType dtype;
+  int64_t n;
+  void* out;
+};
+
+// dgc_scatter_sum of every tensor with its K payloads (tensor t's payload r at payloads[t * K +
+// r]; one K and one scale for the bucket): bitwise the same outputs. The indices of every
+// payload are made (int64 scratch) and checked first; bad[t * K + r] (host, count * K values)
+// gets the number of positions of that payload that are out of [0, n) or not above their
+// predecessor, read back in ONE copy; when any is bad, no output is written and false is
+// returned. Algorithm calls: steps, scan, indices, flag scan (none of these 4 when no payload
+// holds a position), per-payload flags; then per dtype present a fill, one for_each per payload
+// rank r that holds positions, the scaling. So at most 5 + 4 * (K + 2), whatever `count` is;
+// one table upload.
+bool dgc_scatter_sum_many(const Ctx& ctx, const DgcSumTensor* tensors, int64_t count, const DgcSumPayload* payloads,
+                          int64_t K, double scale, int64_t* bad);
+
+// One tensor of a bucket's momentum correction: dgc_accumulate's arguments (fp32 or fp64).
+struct DgcAccumulateItem {
+  DType dtype;
+  void* u;
+  void* v;
+  const void* g;
+  int64_t n;
+};
+
+// dgc_accumulate of every item with the bucket's momentum, nesterov and coef, bitwise the same:
+// one for_each per dtype present (at most 2), one table upload.
+void dgc_accumulate_many(const Ctx& ctx, const DgcAccumulateItem* items, int64_t count, double momentum,
+                         bool nesterov, double coef);
+
+// One tensor of a bucket's masking: `count` sent indices (int32, or int64 when wide) of a tensor
+// of n values of esize = 2, 4 or 8 bytes; v (and u, nullptr: none) zeroed there.
+struct DgcMaskItem {
+  const void* idx;
+  bool wide;
+  int64_t count, n;
+  int esize;
+  void* v;
+  void* u;
+};
+
+// v[idx] = 0 (and u[idx] = 0) for every item, as index_fill_(0, idx, 0) writes them: one
+// for_each, one table upload. Indices out of [0, n) are skipped (the caller passes the
+// selection's indices, strictly increasing in [0, n)).
+void dgc_mask_many(const Ctx& ctx, const DgcMaskItem* items, int64_t count);
+
+
+// One tensor of a bucket's selection: dgc_threshold's arguments (n >= 1, k >= 1, sample_count >= 0).
+struct DgcSelectItem {
+  DType dtype;
+  const void* x;
+  int64_t n, k, sample_count;
+  uint64_t key;
+};
+
+// dgc_threshold of every item, bitwise its thresholds, paths and counts, into out[count]. Round 1
+// for the whole bucket: the sampled keys of the sampled items and every key of the exactly
+// selected ones (m == 0, k < n) in one gather and one segmented sort ((tensor, key) pairs), the
+// per-tensor (count, threshold) of every item in one reduce_by_key, read back in ONE copy. Round 2,
+// only when an estimate is off by more than 2x (paths 1, 2), for all such items at once: their
+// candidates in one copy_if, one segmented sort, one reduce_by_key, one read-back. Algorithm
+// calls: at most 3, plus 3 with a second round; two table uploads at most.
+void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t count, DgcThreshold* out);
+
+// One tensor of a bucket's compaction: dgc_compact's arguments (count: dgc_threshold's count of
+// t_key, the size of idx and vals).
+struct DgcCompactItem {
+  DType dtype;
+  const void* x;
+  int64_t n;
+  uint64_t t_key;
+  bool wide;
+  void* idx;
+  void* vals;
+  int64_t count;
+};
+
+// dgc_compact of every item, bitwise: one copy_if of the selected positions of all items (stable:
+// ascending), one for_each writing each item's indices and values; one table upload.
+void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count);
+
+// One tensor of a bucket's index code: `count` indices (int32, or int64 when wide) of a tensor of
+// n values.
+struct DgcIndexItem {
+  const void* idx;
+  bool wide;
+  int64_t count, n;
+};
+
+// dgc_index_scan of every item into out[count] (items with count 0: {0, true}): one reduce_by_key,
+// one read-back of all items' results, one table upload.
+void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t count, DgcIndexScan* out);
+
+// The index code of every item with w[i] bytes per index into code[i] (w = 1, 2: the gap codes
+// of dgc_index_write_gaps; w = 4, 8: the indices' own bytes, as dgc_copy_bytes copies them): one
+// for_each, one table upload.
+void dgc_index_write_many(const Ctx& ctx, const DgcIndexItem* items, const int* w, uint8_t* const* code,
+                          int64_t count);
+
 }  // namespace hgc_dev

@@ -258,5 +258,273 @@ template <typename T, bool kClip, bool kNesterov> struct Accumulate {
   HGC_HOST_DEVICE void operator()(int64_t i) const { hgc::dgc_accumulate_step(u[i], v[i], g[i], m, c, kClip, kNesterov); }
 };
 
+// ---- a bucket at once (dgc_device.cu's *_many launchers, multi_tensor.cuh's stages) ---------
+// These run per payload or per tensor under MultiFor: q is the index inside the payload.
+
+// The little-endian integer of w = 1, 2, 4 or 8 bytes at p (any alignment); w = 4 sign-extended
+// (int32 indices), w = 1, 2 unsigned (gap codes).
+HGC_HOST_DEVICE inline int64_t read_le(const uint8_t* p, int w) {
+  uint64_t x = 0;
+  for (int b = w - 1; b >= 0; --b) x = (x << 8) | p[b];
+  if (w == 4) return static_cast<int64_t>(static_cast<int32_t>(static_cast<uint32_t>(x)));
+  return static_cast<int64_t>(x);
+}
+
+// steps[q] = the step of position q of a payload whose indices are coded with w bytes: the gap
+// code's StepAt for w = 1, 2 (so that an inclusive scan gives the indices), 0 for the absolute
+// indices (w = 4, 8), which are read as they are.
+struct PayloadSteps {
+  const uint8_t* code;
+  int w;
+  int64_t* steps;
+  HGC_HOST_DEVICE void operator()(int64_t q) const { steps[q] = w <= 2 ? StepAt{code, w}(q) : 0; }
+};
+
+// Position q of one payload: idx[q] = its index as int64 (from the inclusive scan `sums` of every
+// payload's steps, less the sum before this payload at *before (nullptr: none), or read from the
+// absolute code), and bad[q] = 1 when it breaks the rule (strictly increasing, in [0, n)): the
+// int64 indices the per-tensor decode gives (int32 ones without its clamp, which only keeps an
+// out-of-range value out of range) and the rule its checks apply.
+struct PayloadIndices {
+  const uint8_t* code;
+  int w;
+  const int64_t* sums;
+  const int64_t* before;
+  int64_t n;
+  int64_t* idx;
+  int64_t* bad;
+  HGC_HOST_DEVICE int64_t at(int64_t q) const {
+    if (w >= 4) return read_le(code + q * w, w);
+    return sums[q] - (before ? *before : 0);
+  }
+  HGC_HOST_DEVICE void operator()(int64_t q) const {
+    const int64_t v = at(q);
+    const int64_t prev = q > 0 ? at(q - 1) : -1;
+    idx[q] = v;
+    bad[q] = v >= 0 && v < n && prev < v ? 0 : 1;
+  }
+};
+
+// *out = the number of bad positions in [b, e) from the inclusive scan `scan` of the bad flags
+// (one index per payload).
+struct BadInRange {
+  const int64_t* scan;
+  int64_t b, e;
+  int64_t* out;
+  HGC_HOST_DEVICE void operator()(int64_t) const { *out = e == b ? 0 : scan[e - 1] - (b > 0 ? scan[b - 1] : 0); }
+};
+
+// Momentum factor masking and the emptying of the accumulation at a payload's indices (int32,
+// or int64 when wide): v[idx[q]] = 0 and u[idx[q]] = 0 (u: nullptr for none), as index_fill_(0)
+// writes them (every dtype's +0 is all zero bytes; esize = 2, 4 or 8). Indices out of [0, n)
+// are not written (the selection never gives them).
+struct ZeroSent {
+  const void* idx;
+  bool wide;
+  int64_t n;
+  int esize;
+  void* v;
+  void* u;
+  HGC_HOST_DEVICE static void zero(void* base, int64_t i, int esize) {
+    if (esize == 2) static_cast<uint16_t*>(base)[i] = 0;
+    else if (esize == 4) static_cast<uint32_t*>(base)[i] = 0;
+    else static_cast<uint64_t*>(base)[i] = 0;
+  }
+  HGC_HOST_DEVICE void operator()(int64_t q) const {
+    const int64_t i = wide ? static_cast<const int64_t*>(idx)[q] : static_cast<int64_t>(static_cast<const int32_t*>(idx)[q]);
+    if (i < 0 || i >= n) return;
+    zero(v, i, esize);
+    if (u) zero(u, i, esize);
+  }
+};
+
+
+// ---- a bucket's selection and index code (dgc_device.cu's dgc_threshold_many, dgc_compact_many,
+// dgc_index_*_many): the tensors' index spaces are concatenated; a table of per-tensor
+// descriptors and the prefix counts `start` (segments + 1 entries, start[0] = 0) give each
+// concatenated position g its tensor s (start[s] <= g < start[s + 1]) and its index g - start[s].
+
+// The tensor of concatenated position g (MultiFor's search; empty segments own no position).
+HGC_HOST_DEVICE inline int64_t segment_of(const int64_t* start, int64_t segs, int64_t g) {
+  int64_t lo = 0, hi = segs;  // start[lo] <= g < start[hi]
+  while (hi - lo > 1) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (start[mid] <= g) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// key(x_i) of a tensor of esize = 2, 4 or 8 bytes per value, widened to 64 bits (order kept).
+HGC_HOST_DEVICE inline uint64_t key_at(const void* x, int esize, int64_t i) {
+  if (esize == 2) return abs_key(static_cast<const uint16_t*>(x)[i]);
+  if (esize == 4) return abs_key(static_cast<const uint32_t*>(x)[i]);
+  return abs_key(static_cast<const uint64_t*>(x)[i]);
+}
+
+// One key of a bucket's segmented sort: (tensor, key), ordered by tensor, then key descending
+// (so that each tensor's keys form one descending run: its r-th largest at its base + r - 1).
+struct SegKey {
+  int64_t seg;
+  uint64_t key;
+};
+
+struct SegKeyOrder {
+  HGC_HOST_DEVICE bool operator()(const SegKey& a, const SegKey& b) const {
+    return a.seg < b.seg || (a.seg == b.seg && a.key > b.key);
+  }
+};
+
+// Position q of a tensor's keys to sort: sampled: sample q (GatherSample's place); else the
+// key of value q. out[q] = (seg, key).
+struct GatherSegKeys {
+  const void* x;
+  int esize;
+  int64_t n;
+  uint64_t key;
+  bool sampled;
+  int64_t seg;
+  SegKey* out;
+  HGC_HOST_DEVICE void operator()(int64_t q) const {
+    const int64_t i = sampled ? hgc::dgc_sample_place(key, q, n) : q;
+    out[q] = SegKey{seg, key_at(x, esize, i)};
+  }
+};
+
+// A tensor's threshold rule, evaluated from device memory (ThresholdAt over sorted SegKeys):
+// mode 0: t = 1 (k >= n: every nonzero value); 1: t = max(at[0], 1) (the sampled estimate);
+// 2: exact: 1 when at[1] == 0 (at most k nonzero keys), else max(at[0], 1).
+struct ThresholdRule {
+  const void* x;
+  int esize;
+  int mode;
+  const SegKey* at;
+  HGC_HOST_DEVICE uint64_t operator()() const {
+    if (mode == 0) return 1;
+    if (mode == 2 && at[1].key == 0) return 1;
+    return at[0].key > 1 ? at[0].key : 1;
+  }
+};
+
+// Concatenated position g's term of the per-tensor (count, t) reduction: (key >= t, t).
+struct SegCountTerm {
+  const ThresholdRule* rules;
+  const int64_t* start;
+  int64_t segs;
+  HGC_HOST_DEVICE CountKey operator()(int64_t g) const {
+    const int64_t s = segment_of(start, segs, g);
+    const ThresholdRule& r = rules[s];
+    const uint64_t t = r();
+    return CountKey{key_at(r.x, r.esize, g - start[s]) >= t ? 1 : 0, t};
+  }
+};
+
+// The tensor of concatenated position g (reduce_by_key's keys).
+struct SegmentAt {
+  const int64_t* start;
+  int64_t segs;
+  HGC_HOST_DEVICE int64_t operator()(int64_t g) const { return segment_of(start, segs, g); }
+};
+
+// A tensor's values against a bound: (x, esize) and the bound `t`.
+struct KeyBound {
+  const void* x;
+  int esize;
+  uint64_t t;
+};
+
+// Concatenated position g as (tensor, key) (the refinement's candidates, filtered by KeepAtLeast).
+struct SegKeyAt {
+  const KeyBound* b;
+  const int64_t* start;
+  int64_t segs;
+  HGC_HOST_DEVICE SegKey operator()(int64_t g) const {
+    const int64_t s = segment_of(start, segs, g);
+    return SegKey{s, key_at(b[s].x, b[s].esize, g - start[s])};
+  }
+};
+
+// key >= its tensor's bound (lo = t0: path 1's candidates; lo = 0: path 2's every key).
+struct KeepAtLeast {
+  const KeyBound* b;
+  HGC_HOST_DEVICE bool operator()(const SegKey& k) const { return k.key >= b[k.seg].t; }
+};
+
+// Concatenated position g is selected: its key >= its tensor's threshold (compaction).
+struct SelectedAt {
+  const KeyBound* b;
+  const int64_t* start;
+  int64_t segs;
+  HGC_HOST_DEVICE bool operator()(int64_t g) const {
+    const int64_t s = segment_of(start, segs, g);
+    return key_at(b[s].x, b[s].esize, g - start[s]) >= b[s].t;
+  }
+};
+
+// Position q of one tensor's selection (under MultiFor): from the concatenated position pos[q]
+// (copy_if's stable output, so ascending), idx[q] = its index (int32, or int64 when wide) and
+// vals[q] = its value's bits (esize bytes).
+struct WriteSelected {
+  const int64_t* pos;
+  int64_t start;
+  const void* x;
+  int esize;
+  bool wide;
+  void* idx;
+  void* vals;
+  HGC_HOST_DEVICE void operator()(int64_t q) const {
+    const int64_t i = pos[q] - start;
+    if (wide) static_cast<int64_t*>(idx)[q] = i;
+    else static_cast<int32_t*>(idx)[q] = static_cast<int32_t>(i);
+    if (esize == 2) static_cast<uint16_t*>(vals)[q] = static_cast<const uint16_t*>(x)[i];
+    else if (esize == 4) static_cast<uint32_t*>(vals)[q] = static_cast<const uint32_t*>(x)[i];
+    else static_cast<uint64_t*>(vals)[q] = static_cast<const uint64_t*>(x)[i];
+  }
+};
+
+// Index j of one tensor's indices (int32, or int64 when wide), as int64.
+HGC_HOST_DEVICE inline int64_t index_at(const void* idx, bool wide, int64_t j) {
+  return wide ? static_cast<const int64_t*>(idx)[j] : static_cast<int64_t>(static_cast<const int32_t*>(idx)[j]);
+}
+
+// One tensor's indices for the index code: `idx` (wide: int64) of a tensor of n values.
+struct IndexList {
+  const void* idx;
+  bool wide;
+  int64_t n;
+};
+
+// Concatenated position g's GapAt term (the per-tensor GapStats reduction of the index code).
+struct SegGapTerm {
+  const IndexList* lists;
+  const int64_t* start;
+  int64_t segs;
+  HGC_HOST_DEVICE GapStats operator()(int64_t g) const {
+    const int64_t s = segment_of(start, segs, g);
+    const IndexList& l = lists[s];
+    const int64_t j = g - start[s];
+    const int64_t v = index_at(l.idx, l.wide, j);
+    const int64_t prev = j > 0 ? index_at(l.idx, l.wide, j - 1) : -1;
+    const bool ok = v >= 0 && v < l.n && prev < v;
+    const int64_t gap = v - prev - 1;
+    return GapStats{ok ? 0 : 1, gap > 0 ? gap : 0};
+  }
+};
+
+// Position j of one tensor's index code (under MultiFor), w bytes at code[w * j]: w = 1, 2: its
+// gap code (WriteGap's bytes); w = 4, 8: the index itself, little-endian (the bytes of the int32 /
+// int64 index: the per-tensor code's byte copy).
+struct WriteIndexCode {
+  const void* idx;
+  bool wide;
+  int w;
+  uint8_t* code;
+  HGC_HOST_DEVICE void operator()(int64_t j) const {
+    const int64_t v = index_at(idx, wide, j);
+    const uint64_t c = w <= 2 ? static_cast<uint64_t>(v - (j > 0 ? index_at(idx, wide, j - 1) : -1) - 1)
+                              : static_cast<uint64_t>(v);
+    for (int b = 0; b < w; ++b) code[j * w + b] = static_cast<uint8_t>(c >> (8 * b));
+  }
+};
+
 }  // namespace dgc
 }  // namespace hgc_dev

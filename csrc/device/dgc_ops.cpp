@@ -117,6 +117,266 @@ void dgc_accumulate_device(at::Tensor& u, at::Tensor& v, const at::Tensor& g, do
                           g.data_ptr(), g.numel(), momentum, nesterov, coef);
 }
 
+namespace {
+
+// The lists of a bucket decode-sum: one entry per tensor, each tensor with the same K >= 1
+// payloads; returns K.
+int64_t check_sum_lists(const char* op, const DgcPayloadLists& indices, const DgcPayloadLists& values,
+                        const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
+                        const std::vector<c10::optional<at::Tensor>>& outs) {
+  const std::size_t count = indices.size();
+  TORCH_CHECK(values.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
+              ": indices, values, n, dtypes and outs must have one entry per tensor (got ", count, ", ", values.size(),
+              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  if (count == 0) return 0;
+  const int64_t K = static_cast<int64_t>(indices[0].size());
+  TORCH_CHECK(K >= 1, op, ": tensor 0 has no payloads");
+  for (std::size_t t = 0; t < count; ++t) {
+    TORCH_CHECK(static_cast<int64_t>(indices[t].size()) == K && static_cast<int64_t>(values[t].size()) == K, op,
+                ": tensor ", t, " has ", indices[t].size(), " index and ", values[t].size(),
+                " value buffers, tensor 0 has ", K, " payloads (a bucket's tensors come from the same K ranks)");
+  }
+  return K;
+}
+
+// The one device of a bucket's payload buffers (every buffer checked).
+at::Device sum_device(const char* op, const DgcPayloadLists& indices, const DgcPayloadLists& values) {
+  const at::Device device = indices[0][0].device();
+  for (std::size_t t = 0; t < indices.size(); ++t) {
+    for (std::size_t r = 0; r < indices[t].size(); ++r) {
+      for (const at::Tensor* b : {&indices[t][r], &values[t][r]}) {
+        TORCH_CHECK(!b->defined() || b->device() == device, op, ": tensor ", t, ", payload ", r, " is on ",
+                    b->device(), ", tensor 0's payload 0 on ", device, " (a bucket is on one device)");
+      }
+    }
+  }
+  return device;
+}
+
+// The decode-sum of a bucket whose payloads (checked, contiguous, tensor-major) are `pays`: the
+// outputs, or an error naming the first payload with bad indices (outputs left untouched).
+std::vector<at::Tensor> run_sum_many(const std::vector<hgc_dev::DgcSumPayload>& pays, int64_t K,
+                                     const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
+                                     double scale, const std::vector<c10::optional<at::Tensor>>& outs,
+                                     const at::Device& device) {
+  const std::size_t count = n.size();
+  const hgc_dev::DeviceGuard guard(device);
+  std::vector<at::Tensor> results;
+  std::vector<hgc_dev::DgcSumTensor> tensors(count);
+  for (std::size_t t = 0; t < count; ++t) {
+    results.push_back(hgc_decode_output(outs[t], n[t], dtypes[t], device, "dgc_decode"));
+    tensors[t] = {hgc_dev::dev_dtype(dtypes[t]), n[t], results[t].data_ptr()};
+  }
+  std::vector<int64_t> bad(pays.size());
+  const bool ok = hgc_dev::dgc_scatter_sum_many(hgc_dev::current_ctx(), tensors.data(), static_cast<int64_t>(count),
+                                                pays.data(), K, scale, bad.data());
+  if (!ok) {
+    for (std::size_t p = 0; p < pays.size(); ++p) {
+      const std::size_t t = p / static_cast<std::size_t>(K);
+      TORCH_CHECK(bad[p] == 0, "dgc_decode: tensor ", t, ", payload ", p % static_cast<std::size_t>(K),
+                  ": indices must be strictly increasing and in [0, ", n[t], ")");
+    }
+  }
+  return results;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> dgc_scatter_sum_many_device(const DgcPayloadLists& indices, const DgcPayloadLists& values,
+                                                    const std::vector<int64_t>& n,
+                                                    const std::vector<at::ScalarType>& dtypes, double scale,
+                                                    const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "dgc_scatter_sum_many";
+  const int64_t K = check_sum_lists(op, indices, values, n, dtypes, outs);
+  if (K == 0) return {};
+  const at::Device device = sum_device(op, indices, values);
+  std::vector<at::Tensor> keep;  // contiguous buffers, alive until the launcher returns
+  std::vector<hgc_dev::DgcSumPayload> pays;
+  for (std::size_t t = 0; t < indices.size(); ++t) {
+    hgc::check_dgc_scatter_args(indices[t], values[t], n[t], dtypes[t], kDeviceType);
+    for (int64_t r = 0; r < K; ++r) {
+      const at::Tensor ix = indices[t][r].contiguous(), vx = values[t][r].contiguous();
+      keep.push_back(ix);
+      keep.push_back(vx);
+      pays.push_back({static_cast<const uint8_t*>(ix.data_ptr()), static_cast<int>(ix.element_size()), ix.numel(),
+                      vx.data_ptr()});
+    }
+  }
+  return run_sum_many(pays, K, n, dtypes, scale, outs, device);
+}
+
+std::vector<at::Tensor> dgc_decode_sum_many_device(const DgcPayloadLists& codes, const DgcPayloadLists& values,
+                                                   const std::vector<int64_t>& n,
+                                                   const std::vector<at::ScalarType>& dtypes, double scale,
+                                                   const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "dgc_decode_sum_many";
+  const int64_t K = check_sum_lists(op, codes, values, n, dtypes, outs);
+  if (K == 0) return {};
+  const at::Device device = sum_device(op, codes, values);
+  std::vector<at::Tensor> keep;
+  std::vector<hgc_dev::DgcSumPayload> pays;
+  for (std::size_t t = 0; t < codes.size(); ++t) {
+    hgc::check_decode_dtype(dtypes[t], "dgc_decode");
+    for (int64_t r = 0; r < K; ++r) {
+      const at::Tensor& vals = values[t][r];
+      TORCH_CHECK(vals.defined() && vals.dim() == 1 && vals.scalar_type() == dtypes[t], "dgc_decode: tensor ", t,
+                  ", payload ", r, ": values must be 1-D ", dtypes[t]);
+      hgc::check_device_type(vals, kDeviceType, "values[t][r]");
+      const int64_t w = hgc::check_dgc_index_decode_args(codes[t][r], vals.numel(), n[t], kDeviceType);
+      const at::Tensor cx = codes[t][r].contiguous(), vx = vals.contiguous();
+      keep.push_back(cx);
+      keep.push_back(vx);
+      pays.push_back({cx.data_ptr<uint8_t>(), static_cast<int>(w), vx.numel(), vx.data_ptr()});
+    }
+  }
+  return run_sum_many(pays, K, n, dtypes, scale, outs, device);
+}
+
+void dgc_accumulate_many_device(const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& v,
+                                const std::vector<at::Tensor>& g, double momentum, bool nesterov, double coef) {
+  constexpr const char* op = "dgc_accumulate_many";
+  const std::size_t count = g.size();
+  TORCH_CHECK(u.size() == count && v.size() == count, op, ": u, v and g must have one entry per tensor (got ",
+              u.size(), ", ", v.size(), ", ", count, ")");
+  if (count == 0) return;
+  const at::Device device = hgc_dev::bucket_device(g, op, "gradient");
+  std::vector<hgc_dev::DgcAccumulateItem> items(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    hgc::check_dgc_accumulate_args(u[i], v[i], g[i], momentum, kDeviceType);
+    items[i] = {hgc_dev::dev_dtype(g[i].scalar_type()), u[i].data_ptr(), v[i].data_ptr(), g[i].data_ptr(),
+                g[i].numel()};
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  hgc_dev::dgc_accumulate_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count), momentum, nesterov,
+                               coef);
+}
+
+void dgc_mask_many_device(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& v,
+                          const c10::optional<std::vector<at::Tensor>>& u) {
+  constexpr const char* op = "dgc_mask_many";
+  const std::size_t count = v.size();
+  TORCH_CHECK(indices.size() == count && (!u.has_value() || u->size() == count), op,
+              ": indices, v (and u) must have one entry per tensor (got ", indices.size(), ", ", count, ", ",
+              u.has_value() ? u->size() : count, ")");
+  if (count == 0) return;
+  const at::Device device = hgc_dev::bucket_device(v, op, "accumulation");
+  std::vector<hgc_dev::DgcMaskItem> items(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const at::Tensor& vi = v[i];
+    hgc::check_device_type(vi, kDeviceType, "v[i]");
+    HGC_CHECK_CONTIGUOUS(vi);
+    HGC_CHECK_FLOATING(vi);
+    const int64_t n = vi.numel();
+    const at::ScalarType ity = hgc::dgc_index_type(n);
+    const at::Tensor& ix = indices[i];
+    TORCH_CHECK(ix.dim() == 1 && ix.scalar_type() == ity && ix.is_contiguous() && ix.device() == device, op,
+                ": indices ", i, " must be contiguous 1-D ", ity, " on ", device, " for ", n, " values, got ",
+                ix.dim(), "-D ", ix.scalar_type(), " on ", ix.device());
+    void* ui = nullptr;
+    if (u.has_value()) {
+      const at::Tensor& t = (*u)[i];
+      TORCH_CHECK(t.device() == device && t.is_contiguous() && t.scalar_type() == vi.scalar_type() &&
+                      t.numel() == n,
+                  op, ": u ", i, " must be a contiguous ", vi.scalar_type(), " tensor of ", n, " values on ", device);
+      ui = t.data_ptr();
+    }
+    items[i] = {ix.data_ptr(), ity == at::kLong, ix.numel(), n, static_cast<int>(vi.element_size()), vi.data_ptr(),
+                ui};
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  hgc_dev::dgc_mask_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count));
+}
+
+DgcSelection dgc_select_many_device(const std::vector<at::Tensor>& xs, const std::vector<int64_t>& k,
+                                    const std::vector<int64_t>& sample_count, const std::vector<int64_t>& keys) {
+  constexpr const char* op = "dgc_select_many";
+  const std::size_t count = xs.size();
+  TORCH_CHECK(k.size() == count && sample_count.size() == count && keys.size() == count, op,
+              ": xs, k, sample_count and keys must have one entry per tensor (got ", count, ", ", k.size(), ", ",
+              sample_count.size(), ", ", keys.size(), ")");
+  DgcSelection res;
+  auto& [idx, vals, thresholds, paths] = res;
+  if (count == 0) return res;
+  const at::Device device = hgc_dev::bucket_device(xs, op, "x");
+  for (std::size_t i = 0; i < count; ++i) {
+    const at::Tensor& x = xs[i];
+    TORCH_CHECK(x.defined(), op, ": x ", i, " is undefined");
+    hgc::check_device_type(x, kDeviceType, "x");
+    TORCH_CHECK(x.is_contiguous(), op, ": x ", i, " must be contiguous");
+    TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble || x.scalar_type() == at::kHalf ||
+                    x.scalar_type() == at::kBFloat16,
+                op, ": x ", i, " must be fp16, bf16, fp32 or fp64, got ", x.scalar_type());
+    TORCH_CHECK(k[i] >= 0 && sample_count[i] >= 0, op, ": tensor ", i, ": k and sample_count must be >= 0 (got ",
+                k[i], ", ", sample_count[i], ")");
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  const hgc_dev::Ctx ctx = hgc_dev::current_ctx();
+  std::vector<hgc_dev::DgcSelectItem> items;
+  std::vector<std::size_t> which;  // the tensors with a selection to make (n >= 1, k >= 1)
+  for (std::size_t i = 0; i < count; ++i) {
+    if (xs[i].numel() == 0 || k[i] == 0) continue;
+    items.push_back({hgc_dev::dev_dtype(xs[i].scalar_type()), xs[i].data_ptr(), xs[i].numel(), k[i],
+                     sample_count[i], static_cast<uint64_t>(keys[i])});
+    which.push_back(i);
+  }
+  std::vector<hgc_dev::DgcThreshold> th(items.size());
+  hgc_dev::dgc_threshold_many(ctx, items.data(), static_cast<int64_t>(items.size()), th.data());
+  std::vector<hgc_dev::DgcCompactItem> compact;
+  std::size_t j = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    const at::Tensor& x = xs[i];
+    const at::ScalarType ity = hgc::dgc_index_type(x.numel());
+    const bool active = j < which.size() && which[j] == i;
+    const int64_t c = active ? th[j].count : 0;
+    idx.push_back(at::empty({c}, x.options().dtype(ity)));
+    vals.push_back(at::empty({c}, x.options()));
+    thresholds.push_back(active ? th[j].value : std::numeric_limits<double>::infinity());
+    paths.push_back(active ? th[j].path : 2);
+    if (active) {
+      compact.push_back({items[j].dtype, x.data_ptr(), x.numel(), th[j].key, ity == at::kLong, idx.back().data_ptr(),
+                         vals.back().data_ptr(), c});
+      ++j;
+    }
+  }
+  hgc_dev::dgc_compact_many(ctx, compact.data(), static_cast<int64_t>(compact.size()));
+  return res;
+}
+
+std::vector<at::Tensor> dgc_index_encode_many_device(const std::vector<at::Tensor>& indices,
+                                                     const std::vector<int64_t>& n) {
+  constexpr const char* op = "dgc_index_encode_many";
+  const std::size_t count = indices.size();
+  TORCH_CHECK(n.size() == count, op, ": indices and n must have one entry per tensor (got ", count, ", ", n.size(),
+              ")");
+  if (count == 0) return {};
+  const at::Device device = hgc_dev::bucket_device(indices, op, "indices");
+  std::vector<at::Tensor> ix(count);
+  std::vector<hgc_dev::DgcIndexItem> items(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const at::ScalarType ity = hgc::check_dgc_index_encode_args(indices[i], n[i], kDeviceType);
+    ix[i] = indices[i].contiguous();
+    items[i] = {ix[i].data_ptr(), ity == at::kLong, ix[i].numel(), n[i]};
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  const hgc_dev::Ctx ctx = hgc_dev::current_ctx();
+  std::vector<hgc_dev::DgcIndexScan> scan(count);
+  hgc_dev::dgc_index_scan_many(ctx, items.data(), static_cast<int64_t>(count), scan.data());
+  for (std::size_t i = 0; i < count; ++i)
+    TORCH_CHECK(scan[i].ok, "dgc_index_encode: tensor ", i, ": indices must be strictly increasing and in [0, ", n[i],
+                ")");
+  std::vector<at::Tensor> codes(count);
+  std::vector<int> w(count);
+  std::vector<uint8_t*> out(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const hgc_dev::DgcIndexScan& s = scan[i];
+    w[i] = s.top < 256 ? 1 : s.top < 65536 ? 2 : static_cast<int>(ix[i].element_size());
+    codes[i] = at::empty({items[i].count * w[i]}, ix[i].options().dtype(at::kByte));
+    out[i] = codes[i].data_ptr<uint8_t>();
+  }
+  hgc_dev::dgc_index_write_many(ctx, items.data(), w.data(), out.data(), static_cast<int64_t>(count));
+  return codes;
+}
+
 #if defined(HGC_TWIN)
 namespace hgc_dev {
 namespace {
@@ -137,6 +397,25 @@ void register_dgc_ops(py::module& m) {
   m.def("dgc_accumulate_", &dgc_accumulate_device, HGC_DEV_RELEASE_GIL,
         "DGC momentum correction in place: u = m u + c g; v += u (nesterov: v += c g + m u)", py::arg("u"),
         py::arg("v"), py::arg("g"), py::arg("momentum"), py::arg("nesterov"), py::arg("coef") = 1.0);
+  m.def("dgc_scatter_sum_many", &dgc_scatter_sum_many_device, HGC_DEV_RELEASE_GIL,
+        "dgc_scatter_sum of a bucket of tensors in a fixed number of device calls", py::arg("indices"),
+        py::arg("values"), py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+  m.def("dgc_decode_sum_many", &dgc_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
+        "dgc_index_decode + dgc_scatter_sum of a bucket of tensors in a fixed number of device calls",
+        py::arg("codes"), py::arg("values"), py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+  m.def("dgc_accumulate_many_", &dgc_accumulate_many_device, HGC_DEV_RELEASE_GIL,
+        "dgc_accumulate_ of a bucket of tensors (one device call per dtype)", py::arg("u"), py::arg("v"),
+        py::arg("g"), py::arg("momentum"), py::arg("nesterov"), py::arg("coef") = 1.0);
+  m.def("dgc_mask_many_", &dgc_mask_many_device, HGC_DEV_RELEASE_GIL,
+        "zero v (and u) at each tensor's sent indices (one device call)", py::arg("indices"), py::arg("v"),
+        py::arg("u") = py::none());
+  m.def("dgc_select_many", &dgc_select_many_device, HGC_DEV_RELEASE_GIL,
+        "dgc_select of a bucket of tensors, each with its own k, sample_count and key, in a fixed number of device "
+        "calls -> (indices list, values list, thresholds, paths)",
+        py::arg("xs"), py::arg("k"), py::arg("sample_count"), py::arg("keys"));
+  m.def("dgc_index_encode_many", &dgc_index_encode_many_device, HGC_DEV_RELEASE_GIL,
+        "dgc_index_encode of a bucket of index tensors (two device calls, one read-back)", py::arg("indices"),
+        py::arg("n"));
 }
 const Registrar registrar("dgc", &register_dgc_ops);
 }  // namespace

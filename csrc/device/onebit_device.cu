@@ -1,10 +1,13 @@
 // 1-bit codec, device source: Thrust algorithms (for_each over the functors of
 // onebit_functors.h) for CUDA (nvcc) and the OpenMP twin (g++). Calls per op: encode 3 for a
 // matrix (block sums, column finish, pack), 4 for a one-column tensor (block sums, lane totals,
-// lane finish, pack), 0 for n == 0; decode-sum 1 (0 for n == 0).
+// lane finish, pack), 0 for n == 0; decode-sum 1 (0 for n == 0). A bucket of tensors of one dtype
+// (the *_many launchers): encode at most 5, decode-sum 1, whatever its tensor count.
 #include <type_traits>
+#include <vector>
 
 #include "exec.cuh"
+#include "multi_tensor.cuh"
 #include "onebit_device.h"
 #include "onebit_functors.h"
 
@@ -38,7 +41,103 @@ void encode_typed(Exec& ex, const T* g, T* r, int64_t n, int64_t cols, int64_t l
   ex.for_each_index((n + 7) / 8, Pack<T, kRes>{g, r, n, cols, ld, scales, bits});
 }
 
+// The bucket version of encode_typed: the same functors per tensor, each stage one call for all.
+template <typename T, bool kRes> void encode_many_typed(Exec& ex, const OnebitEncodeItem* items, int64_t count) {
+  using A = typename Elem<T>::acc;
+  struct Shape {
+    int64_t scols, sld, rows, blocks;
+  };
+  std::vector<Shape> shapes(static_cast<std::size_t>(count));
+  int64_t partials = 0, lane_totals = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    const OnebitEncodeItem& it = items[t];
+    const bool one_col = it.cols == 1;
+    Shape& s = shapes[static_cast<std::size_t>(t)];
+    s.scols = one_col ? kLanes : it.cols;
+    s.sld = one_col ? kLanes : it.ld;
+    s.rows = it.n > 0 ? (it.n + s.scols - 1) / s.scols : 0;
+    s.blocks = (s.rows + kRowBlock - 1) / kRowBlock;
+    partials += 3 * s.blocks * s.scols;
+    if (one_col) lane_totals += 3 * kLanes;
+  }
+  Scratch<A> part(ex, partials);
+  Scratch<double> totals(ex, lane_totals);
+  Stage<BlockSums<T, kRes>> sums;
+  Stage<FinishColumns<A>> finish_columns;
+  Stage<LaneTotals<A>> lanes;
+  Stage<FinishLanes> finish_lanes;
+  Stage<Pack<T, kRes>> pack;
+  A* sp = part.get();
+  double* tot = totals.get();
+  for (int64_t t = 0; t < count; ++t) {
+    const OnebitEncodeItem& it = items[t];
+    const Shape& s = shapes[static_cast<std::size_t>(t)];
+    const T* g = static_cast<const T*>(it.grad);
+    T* r = static_cast<T*>(it.residual);
+    const int64_t cells = s.blocks * s.scols;
+    A* sn = sp + cells;
+    A* sc = sn + cells;
+    sums.add(BlockSums<T, kRes>{g, r, s.rows, s.scols, s.sld, it.n, sp, sn, sc}, cells);
+    if (it.cols == 1) {
+      lanes.add(LaneTotals<A>{sp, sn, sc, s.blocks, tot}, kLanes);
+      finish_lanes.add(FinishLanes{tot, it.n, it.scales}, 1);
+      tot += 3 * kLanes;
+    } else {
+      finish_columns.add(FinishColumns<A>{sp, sn, sc, s.blocks, it.cols, s.rows, it.scales}, it.cols);
+    }
+    pack.add(Pack<T, kRes>{g, r, it.n, it.cols > 0 ? it.cols : 1, it.ld, it.scales, it.bits}, (it.n + 7) / 8);
+    sp = sc + cells;
+  }
+  TableSet tables(ex);
+  tables.put(sums);
+  tables.put(finish_columns);
+  tables.put(lanes);
+  tables.put(finish_lanes);
+  tables.put(pack);
+  tables.upload();
+  tables.run(sums);
+  tables.run(finish_columns);
+  tables.run(lanes);
+  tables.run(finish_lanes);
+  tables.run(pack);
+}
+
 }  // namespace
+
+void onebit_encode_many(const Ctx& ctx, DType dtype, const OnebitEncodeItem* items, int64_t count,
+                        bool with_residual) {
+  if (count <= 0) return;
+  Exec ex(ctx);
+  dispatch_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    if (with_residual) {
+      encode_many_typed<T, true>(ex, items, count);
+    } else {
+      encode_many_typed<T, false>(ex, items, count);
+    }
+  });
+}
+
+void onebit_decode_sum_many(const Ctx& ctx, DType dtype, const OnebitDecodeItem* items, int64_t count, int64_t K,
+                            double scale) {
+  if (count <= 0) return;
+  Exec ex(ctx);
+  dispatch_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    using A = typename Elem<T>::acc;
+    Stage<DecodeSum<T>> decode;
+    for (int64_t t = 0; t < count; ++t) {
+      const OnebitDecodeItem& it = items[t];
+      decode.add(DecodeSum<T>{it.bits, it.bits_stride, it.scales, it.scales_stride, K, it.n, it.cols > 0 ? it.cols : 1,
+                              it.ld, static_cast<A>(scale), static_cast<T*>(it.out)},
+                 (it.n + 7) / 8);
+    }
+    TableSet tables(ex);
+    tables.put(decode);
+    tables.upload();
+    tables.run(decode);
+  });
+}
 
 void onebit_encode(const Ctx& ctx, DType dtype, const void* grad, void* residual, int64_t n, int64_t cols,
                    int64_t ld, uint8_t* bits, float* scales) {

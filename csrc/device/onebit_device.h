@@ -25,4 +25,35 @@ void onebit_decode_sum(const Ctx& ctx, DType dtype, const uint8_t* bits, int64_t
                        int64_t scales_stride, int64_t K, int64_t n, int64_t cols, int64_t ld, double scale,
                        void* out);
 
+// One tensor of a bucket encode: the arguments of onebit_encode (all of a bucket's tensors have
+// one dtype, and a residual each or none).
+struct OnebitEncodeItem {
+  const void* grad;
+  void* residual;
+  int64_t n, cols, ld;
+  uint8_t* bits;
+  float* scales;
+};
+
+// onebit_encode of every item, bitwise the same outputs, in a fixed number of device algorithm
+// calls whatever `count` is (multi_tensor.cuh): at most 5 (block sums, column finish, lane
+// totals, lane finish, pack) and one copy of the tables. n == 0 items get zero scales.
+void onebit_encode_many(const Ctx& ctx, DType dtype, const OnebitEncodeItem* items, int64_t count,
+                        bool with_residual);
+
+// One tensor of a bucket decode: the arguments of onebit_decode_sum (K and scale are the
+// bucket's).
+struct OnebitDecodeItem {
+  const uint8_t* bits;
+  int64_t bits_stride;
+  const float* scales;
+  int64_t scales_stride, n, cols, ld;
+  void* out;
+};
+
+// onebit_decode_sum of every item with the bucket's K and scale, bitwise the same outputs: one
+// device algorithm call and one copy of the table.
+void onebit_decode_sum_many(const Ctx& ctx, DType dtype, const OnebitDecodeItem* items, int64_t count, int64_t K,
+                            double scale);
+
 }  // namespace hgc_dev

@@ -84,6 +84,175 @@ void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scal
                              full_cols, 1.0, at_element(out, col0));
 }
 
+namespace {
+
+// One matrix of a bucket encode: n values in `cols` columns from element `offset` of `src` (and
+// of `residual`), rows `ld` elements apart (arguments checked by the callers).
+struct EncodeSource {
+  at::Tensor src;
+  c10::optional<at::Tensor> residual;
+  int64_t n, cols, ld, offset;
+};
+
+// The payloads of every source (bits and scales: views into one buffer each), one launch
+// sequence per dtype present.
+OnebitPayloads encode_sources(const std::vector<EncodeSource>& sources, bool with_residual) {
+  std::vector<at::Tensor> bits_out, scales_out;
+  if (sources.empty()) return {bits_out, scales_out};
+  const at::Device device = sources[0].src.device();
+  int64_t bit_bytes = 0, scale_count = 0;
+  std::vector<at::ScalarType> dtypes;
+  for (const EncodeSource& s : sources) {
+    bit_bytes += (s.n + 7) / 8;
+    scale_count += 2 * s.cols;
+    dtypes.push_back(s.src.scalar_type());
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  const auto options = sources[0].src.options();
+  at::Tensor bits = at::empty({bit_bytes}, options.dtype(at::kByte));
+  at::Tensor scales = at::empty({scale_count}, options.dtype(at::kFloat));
+  std::vector<hgc_dev::OnebitEncodeItem> items;
+  for (std::size_t i = 0, b = 0, c = 0; i < sources.size(); ++i) {
+    const EncodeSource& s = sources[i];
+    const int64_t nb = (s.n + 7) / 8;
+    bits_out.push_back(bits.narrow(0, static_cast<int64_t>(b), nb));
+    scales_out.push_back(scales.narrow(0, static_cast<int64_t>(c), 2 * s.cols));
+    items.push_back({at_element(s.src, s.offset), with_residual ? at_element(*s.residual, s.offset) : nullptr, s.n,
+                     s.cols, s.ld, bits_out[i].data_ptr<uint8_t>(), scales_out[i].data_ptr<float>()});
+    b += static_cast<std::size_t>(nb);
+    c += static_cast<std::size_t>(2 * s.cols);
+  }
+  for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
+    std::vector<hgc_dev::OnebitEncodeItem> group;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (dtypes[i] == t) group.push_back(items[i]);
+    }
+    hgc_dev::onebit_encode_many(hgc_dev::current_ctx(), hgc_dev::dev_dtype(t), group.data(),
+                                static_cast<int64_t>(group.size()), with_residual);
+  }
+  return {bits_out, scales_out};
+}
+
+// Decodes every item (K payloads each, scaled), one launch sequence per dtype present.
+void decode_items(const std::vector<hgc_dev::OnebitDecodeItem>& items, const std::vector<at::ScalarType>& dtypes,
+                  const at::Device& device, int64_t K, double scale) {
+  const hgc_dev::DeviceGuard guard(device);
+  for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
+    std::vector<hgc_dev::OnebitDecodeItem> group;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (dtypes[i] == t) group.push_back(items[i]);
+    }
+    hgc_dev::onebit_decode_sum_many(hgc_dev::current_ctx(), hgc_dev::dev_dtype(t), group.data(),
+                                    static_cast<int64_t>(group.size()), K, scale);
+  }
+}
+
+// The residual of source i of an optional list (None: none).
+c10::optional<at::Tensor> residual_at(const c10::optional<std::vector<at::Tensor>>& residuals, std::size_t i) {
+  return residuals.has_value() ? c10::optional<at::Tensor>((*residuals)[i]) : c10::nullopt;
+}
+
+}  // namespace
+
+OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
+                                         const c10::optional<std::vector<at::Tensor>>& residuals,
+                                         const std::vector<int64_t>& cols) {
+  constexpr const char* op = "onebit_encode_many";
+  const std::size_t count = grads.size();
+  TORCH_CHECK(cols.size() == count, op, ": ", count, " gradients but ", cols.size(), " column counts");
+  TORCH_CHECK(!residuals.has_value() || residuals->size() == count, op, ": ", count, " gradients but ",
+              residuals.has_value() ? residuals->size() : 0, " residuals (give one per gradient, or None)");
+  if (count > 0) hgc_dev::bucket_device(grads, op, "gradient");
+  std::vector<EncodeSource> sources;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto res = residual_at(residuals, i);
+    hgc::check_onebit_encode_args(grads[i], res, cols[i], hgc_dev::kDeviceType);
+    sources.push_back({grads[i], res, grads[i].numel(), cols[i], cols[i], 0});
+  }
+  return encode_sources(sources, residuals.has_value());
+}
+
+OnebitPayloads onebit_encode_columns_many_device(const std::vector<at::Tensor>& fulls,
+                                                 const c10::optional<std::vector<at::Tensor>>& residuals,
+                                                 const std::vector<int64_t>& full_cols,
+                                                 const std::vector<int64_t>& col0, const std::vector<int64_t>& col1) {
+  constexpr const char* op = "onebit_encode_columns_many";
+  const std::size_t count = fulls.size();
+  TORCH_CHECK(full_cols.size() == count && col0.size() == count && col1.size() == count, op,
+              ": give full_cols, col0 and col1 for every tensor");
+  TORCH_CHECK(!residuals.has_value() || residuals->size() == count, op, ": ", count, " tensors but ",
+              residuals.has_value() ? residuals->size() : 0, " residuals (give one per tensor, or None)");
+  if (count > 0) hgc_dev::bucket_device(fulls, op, "tensor");
+  std::vector<EncodeSource> sources;
+  for (std::size_t i = 0; i < count; ++i) {
+    const auto res = residual_at(residuals, i);
+    hgc::check_onebit_encode_args(fulls[i], res, full_cols[i], hgc_dev::kDeviceType);
+    hgc::check_column_window(fulls[i].numel(), full_cols[i], col0[i], col1[i], op);
+    const int64_t rows = fulls[i].numel() / full_cols[i], cols = col1[i] - col0[i];
+    sources.push_back({fulls[i], res, rows * cols, cols, full_cols[i], col0[i]});
+  }
+  return encode_sources(sources, residuals.has_value());
+}
+
+std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tensor>& bits,
+                                                      const std::vector<at::Tensor>& scales,
+                                                      const std::vector<int64_t>& n, const std::vector<int64_t>& cols,
+                                                      const std::vector<at::ScalarType>& dtypes, double scale,
+                                                      const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "onebit_decode_sum_many";
+  const std::size_t count = bits.size();
+  TORCH_CHECK(scales.size() == count && n.size() == count && cols.size() == count && dtypes.size() == count &&
+                  outs.size() == count,
+              op, ": bits, scales, n, cols, dtypes and outs must have one entry per tensor (got ", count, ", ",
+              scales.size(), ", ", n.size(), ", ", cols.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  std::vector<at::Tensor> results;
+  if (count == 0) return results;
+  const at::Device device = hgc_dev::bucket_device(bits, op, "bits");
+  int64_t K = -1;
+  std::vector<hgc_dev::OnebitDecodeItem> items;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int64_t k = hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType);
+    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
+                " (a bucket's tensors come from the same K ranks)");
+    K = k;
+    results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, op));
+    items.push_back({bits[i].data_ptr<uint8_t>(), bits[i].stride(0), scales[i].data_ptr<float>(), scales[i].stride(0),
+                     n[i], cols[i], cols[i], results[i].data_ptr()});
+  }
+  decode_items(items, dtypes, device, K, scale);
+  return results;
+}
+
+void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, const std::vector<at::Tensor>& scales,
+                                       const std::vector<at::Tensor>& outs, const std::vector<int64_t>& full_cols,
+                                       const std::vector<int64_t>& col0, const std::vector<int64_t>& col1) {
+  constexpr const char* op = "onebit_decode_columns_many";
+  const std::size_t count = outs.size();
+  TORCH_CHECK(bits.size() == count && scales.size() == count && full_cols.size() == count && col0.size() == count &&
+                  col1.size() == count,
+              op, ": give bits, scales, full_cols, col0 and col1 for every out");
+  if (count == 0) return;
+  const at::Device device = hgc_dev::bucket_device(outs, op, "out");
+  std::vector<hgc_dev::OnebitDecodeItem> items;
+  std::vector<at::ScalarType> dtypes;
+  for (std::size_t i = 0; i < count; ++i) {
+    const at::Tensor& out = outs[i];
+    HGC_CHECK_CONTIGUOUS(out);
+    TORCH_CHECK(out.device().type() == hgc_dev::kDeviceType, op, ": out must be a ",
+                c10::DeviceTypeName(hgc_dev::kDeviceType), " tensor, got ", out.device());
+    hgc::check_column_window(out.numel(), full_cols[i], col0[i], col1[i], op);
+    const int64_t rows = out.numel() / full_cols[i], cols = col1[i] - col0[i], n = rows * cols;
+    TORCH_CHECK(bits[i].dim() == 1 && scales[i].dim() == 1, op, ": expected flat bits and scales");
+    const auto stacked_bits = bits[i].unsqueeze(0), stacked_scales = scales[i].unsqueeze(0);
+    hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), hgc_dev::kDeviceType);
+    TORCH_CHECK(bits[i].device() == device, op, ": out is on ", device, ", payload ", i, " on ", bits[i].device());
+    items.push_back({stacked_bits.data_ptr<uint8_t>(), 0, stacked_scales.data_ptr<float>(), 0, n, cols,
+                     full_cols[i], at_element(out, col0[i])});
+    dtypes.push_back(out.scalar_type());
+  }
+  decode_items(items, dtypes, device, 1, 1.0);
+}
+
 #if defined(HGC_TWIN)
 namespace hgc_dev {
 namespace {
@@ -103,6 +272,18 @@ void register_onebit_ops(pybind11::module& m) {
   m.def("onebit_decode_columns", &onebit_decode_columns_device, HGC_DEV_RELEASE_GIL,
         "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
         py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+  m.def("onebit_encode_many", &onebit_encode_many_device, HGC_DEV_RELEASE_GIL,
+        "onebit_encode of a bucket of tensors in a fixed number of device calls -> (bits list, scales list)",
+        py::arg("grads"), py::arg("residuals"), py::arg("cols"));
+  m.def("onebit_decode_sum_many", &onebit_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
+        "onebit_decode_sum of a bucket of tensors in one device call", py::arg("bits"), py::arg("scales"),
+        py::arg("n"), py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+  m.def("onebit_encode_columns_many", &onebit_encode_columns_many_device, HGC_DEV_RELEASE_GIL,
+        "onebit_encode_columns of many column windows in a fixed number of device calls", py::arg("fulls"),
+        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+  m.def("onebit_decode_columns_many", &onebit_decode_columns_many_device, HGC_DEV_RELEASE_GIL,
+        "onebit_decode_columns of many column windows in one device call", py::arg("bits"), py::arg("scales"),
+        py::arg("outs"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
 }
 const Registrar registrar("onebit", &register_onebit_ops);
 }  // namespace

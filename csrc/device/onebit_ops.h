@@ -5,6 +5,7 @@
 #include <torch/extension.h>
 
 #include <tuple>
+#include <vector>
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                                                         int64_t cols);
@@ -17,3 +18,27 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor
                                                                 int64_t full_cols, int64_t col0, int64_t col1);
 void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                   int64_t full_cols, int64_t col0, int64_t col1);
+
+// A bucket at once (see onebit_device.h's *_many): the per-tensor ops' results, bitwise, in a
+// fixed number of device algorithm calls per dtype whatever the tensor count. Every tensor on
+// one device; residuals for all tensors or for none. Each tensor's bits and scales are views
+// into one buffer of bits and one of scales.
+using OnebitPayloads = std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>>;
+OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
+                                         const c10::optional<std::vector<at::Tensor>>& residuals,
+                                         const std::vector<int64_t>& cols);
+// scale * the sum of each tensor's K stacked payloads (one K for the bucket), as onebit_decode_sum.
+std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tensor>& bits,
+                                                      const std::vector<at::Tensor>& scales,
+                                                      const std::vector<int64_t>& n, const std::vector<int64_t>& cols,
+                                                      const std::vector<at::ScalarType>& dtypes, double scale,
+                                                      const std::vector<c10::optional<at::Tensor>>& outs);
+// Column windows of many tensors (see onebit_encode_columns / onebit_decode_columns): each
+// window's payload as onebit_encode_columns gives it; decodes written into the windows of `outs`.
+OnebitPayloads onebit_encode_columns_many_device(const std::vector<at::Tensor>& fulls,
+                                                 const c10::optional<std::vector<at::Tensor>>& residuals,
+                                                 const std::vector<int64_t>& full_cols,
+                                                 const std::vector<int64_t>& col0, const std::vector<int64_t>& col1);
+void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, const std::vector<at::Tensor>& scales,
+                                       const std::vector<at::Tensor>& outs, const std::vector<int64_t>& full_cols,
+                                       const std::vector<int64_t>& col0, const std::vector<int64_t>& col1);

@@ -10,6 +10,8 @@
 
 #include "context.h"
 
+#include <vector>
+
 #if defined(HGC_TWIN)
 #include <c10/core/CPUAllocator.h>
 namespace hgc_dev {
@@ -65,6 +67,32 @@ inline Ctx current_ctx() {
   c.alloc = &detail::alloc_bytes;
   c.free = &detail::free_bytes;
   return c;
+}
+
+// The dtypes present among a bucket's `dtypes`, in DType order: a bucket op runs one launch
+// sequence per dtype present.
+inline std::vector<at::ScalarType> dtype_groups(const std::vector<at::ScalarType>& dtypes) {
+  std::vector<at::ScalarType> present;
+  for (const at::ScalarType t : {at::kHalf, at::kBFloat16, at::kFloat, at::kDouble}) {
+    for (const at::ScalarType d : dtypes) {
+      if (d == t) {
+        present.push_back(t);
+        break;
+      }
+    }
+  }
+  return present;
+}
+
+// The one device of a bucket's tensors (checked: a bucket is on one device); `what` names them.
+inline at::Device bucket_device(const std::vector<at::Tensor>& tensors, const char* op, const char* what) {
+  TORCH_CHECK(!tensors.empty(), op, ": no tensors");
+  const at::Device device = tensors[0].device();
+  for (std::size_t i = 1; i < tensors.size(); ++i) {
+    TORCH_CHECK(tensors[i].device() == device, op, ": ", what, " ", i, " is on ", tensors[i].device(), ", ", what,
+                " 0 on ", device, " (a bucket is on one device)");
+  }
+  return device;
 }
 
 }  // namespace hgc_dev

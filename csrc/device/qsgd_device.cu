@@ -2,14 +2,19 @@
 // and the OpenMP twin (g++). Calls per op: encode fixed 2 (norms, codes), decode fixed 1,
 // encode Elias 8 (norms, levels, bucket bits, their scan by group, group totals, the scan of
 // group bytes, write, compose shared bytes) plus one read of the stream's size, decode Elias 3
-// (zeros, groups, any-malformed) plus one read of the flag.
+// (zeros, groups, any-malformed) plus one read of the flag. A bucket of tensors (the *_many
+// launchers, multi_tensor.cuh): encode fixed 2 per dtype, decode fixed 1 per dtype, encode Elias
+// 2 per dtype + 6 plus one read of the group offsets, decode-sum Elias 3 per dtype + 1 plus one
+// read of the flag, whatever its tensor count.
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/reduce.h>
 #include <thrust/scan.h>
 
 #include <type_traits>
+#include <vector>
 
 #include "exec.cuh"
+#include "multi_tensor.cuh"
 #include "qsgd_device.h"
 #include "qsgd_functors.h"
 
@@ -89,6 +94,290 @@ bool qsgd_decode_elias(const Ctx& ctx, DType dtype, const float* norms, const in
     ex.for_each_index(G, DecodeEliasGroup<T>{norms, nbits, start, stream, n, bucket, s, gb, B, o, bad.get()});
   });
   const int any = thrust::reduce(ex.policy(), bad.get(), bad.get() + G, 0, AnyBad());
+  return any == 0;
+}
+
+// ---- a bucket of tensors at once ----------------------------------------------------------------
+
+namespace {
+
+// One set of a launcher's per-dtype stages for each storage type; a bucket's absent dtypes leave
+// theirs empty (no call).
+template <template <typename> class Set> struct PerType {
+  Set<half_t> h;
+  Set<bf16_t> b;
+  Set<float> f;
+  Set<double> d;
+  template <typename T> Set<T>& get() {
+    if constexpr (std::is_same<T, half_t>::value) {
+      return h;
+    } else if constexpr (std::is_same<T, bf16_t>::value) {
+      return b;
+    } else if constexpr (std::is_same<T, float>::value) {
+      return f;
+    } else {
+      return d;
+    }
+  }
+  template <typename Fn> void each(Fn&& fn) {
+    fn(h);
+    fn(b);
+    fn(f);
+    fn(d);
+  }
+};
+
+// Calls fn(Set<T>&, const T* x) with item's storage type T.
+template <template <typename> class Set, typename Fn>
+void with_type(PerType<Set>& sets, DType dtype, const void* x, Fn&& fn) {
+  dispatch_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    fn(sets.template get<T>(), static_cast<const T*>(x));
+  });
+}
+
+template <typename T> struct FixedEncodeStages {
+  Stage<BucketNorm<T>> norms;
+  Stage<EncodeFixed8<T>> codes;
+};
+
+template <typename T> struct FixedDecodeStages {
+  Stage<DecodeFixed<T>> decode;
+};
+
+template <typename T> struct EliasLevelStages {
+  Stage<BucketNorm<T>> norms;
+  Stage<Levels<T>> levels;
+};
+
+template <typename T> struct EliasDecodeStages {
+  Stage<EliasZeros<T>> zeros;
+  Stage<DecodeEliasGroup<T>> groups;
+  Stage<SumDecoded<T>> sum;
+};
+
+// BucketBits of one tensor of a bucket, and each of its buckets' key for the bucket-wide scan of
+// bit offsets inside a group: first + its group (first: the tensor's first group slot, so that
+// no two tensors share a key).
+struct BitsAndGroup {
+  BucketBits bits;
+  int64_t* key;
+  int64_t gb, first;
+  HGC_HOST_DEVICE void operator()(int64_t b) const {
+    bits(b);
+    key[b] = first + b / gb;
+  }
+};
+
+// Where one tensor of an Elias bucket encode lies in the launcher's scratch: B buckets and G
+// groups; its levels, buckets and G + 1 group slots (the last one 0 bytes) from q, b and g.
+struct EliasSpan {
+  int64_t B, G, q, b, g;
+};
+
+constexpr int64_t kScratchAlign = 16;
+
+}  // namespace
+
+void qsgd_encode_fixed_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t count, int64_t s, int64_t bucket,
+                            bool max_norm) {
+  Exec ex(ctx);
+  const int w = code_width(s);
+  PerType<FixedEncodeStages> st;
+  bool any = false;
+  for (int64_t t = 0; t < count; ++t) {
+    const QsgdEncodeItem& it = items[t];
+    if (it.n <= 0) continue;
+    any = true;
+    const int64_t B = (it.n + bucket - 1) / bucket, nbytes = (it.n * w + 7) / 8;
+    with_type(st, it.dtype, it.x, [&](auto& set, const auto* x) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+      set.norms.add(BucketNorm<T>{x, it.n, bucket, max_norm, it.norms}, B);
+      set.codes.add(EncodeFixed8<T>{x, it.n, bucket, s, it.key, w, nbytes, it.norms, it.packed}, (it.n + 7) / 8);
+    });
+  }
+  if (!any) return;
+  TableSet tables(ex);
+  st.each([&](auto& set) {
+    tables.put(set.norms);
+    tables.put(set.codes);
+  });
+  tables.upload();
+  st.each([&](auto& set) {
+    tables.run(set.norms);
+    tables.run(set.codes);
+  });
+}
+
+void qsgd_decode_fixed_many(const Ctx& ctx, const QsgdFixedDecodeItem* items, int64_t count, int64_t K, int64_t s,
+                            int64_t bucket, double scale) {
+  if (K <= 0) return;
+  Exec ex(ctx);
+  const int w = code_width(s);
+  PerType<FixedDecodeStages> st;
+  bool any = false;
+  for (int64_t t = 0; t < count; ++t) {
+    const QsgdFixedDecodeItem& it = items[t];
+    if (it.n <= 0) continue;
+    any = true;
+    with_type(st, it.dtype, it.out, [&](auto& set, const auto* tag) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+      set.decode.add(DecodeFixed<T>{it.norms, it.nstride, it.packed, it.pstride, it.nbytes, K, bucket, s, w, scale,
+                                    static_cast<T*>(it.out)},
+                     it.n);
+    });
+  }
+  if (!any) return;
+  TableSet tables(ex);
+  st.each([&](auto& set) { tables.put(set.decode); });
+  tables.upload();
+  st.each([&](auto& set) { tables.run(set.decode); });
+}
+
+void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t count, int64_t s, int64_t bucket,
+                            bool max_norm, int64_t group_buckets, ByteAlloc alloc_stream, void* state,
+                            int64_t* stream_at) {
+  Exec ex(ctx);
+  const int64_t gb = group_buckets;
+  std::vector<EliasSpan> spans(static_cast<std::size_t>(count > 0 ? count : 0));
+  int64_t Q = 0, NB = 0, NG = 0;  // levels, buckets and group slots of the whole bucket
+  for (int64_t t = 0; t < count; ++t) {
+    const int64_t n = items[t].n > 0 ? items[t].n : 0;
+    const int64_t B = (n + bucket - 1) / bucket, G = (B + gb - 1) / gb;
+    spans[static_cast<std::size_t>(t)] = {B, G, Q, NB, NG};
+    Q += n;
+    NB += B;
+    NG += G + 1;
+  }
+  for (int64_t t = 0; t <= count; ++t) stream_at[t] = 0;
+  if (NB == 0) {
+    alloc_stream(0, state);
+    return;
+  }
+  Scratch<int32_t> q(ex, Q);
+  Scratch<int64_t> bits(ex, NB), key(ex, NB), within(ex, NB), gbytes(ex, NG), gstart(ex, NG);
+  // Sizes: norms, levels, bucket bits, group totals (table 1).
+  PerType<EliasLevelStages> lv;
+  Stage<BitsAndGroup> bucket_bits;
+  Stage<GroupTotals> totals;
+  for (int64_t t = 0; t < count; ++t) {
+    const QsgdEncodeItem& it = items[t];
+    const EliasSpan& sp = spans[static_cast<std::size_t>(t)];
+    // (an empty tensor's one slot: 0 bytes)
+    totals.add(GroupTotals{within.get() + sp.b, bits.get() + sp.b, sp.B, gb, sp.G, it.nbits, gbytes.get() + sp.g},
+               sp.G + 1);
+    if (sp.B == 0) continue;
+    int32_t* qt = q.get() + sp.q;
+    with_type(lv, it.dtype, it.x, [&](auto& set, const auto* x) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
+      set.norms.add(BucketNorm<T>{x, it.n, bucket, max_norm, it.norms}, sp.B);
+      set.levels.add(Levels<T>{x, bucket, s, it.key, it.norms, qt}, it.n);
+    });
+    bucket_bits.add(BitsAndGroup{BucketBits{qt, it.n, bucket, bits.get() + sp.b}, key.get() + sp.b, gb, sp.g}, sp.B);
+  }
+  TableSet sizes(ex);
+  lv.each([&](auto& set) {
+    sizes.put(set.norms);
+    sizes.put(set.levels);
+  });
+  sizes.put(bucket_bits);
+  sizes.put(totals);
+  sizes.upload();
+  lv.each([&](auto& set) {
+    sizes.run(set.norms);
+    sizes.run(set.levels);
+  });
+  sizes.run(bucket_bits);
+  // bucket bit offsets inside their group (integer scan: any order gives the same sums)
+  thrust::exclusive_scan_by_key(ex.policy(), key.get(), key.get() + NB, bits.get(), within.get());
+  sizes.run(totals);
+  thrust::exclusive_scan(ex.policy(), gbytes.get(), gbytes.get() + NG, gstart.get());
+  // every group's stream offset: the one read of the bucket (its last slot: the total)
+  std::vector<int64_t> at(static_cast<std::size_t>(NG));
+  ex.to_host(at.data(), gstart.get(), sizeof(int64_t) * static_cast<std::size_t>(NG));
+  for (int64_t t = 0; t < count; ++t) stream_at[t] = at[static_cast<std::size_t>(spans[static_cast<std::size_t>(t)].g)];
+  stream_at[count] = at[static_cast<std::size_t>(NG - 1)];
+  uint8_t* stream = alloc_stream(stream_at[count], state);
+  // The streams: write, compose shared bytes (table 2).
+  Scratch<uint8_t> edge_first(ex, NB), edge_last(ex, NB);
+  Stage<WriteBucket> write;
+  Stage<ComposeEdges> compose;
+  for (int64_t t = 0; t < count; ++t) {
+    const QsgdEncodeItem& it = items[t];
+    const EliasSpan& sp = spans[static_cast<std::size_t>(t)];
+    if (sp.B == 0) continue;
+    const int64_t* gs = gstart.get() + sp.g;
+    const int64_t* wi = within.get() + sp.b;
+    const int64_t* bt = bits.get() + sp.b;
+    uint8_t* ef = edge_first.get() + sp.b;
+    uint8_t* el = edge_last.get() + sp.b;
+    write.add(WriteBucket{q.get() + sp.q, it.n, bucket, gb, gs, wi, bt, stream, ef, el}, sp.B);
+    compose.add(ComposeEdges{sp.B, gb, gs, wi, bt, ef, el, stream}, sp.B);
+  }
+  TableSet streams(ex);
+  streams.put(write);
+  streams.put(compose);
+  streams.upload();
+  streams.run(write);
+  streams.run(compose);
+}
+
+bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items, int64_t count, int64_t K,
+                                int64_t s, int64_t bucket, int64_t group_buckets, double scale) {
+  if (K <= 0) return true;
+  Exec ex(ctx);
+  const int64_t gb = group_buckets;
+  // Scratch: each item's K decoded payloads (K n values of its type), each group's malformed flag.
+  std::vector<int64_t> dec_at(static_cast<std::size_t>(count > 0 ? count : 0), 0);
+  int64_t dec_bytes = 0, flags = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    const QsgdEliasDecodeItem& it = items[t];
+    if (it.n <= 0) continue;
+    const int64_t B = (it.n + bucket - 1) / bucket;
+    dispatch_dtype(it.dtype, [&](auto* tag) {
+      using T = std::remove_pointer_t<decltype(tag)>;
+      dec_at[static_cast<std::size_t>(t)] = dec_bytes;
+      dec_bytes += (K * it.n * static_cast<int64_t>(sizeof(T)) + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    });
+    flags += K * ((B + gb - 1) / gb);
+  }
+  if (flags == 0) return true;
+  Scratch<unsigned char> dec(ex, dec_bytes);
+  Scratch<int> bad(ex, flags);
+  PerType<EliasDecodeStages> st;
+  int* bad_at = bad.get();
+  for (int64_t t = 0; t < count; ++t) {
+    const QsgdEliasDecodeItem& it = items[t];
+    if (it.n <= 0) continue;
+    const int64_t B = (it.n + bucket - 1) / bucket, G = (B + gb - 1) / gb;
+    unsigned char* mine = dec.get() + dec_at[static_cast<std::size_t>(t)];
+    with_type(st, it.dtype, it.out, [&](auto& set, const auto* tag) {
+      using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
+      T* d = reinterpret_cast<T*>(mine);
+      for (int64_t k = 0; k < K; ++k) {
+        const QsgdEliasPayload& p = it.payloads[k];
+        set.zeros.add(EliasZeros<T>{p.norms, bucket, s, d + k * it.n}, it.n);
+        set.groups.add(DecodeEliasGroup<T>{p.norms, p.nbits, p.start, p.stream, it.n, bucket, s, gb, B, d + k * it.n,
+                                           bad_at},
+                       G);
+        bad_at += G;
+      }
+      set.sum.add(SumDecoded<T>{d, it.n, K, scale, static_cast<T*>(it.out)}, it.n);
+    });
+  }
+  TableSet tables(ex);
+  st.each([&](auto& set) {
+    tables.put(set.zeros);
+    tables.put(set.groups);
+    tables.put(set.sum);
+  });
+  tables.upload();
+  st.each([&](auto& set) {
+    tables.run(set.zeros);
+    tables.run(set.groups);
+    tables.run(set.sum);
+  });
+  const int any = thrust::reduce(ex.policy(), bad.get(), bad.get() + flags, 0, AnyBad());
   return any == 0;
 }
 

@@ -399,5 +399,21 @@ struct AnyBad {
   HGC_HOST_DEVICE int operator()(int a, int b) const { return a > b ? a : b; }
 };
 
+// out[i] = T(((0 + A(dec_0[i])) + A(dec_1[i]) + ...) * A(scale)) over K decoded payloads (dec_k at
+// dec + k n, in T; A = Elem<T>::acc): Codec.decode_mean_list's arithmetic, in its order (a zero
+// accumulator of A, add_ of each decoded payload, mul_ by the scale, cast back to T).
+template <typename T> struct SumDecoded {
+  using A = typename Elem<T>::acc;
+  const T* dec;
+  int64_t n, K;
+  double scale;
+  T* out;
+  HGC_HOST_DEVICE void operator()(int64_t i) const {
+    A a = 0;
+    for (int64_t k = 0; k < K; ++k) a = a + Elem<T>::load(dec[k * n + i]);
+    out[i] = Elem<T>::store(a * static_cast<A>(scale));
+  }
+};
+
 }  // namespace qsgd
 }  // namespace hgc_dev

@@ -2,8 +2,11 @@
 // on the input's device, the launchers of qsgd_device.cu on the current stream. Host round
 // trips: the Elias encode reads its stream's size back; the Elias decode copies the G group bit
 // counts to the host (checked there with the CPU's messages) and reads one malformed flag back.
+// The bucket ops (*_many) make those reads once per bucket, not per tensor.
 #include "qsgd_ops.h"
 
+#include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "../checks.h"
@@ -106,6 +109,228 @@ at::Tensor qsgd_decode_elias_device(const at::Tensor& norms, const at::Tensor& n
   return out;
 }
 
+// ---- a bucket at once ----------------------------------------------------------------------------
+
+namespace {
+
+// tensors[i].narrow(0, at[i], len[i]) for each i: the per-tensor views of one bucket buffer.
+std::vector<at::Tensor> views(const at::Tensor& buffer, const std::vector<int64_t>& len) {
+  std::vector<at::Tensor> out;
+  int64_t offset = 0;
+  for (const int64_t l : len) {
+    out.push_back(buffer.narrow(0, offset, l));
+    offset += l;
+  }
+  return out;
+}
+
+// The checks of a bucket encode (one key per tensor, one device, each tensor as the per-tensor
+// op checks it); returns the bucket's device.
+at::Device check_encode_many(const std::vector<at::Tensor>& xs, const std::vector<int64_t>& keys, int64_t s,
+                             int64_t bucket, const char* op) {
+  TORCH_CHECK(keys.size() == xs.size(), op, ": ", xs.size(), " tensors but ", keys.size(), " keys");
+  const at::Device device = hgc_dev::bucket_device(xs, op, "tensor");
+  for (const at::Tensor& x : xs) {
+    check_input(x);
+    hgc::check_qsgd_params(s, bucket, x.numel());
+  }
+  return device;
+}
+
+// The bucket encode's items (payload pointers filled in by the caller).
+std::vector<hgc_dev::QsgdEncodeItem> encode_items(const std::vector<at::Tensor>& xs, const std::vector<int64_t>& keys) {
+  std::vector<hgc_dev::QsgdEncodeItem> items(xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    items[i] = {hgc_dev::dev_dtype(xs[i].scalar_type()), xs[i].data_ptr(), xs[i].numel(),
+                static_cast<uint64_t>(keys[i]), nullptr, nullptr, nullptr};
+  }
+  return items;
+}
+
+// Each tensor's number of norms, ceil(n / bucket).
+std::vector<int64_t> norm_counts(const std::vector<at::Tensor>& xs, int64_t bucket) {
+  std::vector<int64_t> B;
+  for (const at::Tensor& x : xs) B.push_back((x.numel() + bucket - 1) / bucket);
+  return B;
+}
+
+}  // namespace
+
+QsgdFixedBucket qsgd_encode_fixed_many_device(const std::vector<at::Tensor>& xs, int64_t s, int64_t bucket,
+                                              bool max_norm, const std::vector<int64_t>& keys) {
+  constexpr const char* op = "qsgd_encode_fixed_many";
+  if (xs.empty() && keys.empty()) return {{}, {}};
+  const at::Device device = check_encode_many(xs, keys, s, bucket, op);
+  const hgc_dev::DeviceGuard guard(device);
+  const int w = hgc::qsgd_code_width(s);
+  const std::vector<int64_t> B = norm_counts(xs, bucket);
+  std::vector<int64_t> nbytes;
+  for (const at::Tensor& x : xs) nbytes.push_back((x.numel() * w + 7) / 8);
+  const auto opts = xs[0].options();
+  const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t(0)); };
+  const std::vector<at::Tensor> norms = views(at::empty({sum(B)}, opts.dtype(at::kFloat)), B);
+  const std::vector<at::Tensor> packed = views(at::empty({sum(nbytes)}, opts.dtype(at::kByte)), nbytes);
+  std::vector<hgc_dev::QsgdEncodeItem> items = encode_items(xs, keys);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    items[i].norms = norms[i].data_ptr<float>();
+    items[i].packed = packed[i].data_ptr<uint8_t>();
+  }
+  hgc_dev::qsgd_encode_fixed_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(items.size()), s,
+                                  bucket, max_norm);
+  return {norms, packed};
+}
+
+std::vector<at::Tensor> qsgd_decode_fixed_many_device(const std::vector<at::Tensor>& norms,
+                                                      const std::vector<at::Tensor>& packed,
+                                                      const std::vector<int64_t>& n, int64_t s, int64_t bucket,
+                                                      const std::vector<at::ScalarType>& dtypes, double scale,
+                                                      const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "qsgd_decode_fixed_many";
+  const std::size_t count = norms.size();
+  TORCH_CHECK(packed.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
+              ": norms, packed, n, dtypes and outs must have one entry per tensor (got ", count, ", ", packed.size(),
+              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  std::vector<at::Tensor> results;
+  if (count == 0) return results;
+  const at::Device device = hgc_dev::bucket_device(norms, op, "norms");
+  const hgc_dev::DeviceGuard guard(device);
+  int64_t K = -1;
+  std::vector<hgc_dev::QsgdFixedDecodeItem> items(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    const hgc::QsgdFixedPayloads p =
+        hgc::check_qsgd_fixed_decode_args(norms[i], packed[i], n[i], s, bucket, dtypes[i], hgc_dev::kDeviceType);
+    TORCH_CHECK(K < 0 || p.K == K, op, ": tensor ", i, " has ", p.K, " payloads, tensor 0 has ", K,
+                " (a bucket's tensors come from the same K ranks)");
+    K = p.K;
+    results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
+    items[i] = {hgc_dev::dev_dtype(dtypes[i]), p.norms.data_ptr<float>(), p.norms.stride(0),
+                p.packed.data_ptr<uint8_t>(), p.packed.stride(0), p.nbytes, n[i], results[i].data_ptr()};
+  }
+  hgc_dev::qsgd_decode_fixed_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count), K, s, bucket,
+                                  scale);
+  return results;
+}
+
+QsgdEliasBucket qsgd_encode_elias_many_device(const std::vector<at::Tensor>& xs, int64_t s, int64_t bucket,
+                                              bool max_norm, const std::vector<int64_t>& keys,
+                                              int64_t group_buckets) {
+  constexpr const char* op = "qsgd_encode_elias_many";
+  if (xs.empty() && keys.empty()) return {{}, {}, {}};
+  const at::Device device = check_encode_many(xs, keys, s, bucket, op);
+  for (const at::Tensor& x : xs) hgc::check_qsgd_elias_encode_args(s, bucket, x.numel(), group_buckets);
+  const hgc_dev::DeviceGuard guard(device);
+  const std::vector<int64_t> B = norm_counts(xs, bucket);
+  std::vector<int64_t> G;  // a tensor's group bit counts: at least one (0 for an empty tensor)
+  for (const int64_t b : B) G.push_back(std::max<int64_t>(1, (b + group_buckets - 1) / group_buckets));
+  const auto opts = xs[0].options();
+  const auto sum = [](const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t(0)); };
+  const std::vector<at::Tensor> norms = views(at::empty({sum(B)}, opts.dtype(at::kFloat)), B);
+  const std::vector<at::Tensor> nbits = views(at::zeros({sum(G)}, opts.dtype(at::kLong)), G);
+  std::vector<hgc_dev::QsgdEncodeItem> items = encode_items(xs, keys);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    items[i].norms = norms[i].data_ptr<float>();
+    items[i].nbits = nbits[i].data_ptr<int64_t>();
+  }
+  StreamOut so{opts.dtype(at::kByte), at::Tensor()};
+  std::vector<int64_t> stream_at(xs.size() + 1, 0);
+  hgc_dev::qsgd_encode_elias_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(items.size()), s, bucket,
+                                  max_norm, group_buckets, &alloc_stream, &so, stream_at.data());
+  std::vector<at::Tensor> streams;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    streams.push_back(so.stream.narrow(0, stream_at[i], stream_at[i + 1] - stream_at[i]));
+  }
+  return {norms, nbits, streams};
+}
+
+namespace {
+
+// K payloads per tensor: each of norms, nbits, streams lists K for every tensor (the same K for
+// all, >= 1). Returns K.
+int64_t check_elias_many_k(const std::vector<std::vector<at::Tensor>>& norms,
+                           const std::vector<std::vector<at::Tensor>>& nbits,
+                           const std::vector<std::vector<at::Tensor>>& streams, const char* op) {
+  int64_t K = -1;
+  for (std::size_t i = 0; i < norms.size(); ++i) {
+    const int64_t k = static_cast<int64_t>(norms[i].size());
+    TORCH_CHECK(nbits[i].size() == norms[i].size() && streams[i].size() == norms[i].size(), op, ": tensor ", i,
+                " has ", k, " norms, ", nbits[i].size(), " nbits and ", streams[i].size(),
+                " streams (one of each per payload)");
+    TORCH_CHECK(k >= 1, op, ": tensor ", i, " has no payloads");
+    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
+                " (a bucket's tensors come from the same K ranks)");
+    K = k;
+  }
+  return K;
+}
+
+}  // namespace
+
+std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vector<at::Tensor>>& norms,
+                                                      const std::vector<std::vector<at::Tensor>>& nbits,
+                                                      const std::vector<std::vector<at::Tensor>>& streams,
+                                                      const std::vector<int64_t>& n, int64_t s, int64_t bucket,
+                                                      int64_t group_buckets, const std::vector<at::ScalarType>& dtypes,
+                                                      double scale,
+                                                      const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "qsgd_decode_elias_many";
+  const std::size_t count = norms.size();
+  TORCH_CHECK(nbits.size() == count && streams.size() == count && n.size() == count && dtypes.size() == count &&
+                  outs.size() == count,
+              op, ": norms, nbits, streams, n, dtypes and outs must have one entry per tensor (got ", count, ", ",
+              nbits.size(), ", ", streams.size(), ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  std::vector<at::Tensor> results;
+  if (count == 0) return results;
+  const int64_t K = check_elias_many_k(norms, nbits, streams, op);
+  const at::Device device = norms[0][0].device();
+  // Every payload as qsgd_decode_elias checks it; their headers gathered for one read.
+  std::vector<int64_t> G;
+  std::vector<at::Tensor> heads, held;  // held: the contiguous buffers the launcher reads
+  for (std::size_t i = 0; i < count; ++i) {
+    for (int64_t k = 0; k < K; ++k) {
+      G.push_back(hgc::check_qsgd_elias_decode_args(norms[i][k], nbits[i][k], streams[i][k], n[i], s, bucket,
+                                                    group_buckets, dtypes[i], hgc_dev::kDeviceType));
+      TORCH_CHECK(norms[i][k].device() == device, op, ": payload ", k, " of tensor ", i, " is on ",
+                  norms[i][k].device(), ", tensor 0's on ", device, " (a bucket is on one device)");
+      heads.push_back(nbits[i][k]);
+      held.push_back(norms[i][k].contiguous());
+      held.push_back(nbits[i][k].contiguous());
+      held.push_back(streams[i][k].contiguous());
+    }
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  // The headers decide the streams' layouts: checked on the host (one copy for the bucket), with
+  // the per-tensor op's messages, before anything reads a stream.
+  const at::Tensor head_host = at::cat(heads).to(at::kCPU);
+  const int64_t* nb = head_host.data_ptr<int64_t>();
+  std::vector<int64_t> starts;
+  for (std::size_t j = 0; j < G.size(); ++j) {
+    const std::vector<int64_t> st = hgc::qsgd_elias_group_starts(nb, G[j], held[3 * j + 2].numel());
+    starts.insert(starts.end(), st.begin(), st.end());
+    nb += G[j];
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
+  }
+  const at::Tensor start_dev =
+      at::tensor(at::ArrayRef<int64_t>(starts), at::TensorOptions().dtype(at::kLong)).to(device);
+  std::vector<hgc_dev::QsgdEliasPayload> payloads(G.size());
+  const int64_t* start_at = start_dev.data_ptr<int64_t>();
+  for (std::size_t j = 0; j < G.size(); ++j) {
+    payloads[j] = {held[3 * j].data_ptr<float>(), held[3 * j + 1].data_ptr<int64_t>(), start_at,
+                   held[3 * j + 2].data_ptr<uint8_t>()};
+    start_at += G[j] + 1;
+  }
+  std::vector<hgc_dev::QsgdEliasDecodeItem> items(count);
+  for (std::size_t i = 0; i < count; ++i) {
+    items[i] = {hgc_dev::dev_dtype(dtypes[i]), n[i], payloads.data() + i * static_cast<std::size_t>(K),
+                results[i].data_ptr()};
+  }
+  const bool ok = hgc_dev::qsgd_decode_elias_sum_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count),
+                                                      K, s, bucket, group_buckets, scale);
+  TORCH_CHECK(ok, hgc::kQsgdEliasMalformed);
+  return results;
+}
+
 #if defined(HGC_TWIN)
 namespace hgc_dev {
 namespace {
@@ -123,6 +348,22 @@ void register_qsgd_ops(pybind11::module& m) {
   m.def("qsgd_decode_elias", &qsgd_decode_elias_device, HGC_DEV_RELEASE_GIL,
         "QSGD decode of one Elias-coded payload", py::arg("norms"), py::arg("nbits"), py::arg("stream"), py::arg("n"),
         py::arg("s"), py::arg("bucket"), py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
+  m.def("qsgd_encode_fixed_many", &qsgd_encode_fixed_many_device, HGC_DEV_RELEASE_GIL,
+        "qsgd_encode_fixed of a bucket (one key per tensor) in a fixed number of device calls -> (norms list, "
+        "packed list)",
+        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"));
+  m.def("qsgd_decode_fixed_many", &qsgd_decode_fixed_many_device, HGC_DEV_RELEASE_GIL,
+        "qsgd_decode_fixed of a bucket (one K) in one device call per dtype", py::arg("norms"), py::arg("packed"),
+        py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+  m.def("qsgd_encode_elias_many", &qsgd_encode_elias_many_device, HGC_DEV_RELEASE_GIL,
+        "qsgd_encode_elias of a bucket (one key per tensor) in a fixed number of device calls and one read -> "
+        "(norms list, nbits list, stream list)",
+        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"),
+        py::arg("group_buckets"));
+  m.def("qsgd_decode_elias_many", &qsgd_decode_elias_many_device, HGC_DEV_RELEASE_GIL,
+        "scale * sum of each tensor's K Elias payloads (decode_mean_list's arithmetic) for a bucket",
+        py::arg("norms"), py::arg("nbits"), py::arg("streams"), py::arg("n"), py::arg("s"), py::arg("bucket"),
+        py::arg("group_buckets"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
 }
 const Registrar registrar("qsgd", &register_qsgd_ops);
 }  // namespace

@@ -36,4 +36,48 @@ void terngrad_sum_levels(const Ctx& ctx, const uint8_t* codes, int64_t cstride, 
 void terngrad_sum_decode(const Ctx& ctx, DType dtype, const uint8_t* levels, int64_t n, int64_t K, int width,
                          double mult, void* out);
 
+// ---- a bucket at once (multi_tensor.cuh): every tensor's result bitwise that of the per-tensor
+// launcher above, in a fixed number of device algorithm calls whatever the tensor count. All of
+// a launcher's items have the one dtype it is given.
+
+// One tensor of a bucket's scale statistics: *max_abs = terngrad_max_abs of its n values, and
+// *sigma = terngrad_sigma of them when `sigma` is given (nullptr: not computed, not written).
+struct TerngradStatsItem {
+  const void* grad;
+  int64_t n;
+  double* max_abs;
+  double* sigma;
+};
+
+// The statistics of every item, left in device memory (the caller reads all of them back in
+// one copy): at most 10 calls (max: lanes + 2 block levels; sigma: 2 x (lanes + 2 block
+// levels); one finish) and one copy of the tables.
+void terngrad_scale_stats_many(const Ctx& ctx, DType dtype, const TerngradStatsItem* items, int64_t count);
+
+// One tensor of a bucket encode: terngrad_encode's arguments.
+struct TerngradEncodeItem {
+  const void* grad;
+  int64_t n;
+  double scale, clip;
+  uint32_t key0, key1;
+  uint8_t* codes;
+};
+
+// terngrad_encode of every item: one call and one copy of the table.
+void terngrad_encode_many(const Ctx& ctx, DType dtype, const TerngradEncodeItem* items, int64_t count);
+
+// One tensor of a bucket decode: terngrad_decode_sum's arguments (K and scale are the bucket's).
+struct TerngradDecodeItem {
+  const uint8_t* codes;
+  int64_t cstride;
+  const float* scales;
+  int64_t sstride, n;
+  void* out;
+};
+
+// terngrad_decode_sum of every item with the bucket's K and scale: two calls (plans, sums) and
+// one copy of the tables.
+void terngrad_decode_sum_many(const Ctx& ctx, DType dtype, const TerngradDecodeItem* items, int64_t count, int64_t K,
+                              double scale);
+
 }  // namespace hgc_dev

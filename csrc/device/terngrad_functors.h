@@ -98,6 +98,47 @@ struct MaxNan {
   }
 };
 
+// Lane p of max |x[i]| over x[0, n) (i = p, p + lanes, ...; any NaN wins): with BlockMax the
+// bucket op's max |g|, exact whatever the order (so equal to terngrad_max_abs' reduce).
+template <typename T> struct LaneMax {
+  const T* x;
+  int64_t n, lanes;
+  double* out;  // [lanes]
+  HGC_HOST_DEVICE void operator()(int64_t p) const {
+    double acc = 0.0;
+    for (int64_t i = p; i < n; i += lanes) acc = MaxNan()(acc, AbsOf<T>{x}(i));
+    out[p] = acc;
+  }
+};
+
+// out[b] = the MaxNan of in[b * kSumBlock] ... (up to in[m - 1]): BlockSum's shape, for max.
+struct BlockMax {
+  const double* in;
+  int64_t m;
+  double* out;
+  HGC_HOST_DEVICE void operator()(int64_t b) const {
+    const int64_t lo = b * kSumBlock, hi = lo + kSumBlock < m ? lo + kSumBlock : m;
+    double acc = 0.0;
+    for (int64_t j = lo; j < hi; ++j) acc = MaxNan()(acc, in[j]);
+    out[b] = acc;
+  }
+};
+
+// One tensor's scale statistics from its finished reductions (one index): *max_out = *max_abs
+// (0 without one: n == 0); when sigma_out is given, *sigma_out = sqrt(*squares / n) as
+// terngrad_sigma computes it (0 without squares: n == 0).
+struct ScaleStats {
+  const double* max_abs;
+  const double* squares;
+  int64_t n;
+  double* max_out;
+  double* sigma_out;
+  HGC_HOST_DEVICE void operator()(int64_t) const {
+    *max_out = max_abs ? *max_abs : 0.0;
+    if (sigma_out) *sigma_out = squares ? sqrt(*squares / static_cast<double>(n)) : 0.0;
+  }
+};
+
 // ---- encode ------------------------------------------------------------------------------------
 
 // Code byte b: elements 4b..4b+3 (those below n) at bits 2t, code (u * s < min(|g|, clip)) ?

@@ -1,7 +1,8 @@
 // Torch ops of TernGrad's device path (see ops_common.h): the CPU ops' checks and messages,
 // outputs on the input's device, the launchers of terngrad_device.cu on the current stream.
 // Host round trips: max_abs and sigma read their one double back (the scale is agreed on the
-// host); encode and the decodes none.
+// host); encode and the decodes none. The bucket ops (*_many) read nothing back: the scale
+// stats stay in one device tensor, which the caller reads once for the whole bucket.
 #include "terngrad_ops.h"
 
 #include "../checks.h"
@@ -17,6 +18,19 @@ void check_grad(const at::Tensor& grad) {
   hgc::check_device_type(grad, hgc_dev::kDeviceType, "grad");
   HGC_CHECK_CONTIGUOUS(grad);
   HGC_CHECK_FLOATING(grad);
+}
+
+// launch(dtype, items of that dtype, in bucket order) once for every dtype among `dtypes`
+// (dtypes[i] is items[i]'s): a bucket launcher takes tensors of one dtype.
+template <typename Item, typename Launch>
+void launch_by_dtype(const std::vector<at::ScalarType>& dtypes, const std::vector<Item>& items, Launch launch) {
+  for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
+    std::vector<Item> group;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (dtypes[i] == t) group.push_back(items[i]);
+    }
+    launch(hgc_dev::dev_dtype(t), group.data(), static_cast<int64_t>(group.size()));
+  }
 }
 
 }  // namespace
@@ -84,6 +98,102 @@ at::Tensor terngrad_sum_decode_device(const at::Tensor& levels, int64_t n, int64
   return out;
 }
 
+at::Tensor terngrad_scale_stats_many_device(const std::vector<at::Tensor>& grads, bool with_sigma) {
+  constexpr const char* op = "terngrad_scale_stats_many";
+  const int64_t count = static_cast<int64_t>(grads.size());
+  if (count == 0) return at::zeros({2, 0}, at::kDouble);
+  const at::Device device = hgc_dev::bucket_device(grads, op, "gradient");
+  std::vector<at::ScalarType> dtypes;
+  for (const at::Tensor& g : grads) {
+    check_grad(g);
+    dtypes.push_back(g.scalar_type());
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  at::Tensor stats = at::zeros({2, count}, grads[0].options().dtype(at::kDouble));
+  double* max_abs = stats.data_ptr<double>();
+  double* sigma = max_abs + count;
+  std::vector<hgc_dev::TerngradStatsItem> items;
+  for (int64_t i = 0; i < count; ++i) {
+    items.push_back({grads[i].data_ptr(), grads[i].numel(), max_abs + i, with_sigma ? sigma + i : nullptr});
+  }
+  launch_by_dtype(dtypes, items, [](hgc_dev::DType dt, const hgc_dev::TerngradStatsItem* group, int64_t size) {
+    hgc_dev::terngrad_scale_stats_many(hgc_dev::current_ctx(), dt, group, size);
+  });
+  return stats;
+}
+
+TerngradPayloads terngrad_encode_many_device(const std::vector<at::Tensor>& grads, const std::vector<double>& scales,
+                                             const std::vector<double>& clips, const std::vector<int64_t>& key0s,
+                                             const std::vector<int64_t>& key1s) {
+  constexpr const char* op = "terngrad_encode_many";
+  const std::size_t count = grads.size();
+  TORCH_CHECK(scales.size() == count && clips.size() == count && key0s.size() == count && key1s.size() == count, op,
+              ": ", count, " gradients but ", scales.size(), " scales, ", clips.size(), " clips, ", key0s.size(),
+              " key0s and ", key1s.size(), " key1s (give one of each per gradient)");
+  std::vector<at::Tensor> codes_out, scales_out;
+  if (count == 0) return {codes_out, scales_out};
+  const at::Device device = hgc_dev::bucket_device(grads, op, "gradient");
+  int64_t code_bytes = 0;
+  std::vector<at::ScalarType> dtypes;
+  std::vector<float> scale_values;
+  for (std::size_t i = 0; i < count; ++i) {
+    check_grad(grads[i]);
+    hgc::check_terngrad_encode_args(grads[i].numel(), scales[i], clips[i], key0s[i], key1s[i]);
+    code_bytes += (grads[i].numel() + 3) / 4;
+    dtypes.push_back(grads[i].scalar_type());
+    scale_values.push_back(static_cast<float>(scales[i]));  // as terngrad_encode's scale buffer
+  }
+  const hgc_dev::DeviceGuard guard(device);
+  const auto options = grads[0].options();
+  at::Tensor codes = at::empty({code_bytes}, options.dtype(at::kByte));
+  at::Tensor scale_buf = at::empty({static_cast<int64_t>(count)}, options.dtype(at::kFloat));
+  scale_buf.copy_(at::from_blob(scale_values.data(), {static_cast<int64_t>(count)}, at::kFloat));  // one copy
+  std::vector<hgc_dev::TerngradEncodeItem> items;
+  for (std::size_t i = 0, at_byte = 0; i < count; ++i) {
+    const int64_t n = grads[i].numel(), nbytes = (n + 3) / 4;
+    codes_out.push_back(codes.narrow(0, static_cast<int64_t>(at_byte), nbytes));
+    scales_out.push_back(scale_buf.narrow(0, static_cast<int64_t>(i), 1));
+    items.push_back({grads[i].data_ptr(), n, scales[i], clips[i], static_cast<uint32_t>(key0s[i]),
+                     static_cast<uint32_t>(key1s[i]), codes_out[i].data_ptr<uint8_t>()});
+    at_byte += static_cast<std::size_t>(nbytes);
+  }
+  launch_by_dtype(dtypes, items, [](hgc_dev::DType dt, const hgc_dev::TerngradEncodeItem* group, int64_t size) {
+    hgc_dev::terngrad_encode_many(hgc_dev::current_ctx(), dt, group, size);
+  });
+  return {codes_out, scales_out};
+}
+
+std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Tensor>& codes,
+                                                        const std::vector<at::Tensor>& scales,
+                                                        const std::vector<int64_t>& n,
+                                                        const std::vector<at::ScalarType>& dtypes, double scale,
+                                                        const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "terngrad_decode_sum_many";
+  const std::size_t count = codes.size();
+  TORCH_CHECK(scales.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
+              ": codes, scales, n, dtypes and outs must have one entry per tensor (got ", count, ", ", scales.size(),
+              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  std::vector<at::Tensor> results;
+  if (count == 0) return results;
+  const at::Device device = hgc_dev::bucket_device(codes, op, "codes");
+  const hgc_dev::DeviceGuard guard(device);
+  int64_t K = -1;
+  std::vector<hgc_dev::TerngradDecodeItem> items;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int64_t k = hgc::check_terngrad_decode_args(codes[i], scales[i], n[i], dtypes[i], hgc_dev::kDeviceType);
+    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
+                " (a bucket's tensors come from the same K ranks)");
+    K = k;
+    results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, op));
+    items.push_back({codes[i].data_ptr<uint8_t>(), codes[i].stride(0), scales[i].data_ptr<float>(),
+                     scales[i].stride(0), n[i], results[i].data_ptr()});
+  }
+  launch_by_dtype(dtypes, items, [&](hgc_dev::DType dt, const hgc_dev::TerngradDecodeItem* group, int64_t size) {
+    hgc_dev::terngrad_decode_sum_many(hgc_dev::current_ctx(), dt, group, size, K, scale);
+  });
+  return results;
+}
+
 #if defined(HGC_TWIN)
 namespace hgc_dev {
 namespace {
@@ -106,6 +216,15 @@ void register_terngrad_ops(pybind11::module& m) {
         "(field - K) * mult of terngrad_sum_levels' fields", pybind11::arg("levels"), pybind11::arg("n"),
         pybind11::arg("k"), pybind11::arg("width"), pybind11::arg("mult"), pybind11::arg("dtype"),
         pybind11::arg("out") = pybind11::none());
+  m.def("terngrad_scale_stats_many", &terngrad_scale_stats_many_device, HGC_DEV_RELEASE_GIL,
+        "float64 [2, count]: max |grad| of every gradient, and its clip sigma when with_sigma (else 0)",
+        pybind11::arg("grads"), pybind11::arg("with_sigma"));
+  m.def("terngrad_encode_many", &terngrad_encode_many_device, HGC_DEV_RELEASE_GIL,
+        "terngrad_encode of a bucket in one device call -> (codes list, scale list)", pybind11::arg("grads"),
+        pybind11::arg("scales"), pybind11::arg("clips"), pybind11::arg("key0s"), pybind11::arg("key1s"));
+  m.def("terngrad_decode_sum_many", &terngrad_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
+        "terngrad_decode_sum of a bucket in two device calls", pybind11::arg("codes"), pybind11::arg("scales"),
+        pybind11::arg("n"), pybind11::arg("dtypes"), pybind11::arg("scale"), pybind11::arg("outs"));
 }
 const Registrar registrar("terngrad", &register_terngrad_ops);
 }  // namespace

@@ -55,7 +55,7 @@ Bytes read_file(const std::string& path) {
 struct Case {
   std::string dir, op;
   std::map<std::string, std::string> p;
-  int64_t i(const char* k) const { return std::stoll(p.at(k)); }
+  int64_t i(const std::string& k) const { return std::stoll(p.at(k)); }
   double d(const char* k) const { return std::stod(p.at(k)); }
   Bytes in(const std::string& name) const { return read_file(dir + "/" + name); }
 };
@@ -92,6 +92,41 @@ std::map<std::string, Bytes> run(const Case& c) {
     hgc_dev::onebit_decode_sum(ctx, f32, bits.data(), (n + 7) / 8, reinterpret_cast<const float*>(scales.data()),
                                2 * cols, K, n, cols, cols, c.d("scale"), o.data());
     out["out"] = o;
+  } else if (c.op == "onebit_encode_many") {  // a bucket: every stage one call over all tensors
+    const int64_t count = c.i("count");
+    std::vector<Bytes> g(count), r(count), bits(count), scales(count);
+    std::vector<hgc_dev::OnebitEncodeItem> items(count);
+    for (int64_t t = 0; t < count; ++t) {
+      const std::string k = std::to_string(t);
+      const int64_t n = c.i("n" + k), cols = c.i("cols" + k);
+      g[t] = c.in("grad" + k + ".bin");
+      r[t] = c.in("residual" + k + ".bin");
+      bits[t].assign((n + 7) / 8, 0);
+      scales[t].assign(8 * cols, 0);
+      items[t] = {g[t].data(), r[t].data(), n, cols, cols, bits[t].data(), reinterpret_cast<float*>(scales[t].data())};
+    }
+    hgc_dev::onebit_encode_many(ctx, f32, items.data(), count, true);
+    for (int64_t t = 0; t < count; ++t) {
+      const std::string k = std::to_string(t);
+      out["bits" + k] = bits[t];
+      out["scales" + k] = scales[t];
+      out["residual" + k] = r[t];
+    }
+  } else if (c.op == "onebit_decode_sum_many") {
+    const int64_t count = c.i("count"), K = c.i("K");
+    std::vector<Bytes> bits(count), scales(count), o(count);
+    std::vector<hgc_dev::OnebitDecodeItem> items(count);
+    for (int64_t t = 0; t < count; ++t) {
+      const std::string k = std::to_string(t);
+      const int64_t n = c.i("n" + k), cols = c.i("cols" + k);
+      bits[t] = c.in("bits" + k + ".bin");
+      scales[t] = c.in("scales" + k + ".bin");
+      o[t].assign(4 * n, 0);
+      items[t] = {bits[t].data(), (n + 7) / 8, reinterpret_cast<const float*>(scales[t].data()), 2 * cols, n, cols,
+                  cols, o[t].data()};
+    }
+    hgc_dev::onebit_decode_sum_many(ctx, f32, items.data(), count, K, c.d("scale"));
+    for (int64_t t = 0; t < count; ++t) out["out" + std::to_string(t)] = o[t];
   } else if (c.op == "terngrad_encode") {
     const int64_t n = c.i("n");
     Bytes g = c.in("grad.bin"), codes((n + 3) / 4);

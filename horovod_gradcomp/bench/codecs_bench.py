@@ -19,7 +19,11 @@ the same run as the memory-bandwidth floor to compare the codecs with.
 
 Impl ``twin`` (CPU only) times the device kernels' OpenMP twin (``_C_twin``: the GPU path's
 Thrust sources built for the CPU) next to the native CPU kernels; its speed is not the point
-(the CPU kernels are the CPU path), it shows the twin is wired in and what it costs.
+(the CPU kernels are the CPU path), it shows the twin is wired in and what it costs. Impl
+``twin-bucket`` times the same codec through its bucket ops (``encode_many`` and ``decode_many``
+over all 161 tensors at once: csrc/device/multi_tensor.cuh), for codecs that have them. Both
+twin rows carry ``device_calls``: the device algorithm calls of one encode pass and one decode
+pass (what a GPU would launch), tensor by tensor against one bucket.
 
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
 call on the first tensor. The pure-torch reference impl is slow, so it runs
@@ -45,6 +49,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 
 from .. import available_codecs, get_codec, native_available, native_cuda_status, native_error, twin_available
+from ..native import require_twin
 from ..codecs import Payload
 from ..native import NativeUnavailableError
 from .shapes import Shape, resnet50_shapes, total_numel
@@ -177,25 +182,50 @@ def _decode_all(codec, payloads: Sequence[Payload], outs: Sequence[torch.Tensor]
         codec.decode(p, out=o)
 
 
-def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int) -> Dict[str, float]:
+def _encode_bucket(codec, grads: Sequence[torch.Tensor], residuals: Optional[List[torch.Tensor]]) -> List[Payload]:
+    """:func:`_encode_all` as one bucket (``codec.encode_many``, tensor i from stream position i)."""
+    return codec.encode_many(grads, residuals, positions=list(range(len(grads))))
+
+
+def _decode_bucket(codec, payloads: Sequence[Payload], outs: Sequence[torch.Tensor]) -> None:
+    """:func:`_decode_all` as one bucket (``codec.decode_many``)."""
+    codec.decode_many(payloads, outs=outs)
+
+
+def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int, bucket: bool = False) -> Dict[str, float]:
     """Median encode/decode milliseconds over ``repeat`` passes, and the pass's wire bytes.
+    ``bucket``: through the codec's bucket ops (all tensors in one call each way).
 
     Residuals (for ``fuses_feedback`` codecs) are allocated once and zeroed before every
     pass, so every pass encodes the same inputs."""
     residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
     outs = [torch.zeros_like(g) for g in grads]
     cuda = grads[0].is_cuda
+    encode, decode = (_encode_bucket, _decode_bucket) if bucket else (_encode_all, _decode_all)
     _warm_up(codec, grads[0])
     enc, dec, nbytes = [], [], 0
     for _ in range(max(1, repeat)):
         if residuals is not None:
             for r in residuals:
                 r.zero_()
-        ms, payloads = _timed_ms(lambda: _encode_all(codec, grads, residuals), cuda)
+        ms, payloads = _timed_ms(lambda: encode(codec, grads, residuals), cuda)
         enc.append(ms)
-        dec.append(_timed_ms(lambda: _decode_all(codec, payloads, outs), cuda)[0])
+        dec.append(_timed_ms(lambda: decode(codec, payloads, outs), cuda)[0])
         nbytes = sum(p.nbytes for p in payloads)
     return {"encode_ms": statistics.median(enc), "decode_ms": statistics.median(dec), "bytes": nbytes}
+
+
+def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool) -> List[int]:
+    """[encode, decode]: the twin's device algorithm calls of one pass over ``grads``."""
+    counter = require_twin().algorithm_calls
+    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
+    outs = [torch.zeros_like(g) for g in grads]
+    encode, decode = (_encode_bucket, _decode_bucket) if bucket else (_encode_all, _decode_all)
+    start = counter()
+    payloads = encode(codec, grads, residuals)
+    middle = counter()
+    decode(codec, payloads, outs)
+    return [middle - start, counter() - middle]
 
 
 def make_row(name: str, impl: str, options: Dict[str, object], numel: int, timing: Dict[str, float]) -> dict:
@@ -276,6 +306,12 @@ def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] 
             _log(f"timing {name}/{impl}{' ' + str(options) if options else ''} on {len(shapes)} tensors, "
                  f"{n} pass(es)")
             rows.append(make_row(name, impl, options, numel, time_codec(codec, grads, n)))
+            if impl == "twin":
+                rows[-1]["device_calls"] = device_calls(codec, grads, bucket=False)
+                if codec.bucket_ops([grads[0].device]):
+                    _log(f"timing {name}/twin-bucket on {len(shapes)} tensors as one bucket, {n} pass(es)")
+                    rows.append(make_row(name, "twin-bucket", options, numel, time_codec(codec, grads, n, bucket=True)))
+                    rows[-1]["device_calls"] = device_calls(codec, grads, bucket=True)
     if device != "cpu":
         for row in rows:
             row["device"] = device
@@ -352,6 +388,10 @@ def speedup_lines(rows: Sequence[dict]) -> List[str]:
             twin, nat = (impls[i]["encode_ms"] + impls[i]["decode_ms"] for i in ("twin", "native"))
             lines.append(f"{label}: twin (device kernels on OpenMP) / native CPU kernels: {twin / max(nat, 1e-9):.2f}x "
                          "(encode+decode)")
+        if "twin" in impls and "twin-bucket" in impls:
+            (e1, d1), (e2, d2) = impls["twin"]["device_calls"], impls["twin-bucket"]["device_calls"]
+            lines.append(f"{label}: device algorithm calls per pass (encode + decode): tensor by tensor {e1} + {d1}, "
+                         f"as one bucket {e2} + {d2}")
     return lines
 
 

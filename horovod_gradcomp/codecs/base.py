@@ -125,6 +125,78 @@ class Codec:
         :meth:`encodes_column_windows` says so."""
         raise NotImplementedError(f"{self.name}: no column-window decode")
 
+    # -- a bucket at once (the device kernels' multi-tensor ops) -----------------------
+    def bucket_ops(self, devices: Sequence[torch.device]) -> bool:
+        """True when :meth:`encode_many` and :meth:`decode_mean_stacked_many` run this codec's
+        bucket ops on a bucket whose tensors are on ``devices``: one fixed, small sequence of device algorithm calls for the
+        whole bucket (csrc/device/multi_tensor.cuh), i.e. the device kernels (impl "twin" on CPU
+        tensors, impl "native" on CUDA tensors). False (the default): tensor by tensor, with the
+        same results."""
+        return False
+
+    def encode_many(self, tensors: Sequence[torch.Tensor], residuals: Optional[Sequence[torch.Tensor]] = None,
+                    options: Optional[Sequence[dict]] = None,
+                    positions: Optional[Sequence[int]] = None) -> List[Payload]:
+        """``[encode(tensors[i], residual=residuals[i], **options[i])]``, tensor i drawn from stream
+        position ``positions[i]`` (stochastic codecs; None: from the current position on). The
+        residuals (a fused-feedback codec's, updated in place) are given for every tensor or for
+        none. Bitwise the payloads and residuals of the per-tensor calls; a codec whose
+        :meth:`bucket_ops` accepts the tensors computes them in one bucket op."""
+        payloads = []
+        for i, t in enumerate(tensors):
+            if positions is not None:
+                self.reset_stream(positions[i])
+            kwargs = dict(options[i]) if options is not None else {}
+            if residuals is not None:
+                kwargs["residual"] = residuals[i]
+            payloads.append(self.encode(t, **kwargs))
+        return payloads
+
+    def decode_mean_stacked_many(self, stacked: Sequence[Payload], scale: float | None = None,
+                                 outs: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
+        """``[decode_mean_stacked(stacked[i], scale, out=outs[i])]`` of a bucket's tensors (one K
+        for all); one bucket op where :meth:`bucket_ops` accepts them, bitwise the same results."""
+        outs = outs if outs is not None else [None] * len(stacked)
+        return [self.decode_mean_stacked(p, scale, out=o) for p, o in zip(stacked, outs)]
+
+    def decode_mean_list_many(self, payloads: Sequence[Sequence[Payload]], scale: float | None = None,
+                              outs: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
+        """``[decode_mean_list(payloads[i], scale, out=outs[i])]`` of a bucket's tensors, each a list
+        of K variable-size payloads; one bucket op where :meth:`bucket_ops` accepts them."""
+        outs = outs if outs is not None else [None] * len(payloads)
+        return [self.decode_mean_list(p, scale, out=o) for p, o in zip(payloads, outs)]
+
+    def decode_many(self, payloads: Sequence[Payload],
+                    outs: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
+        """``[decode(payloads[i], out=outs[i])]`` of a bucket's single payloads (the two-phase
+        results); one bucket op where :meth:`bucket_ops` accepts them, bitwise the same results."""
+        outs = outs if outs is not None else [None] * len(payloads)
+        return [self.decode(p, out=o) for p, o in zip(payloads, outs)]
+
+    def encode_columns_many(self, windows: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor], int, int]],
+                            positions: Optional[Sequence[int]] = None) -> List[Payload]:
+        """``[encode_columns(tensor, residual, start, stop)]`` of each window, window i from stream
+        position ``positions[i]``; one bucket op where :meth:`bucket_ops` accepts them."""
+        payloads = []
+        for i, (tensor, residual, start, stop) in enumerate(windows):
+            if positions is not None:
+                self.reset_stream(positions[i])
+            payloads.append(self.encode_columns(tensor, residual, start, stop))
+        return payloads
+
+    def decode_columns_many(self, windows: Sequence[Tuple[Payload, torch.Tensor, int]]) -> None:
+        """``decode_columns(payload, out, start)`` of each window; one bucket op where
+        :meth:`bucket_ops` accepts them."""
+        for payload, out, start in windows:
+            self.decode_columns(payload, out, start)
+
+    def on_device_kernels(self, devices: Sequence[torch.device]) -> bool:
+        """True when a bucket on ``devices`` (non-empty, one device) goes to the device kernels:
+        impl "twin" with CPU tensors, impl "native" with CUDA tensors."""
+        if not devices or not self.uses_kernels or any(d != devices[0] for d in devices):
+            return False
+        return torch.device(devices[0]).type == ("cpu" if self.impl == "twin" else "cuda")
+
     # -- shared -------------------------------------------------------------------
     def check_out(self, out: Optional[torch.Tensor], payload: Payload) -> Optional[torch.Tensor]:
         """Validate an ``out=`` tensor for ``payload``: contiguous, its shape, dtype and device."""

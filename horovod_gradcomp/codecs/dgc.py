@@ -239,6 +239,125 @@ class DGCCodec(CounterStream, Codec):
         flat = acc.mul_(scale).to(first.dtype).view(first.shape)
         return flat if out is None else out.copy_(flat)
 
+    # -- a bucket at once (the device kernels' bucket ops) ---------------------------------
+    def bucket_ops(self, devices: Sequence[torch.device]) -> bool:
+        """The device kernels' bucket ops: ``dgc_select_many`` + ``dgc_index_encode_many`` (a
+        bucket's selection and index coding), ``dgc_decode_sum_many`` (a bucket's decode-mean),
+        ``dgc_accumulate_many_`` (momentum correction) and ``dgc_mask_many_`` (the sent entries'
+        masking), each a fixed number of device calls whatever the bucket's tensor count."""
+        return self.on_device_kernels(devices)
+
+    def encode_many_with_indices(self, tensors: Sequence[torch.Tensor], density: Optional[float] = None,
+                                 positions: Optional[Sequence[int]] = None
+                                 ) -> Tuple[List[Payload], List[torch.Tensor]]:
+        """``[encode_with_indices(tensors[i], density)]`` as two lists (payloads, selected indices),
+        tensor i from stream position ``positions[i]`` (None: from the current position on), bitwise
+        the per-tensor calls (``last_threshold`` / ``last_path``: the last tensor's). On the device
+        kernels one bucket selection (``dgc_select_many``: a fixed number of device calls, one
+        read-back of the counts, two when an estimate is off by more than 2x) and one bucket index
+        coding (``dgc_index_encode_many``: two device calls, one read-back)."""
+        if positions is not None and len(positions) != len(tensors):
+            raise ValueError(f"dgc: {len(tensors)} tensors but {len(positions)} stream positions")
+        if not tensors or not self.bucket_ops([t.device for t in tensors]):
+            payloads, sent = [], []
+            for i, t in enumerate(tensors):
+                if positions is not None:
+                    self.reset_stream(positions[i])
+                payload, idx = self.encode_with_indices(t, density)
+                payloads.append(payload)
+                sent.append(idx)
+            return payloads, sent
+        for t in tensors:
+            check_float("dgc", t)
+        density = self.density if density is None else _check_fraction("density", density)
+        keys = []
+        for i in range(len(tensors)):
+            if positions is not None:
+                self.reset_stream(positions[i])
+            keys.append(stream_key(self.seed, self.rank_stream, self.next_position()))
+        flats = [t.reshape(-1).contiguous() for t in tensors]
+        ns = [f.numel() for f in flats]
+        idx, vals, ts, paths = self._C.dgc_select_many(flats, [target_count(n, density) for n in ns],
+                                                       [sample_count(n, density, self.sample) for n in ns], keys)
+        self.last_threshold, self.last_path = float(ts[-1]), int(paths[-1])
+        codes = self._C.dgc_index_encode_many(idx, ns)
+        payloads = [Payload({"indices": c, "values": v}, t.shape, t.dtype, t.device)
+                    for c, v, t in zip(codes, vals, tensors)]
+        return payloads, list(idx)
+
+    def encode_many(self, tensors: Sequence[torch.Tensor], residuals: Optional[Sequence[torch.Tensor]] = None,
+                    options: Optional[Sequence[dict]] = None,
+                    positions: Optional[Sequence[int]] = None) -> List[Payload]:
+        """See :meth:`Codec.encode_many`; on the device kernels (no residuals, one density for the
+        bucket) :meth:`encode_many_with_indices`'s bucket ops."""
+        densities = {tuple(sorted(o.items())) for o in options} if options is not None else {()}
+        if (residuals is None and tensors and len(densities) == 1 and self.bucket_ops([t.device for t in tensors])):
+            opts = dict(next(iter(densities)))
+            if set(opts) <= {"density"}:
+                return self.encode_many_with_indices(tensors, opts.get("density"), positions)[0]
+        return super().encode_many(tensors, residuals, options, positions)
+
+    def decode_mean_list_many(self, payloads: Sequence[Sequence[Payload]], scale: float | None = None,
+                              outs: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
+        """See :meth:`Codec.decode_mean_list_many`: on the device kernels, every tensor's index
+        codes decoded and checked and its K payloads summed in one bucket op (one read-back of
+        the validity flags for the bucket); bitwise :meth:`decode_mean_list` of each."""
+        outs = list(outs) if outs is not None else [None] * len(payloads)
+        if len(outs) != len(payloads):
+            raise ValueError(f"dgc: {len(payloads)} tensors but {len(outs)} outs")
+        firsts = [check_payload_list(self.name, ps)[0] for ps in payloads]
+        if not firsts or not self.bucket_ops([f.device for f in firsts]):
+            return super().decode_mean_list_many(payloads, scale, outs)
+        ks = {len(ps) for ps in payloads}
+        if len(ks) != 1:
+            raise ValueError(f"dgc: a bucket's payloads come from one K ranks, got K = {sorted(ks)}")
+        for ps in payloads:
+            for p in ps:
+                self._check_payload(p)
+        scale = 1.0 / ks.pop() if scale is None else float(scale)
+        flat_outs = [self.flat_out(o, f) for o, f in zip(outs, firsts)]
+        flats = self._C.dgc_decode_sum_many([[p.buffers["indices"] for p in ps] for ps in payloads],
+                                            [[p.buffers["values"] for p in ps] for ps in payloads],
+                                            [f.numel for f in firsts], [f.dtype for f in firsts], scale, flat_outs)
+        return [flat.view(f.shape) if o is None else o for flat, f, o in zip(flats, firsts, outs)]
+
+    def accumulate_many_(self, us: Sequence[torch.Tensor], vs: Sequence[torch.Tensor], gs: Sequence[torch.Tensor],
+                         momentum: float, nesterov: bool, coef: float = 1.0) -> None:
+        """:meth:`accumulate_` of every ``(us[i], vs[i], gs[i])``, bitwise; on the device kernels
+        the fp32/fp64 tensors in one bucket op (one device call per dtype), the others with
+        :meth:`accumulate_`'s torch ops."""
+        if not (len(us) == len(vs) == len(gs)):
+            raise ValueError(f"dgc: accumulate_many_ got {len(us)} u, {len(vs)} v and {len(gs)} g")
+        if not self.bucket_ops([g.device for g in gs]):
+            for u, v, g in zip(us, vs, gs):
+                self.accumulate_(u, v, g, momentum, nesterov, coef)
+            return
+        fused = [i for i, g in enumerate(gs) if g.dtype in NATIVE_ACCUMULATE_DTYPES]
+        if fused:
+            self._C.dgc_accumulate_many_([us[i] for i in fused], [vs[i] for i in fused],
+                                         [gs[i].contiguous() for i in fused], momentum, nesterov, coef)
+        for i, (u, v, g) in enumerate(zip(us, vs, gs)):
+            if g.dtype not in NATIVE_ACCUMULATE_DTYPES:
+                self.accumulate_(u, v, g, momentum, nesterov, coef)
+
+    def mask_sent_many(self, sent: Sequence[torch.Tensor], vs: Sequence[torch.Tensor],
+                       us: Optional[Sequence[torch.Tensor]] = None) -> None:
+        """``v.view(-1).index_fill_(0, sent[i], 0)`` for every ``vs[i]`` (contiguous), and likewise
+        ``us[i]`` when given: the sent entries leave the accumulation (and the momentum). On the
+        device kernels one bucket op (one device call); ``sent[i]`` are the selection's indices
+        (:meth:`encode_with_indices`)."""
+        if len(sent) != len(vs) or (us is not None and len(us) != len(vs)):
+            raise ValueError(f"dgc: mask_sent_many got {len(sent)} index tensors for {len(vs)} tensors"
+                             + ("" if us is None else f" and {len(us)} momenta"))
+        if self.bucket_ops([v.device for v in vs]):
+            self._C.dgc_mask_many_(list(sent), list(vs), None if us is None else list(us))
+            return
+        for i, v in enumerate(vs):
+            idx = sent[i].long()
+            v.view(-1).index_fill_(0, idx, 0)
+            if us is not None:
+                us[i].view(-1).index_fill_(0, idx, 0)
+
 
 def accumulate_in_kernels(impl: str, device_type: str, dtype: torch.dtype, has_cuda) -> bool:
     """Whether :meth:`DGCCodec.accumulate_` runs the extension's one-pass kernel (else torch ops):

@@ -160,6 +160,82 @@ class OneBitCodec(Codec):
             residual.copy_((grid - decoded).view(residual.shape))
         return pack_bits(pos), scales
 
+    # -- a bucket at once ----------------------------------------------------------
+    def bucket_ops(self, devices: Sequence[torch.device]) -> bool:
+        """The device kernels' bucket ops (``onebit_encode_many``, ``onebit_decode_sum_many``:
+        at most 5 and 1 device calls per dtype) in columns mode; rows mode goes tensor by tensor."""
+        return self.scales == "columns" and self.on_device_kernels(devices)
+
+    def encode_many(self, tensors, residuals=None, options=None, positions=None) -> List[Payload]:
+        """See :meth:`Codec.encode_many` (onebit is deterministic: positions are not used)."""
+        if not self.bucket_ops([t.device for t in tensors]):
+            return super().encode_many(tensors, residuals, options, positions)
+        for i, t in enumerate(tensors):
+            self._check(t, residuals[i] if residuals is not None else None)
+        flats = [t.reshape(-1).contiguous() for t in tensors]
+        res = [r.view(-1) for r in residuals] if residuals is not None else None
+        bits, scales = self._C.onebit_encode_many(flats, res, [onebit_columns(t.shape) for t in tensors])
+        return [Payload({"bits": b, "scales": s}, t.shape, t.dtype, t.device) for b, s, t in zip(bits, scales, tensors)]
+
+    def decode_mean_stacked_many(self, stacked, scale=None, outs=None) -> List[torch.Tensor]:
+        """See :meth:`Codec.decode_mean_stacked_many`."""
+        outs = list(outs) if outs is not None else [None] * len(stacked)
+        if not self.bucket_ops([p.device for p in stacked]):
+            return super().decode_mean_stacked_many(stacked, scale, outs)
+        ks = {check_fixed(self, p, stacked=True) for p in stacked}
+        if len(ks) != 1:
+            raise ValueError(f"onebit: a bucket's payloads come from one K ranks, got K = {sorted(ks)}")
+        scale = 1.0 / ks.pop() if scale is None else scale
+        flat_outs = [self.flat_out(o, p) for o, p in zip(outs, stacked)]
+        flats = self._C.onebit_decode_sum_many(
+            [p.buffers["bits"] for p in stacked], [p.buffers["scales"] for p in stacked], [p.numel for p in stacked],
+            [onebit_columns(p.shape) for p in stacked], [p.dtype for p in stacked], float(scale), flat_outs)
+        return [f.view(p.shape) if o is None else o for f, p, o in zip(flats, stacked, outs)]
+
+    def decode_many(self, payloads, outs=None) -> List[torch.Tensor]:
+        """See :meth:`Codec.decode_many`: one payload each, decode-sum with K = 1 and scale 1 (what
+        :meth:`decode` runs)."""
+        if not self.bucket_ops([p.device for p in payloads]):
+            return super().decode_many(payloads, outs)
+        stacked = [Payload({k: v.unsqueeze(0) for k, v in p.buffers.items()}, p.shape, p.dtype, p.device)
+                   for p in payloads]
+        return self.decode_mean_stacked_many(stacked, 1.0, outs)
+
+    def encode_columns_many(self, windows, positions=None) -> List[Payload]:
+        """See :meth:`Codec.encode_columns_many` (deterministic: positions are not used)."""
+        if not self.bucket_ops([t.device for t, _, _, _ in windows]):
+            return super().encode_columns_many(windows, positions)
+        cols = []
+        for tensor, residual, start, stop in windows:
+            self._check(tensor, residual)
+            cols.append(self._window(tensor, start, stop))
+        residuals = [r for _, r, _, _ in windows]
+        if any(r is None for r in residuals) and any(r is not None for r in residuals):
+            raise ValueError("onebit: a bucket's windows have a residual each or none")
+        bits, scales = self._C.onebit_encode_columns_many(
+            [t for t, _, _, _ in windows], None if residuals and residuals[0] is None else residuals, cols,
+            [w[2] for w in windows], [w[3] for w in windows])
+        return [Payload({"bits": b, "scales": s}, torch.Size((t.shape[0], stop - start)), t.dtype, t.device)
+                for b, s, (t, _, start, stop) in zip(bits, scales, windows)]
+
+    def decode_columns_many(self, windows) -> None:
+        """See :meth:`Codec.decode_columns_many`."""
+        if not self.bucket_ops([out.device for _, out, _ in windows]):
+            return super().decode_columns_many(windows)
+        full_cols, col0, col1 = [], [], []
+        for payload, out, start in windows:
+            check_fixed(self, payload)
+            width = onebit_columns(payload.shape)
+            full_cols.append(self._window(out, start, start + width))
+            if out.dtype != payload.dtype or payload.numel != out.shape[0] * width:
+                raise ValueError(f"onebit: a {tuple(payload.shape)} {payload.dtype} payload does not fit columns "
+                                 f"[{start}, {start + width}) of a {tuple(out.shape)} {out.dtype} tensor")
+            col0.append(start)
+            col1.append(start + width)
+        self._C.onebit_decode_columns_many([p.buffers["bits"] for p, _, _ in windows],
+                                           [p.buffers["scales"] for p, _, _ in windows],
+                                           [out for _, out, _ in windows], full_cols, col0, col1)
+
     # -- column windows (two-phase column stripes without copies) -------------------
     def encodes_column_windows(self, tensor: torch.Tensor, width: int) -> bool:
         """The kernels (native: CPU and CUDA tensors; twin: CPU tensors) read and write a window of

@@ -47,7 +47,10 @@ Wire formats (``Payload.buffers``, in this order); ``w = 1 + bit_length(s)`` bit
 QSGD is used without error feedback here (``fuses_feedback = False``; ``encode`` refuses a
 residual). The native kernels run on CPU and (when ``_C`` has its CUDA kernels) CUDA tensors,
 with identical norms, codes and decoded values; ``impl="twin"`` runs the device kernels built
-for the CPU (``_C_twin``) on CPU tensors; ``impl="reference"`` runs on any device.
+for the CPU (``_C_twin``) on CPU tensors; ``impl="reference"`` runs on any device. On the device
+kernels, a bucket of tensors is encoded and decoded by the bucket ops (:meth:`QSGDCodec.encode_many`,
+``decode_mean_stacked_many``, ``decode_mean_list_many``): a fixed number of device calls per dtype
+whatever the tensor count, bitwise the per-tensor results.
 """
 from __future__ import annotations
 
@@ -60,7 +63,7 @@ from ..native import kernels_for, require_native_device
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
-from .payload_checks import check_buffers, check_fixed
+from .payload_checks import check_buffers, check_fixed, check_payload_list
 from .registry import register_codec
 from .streams import CounterStream, stream_key, uniforms
 
@@ -389,6 +392,82 @@ class QSGDCodec(CounterStream, Codec):
             return reference_unpack_fixed(payload.buffers["packed"], payload.numel, self.s)
         return reference_elias_decode(payload.buffers["nbits"], payload.buffers["stream"], payload.numel,
                                       self.s, self.bucket)
+
+    # -- a bucket at once ----------------------------------------------------------
+    def bucket_ops(self, devices: Sequence[torch.device]) -> bool:
+        """The device kernels' bucket ops (``qsgd_encode_fixed_many`` / ``qsgd_encode_elias_many``,
+        ``qsgd_decode_fixed_many``, ``qsgd_decode_elias_many``: a fixed number of device calls per
+        dtype whatever the tensor count)."""
+        return self.on_device_kernels(devices)
+
+    def encode_many(self, tensors, residuals=None, options=None, positions=None) -> List[Payload]:
+        """See :meth:`Codec.encode_many`: tensor i's key is the one :meth:`encode` would draw after
+        ``reset_stream(positions[i])`` (None: the next position), and the stream advances as
+        ``len(tensors)`` encode calls would leave it."""
+        if (not self.bucket_ops([t.device for t in tensors]) or residuals is not None
+                or (options is not None and any(options))):
+            return super().encode_many(tensors, residuals, options, positions)  # (refuses what encode refuses)
+        keys = []
+        for i, t in enumerate(tensors):
+            check_float("qsgd", t)
+            if positions is not None:
+                self.reset_stream(positions[i])
+            keys.append(stream_key(self.seed, self.rank_stream, self.next_position()))
+        flats = [t.reshape(-1).contiguous() for t in tensors]
+        max_norm = self.norm == "max"
+        if self.coding == "fixed":
+            norms, packed = self._C.qsgd_encode_fixed_many(flats, self.s, self.bucket, max_norm, keys)
+            bufs = [{"norms": a, "packed": b} for a, b in zip(norms, packed)]
+        else:
+            norms, nbits, streams = self._C.qsgd_encode_elias_many(flats, self.s, self.bucket, max_norm, keys,
+                                                                   group_buckets(self.bucket))
+            bufs = [{"norms": a, "nbits": b, "stream": c} for a, b, c in zip(norms, nbits, streams)]
+        return [Payload(b, t.shape, t.dtype, t.device) for b, t in zip(bufs, tensors)]
+
+    def _one_k(self, ks) -> int:
+        """The K shared by a bucket's tensors (their payloads come from the same K ranks)."""
+        ks = set(ks)
+        if len(ks) != 1:
+            raise ValueError(f"qsgd: a bucket's payloads come from one K ranks, got K = {sorted(ks)}")
+        return ks.pop()
+
+    def decode_mean_stacked_many(self, stacked, scale=None, outs=None) -> List[torch.Tensor]:
+        """See :meth:`Codec.decode_mean_stacked_many` (fixed coding: one bucket op; Elias: the
+        per-tensor path)."""
+        outs = list(outs) if outs is not None else [None] * len(stacked)
+        if self.coding != "fixed" or not self.bucket_ops([p.device for p in stacked]):
+            return super().decode_mean_stacked_many(stacked, scale, outs)
+        k = self._one_k(self._check_payload(p, stacked=True) for p in stacked)
+        scale = 1.0 / k if scale is None else scale
+        flat_outs = [self.flat_out(o, p) for o, p in zip(outs, stacked)]
+        flats = self._C.qsgd_decode_fixed_many(
+            [p.buffers["norms"] for p in stacked], [p.buffers["packed"] for p in stacked], [p.numel for p in stacked],
+            self.s, self.bucket, [p.dtype for p in stacked], float(scale), flat_outs)
+        return [f.view(p.shape) if o is None else o for f, p, o in zip(flats, stacked, outs)]
+
+    def decode_mean_list_many(self, payloads, scale=None, outs=None) -> List[torch.Tensor]:
+        """See :meth:`Codec.decode_mean_list_many` (Elias coding: one bucket op with
+        :meth:`Codec.decode_mean_list`'s arithmetic; fixed: the per-tensor path)."""
+        outs = list(outs) if outs is not None else [None] * len(payloads)
+        devices = [p.device for ps in payloads for p in ps]
+        if self.coding != "elias" or not self.bucket_ops(devices):
+            return super().decode_mean_list_many(payloads, scale, outs)
+        firsts, ks = [], []
+        for ps, o in zip(payloads, outs):
+            first, k = check_payload_list(self.name, ps)
+            self.check_out(o, first)
+            for p in ps:
+                self._check_payload(p)
+            firsts.append(first)
+            ks.append(k)
+        k = self._one_k(ks)
+        scale = 1.0 / k if scale is None else scale
+        flat_outs = [self.flat_out(o, p) for o, p in zip(outs, firsts)]
+        buffers = {name: [[p.buffers[name] for p in ps] for ps in payloads] for name in ("norms", "nbits", "stream")}
+        flats = self._C.qsgd_decode_elias_many(
+            buffers["norms"], buffers["nbits"], buffers["stream"], [p.numel for p in firsts], self.s, self.bucket,
+            group_buckets(self.bucket), [p.dtype for p in firsts], float(scale), flat_outs)
+        return [f.view(p.shape) if o is None else o for f, p, o in zip(flats, firsts, outs)]
 
     # -- decode -------------------------------------------------------------------
     def _check_payload(self, payload: Payload, stacked: bool = False) -> int:

@@ -46,7 +46,10 @@ all equal (the caller did not share ``s``), it falls back to the weighted sum
 
 Devices: the native kernels take CPU and (when ``_C`` has its CUDA kernels) CUDA tensors,
 with identical codes and decoded values on both; ``impl="twin"`` runs the device kernels built
-for the CPU (``_C_twin``) on CPU tensors.
+for the CPU (``_C_twin``) on CPU tensors. On the device kernels a bucket of tensors goes through
+bucket ops (:meth:`TernGradCodec.local_scales_many`, ``encode_many``, ``decode_mean_stacked_many``):
+a fixed number of device calls and at most one read back of the local scales for the whole
+bucket, with the per-tensor results bit for bit.
 """
 from __future__ import annotations
 
@@ -179,12 +182,24 @@ class TernGradCodec(CounterStream, Codec):
         """t = clip * sigma (float32-rounded unless fp64), None without clipping or when sigma is 0."""
         if self.clip is None or flat.numel() == 0:
             return None
-        acc = accumulation_dtype(flat.dtype)
         sigma = float(self._C.terngrad_sigma(flat.contiguous())) if self.uses_kernels else clip_sigma(flat)
+        return self._threshold_of(sigma, flat.dtype)
+
+    def _threshold_of(self, sigma: float, dtype: torch.dtype) -> Optional[float]:
+        """The clip threshold of a ``dtype`` tensor whose sigma is ``sigma`` (clipping on):
+        ``clip * sigma``, float32-rounded unless fp64; None when sigma is not > 0."""
         if not sigma > 0:  # constant tensor (or NaN): nothing to clip
             return None
         t = self.clip * sigma
-        return t if acc == torch.float64 else _f32(t)
+        return t if accumulation_dtype(dtype) == torch.float64 else _f32(t)
+
+    @staticmethod
+    def _scale_of(max_abs: float, t: Optional[float]) -> float:
+        """The local scale of a tensor with max |g| ``max_abs`` and clip threshold ``t``: the
+        smallest float32 >= min(max_abs, t) (NaN stays NaN)."""
+        if t is not None and not math.isnan(max_abs):
+            max_abs = min(max_abs, t)
+        return _f32_up(max_abs)
 
     def _max_abs(self, flat: torch.Tensor) -> float:
         if flat.numel() == 0:
@@ -194,10 +209,7 @@ class TernGradCodec(CounterStream, Codec):
         return flat.to(accumulation_dtype(flat.dtype)).abs().max().item()
 
     def _local_scale(self, flat: torch.Tensor, t: Optional[float]) -> float:
-        m = self._max_abs(flat)
-        if t is not None and not math.isnan(m):
-            m = min(m, t)
-        return _f32_up(m)
+        return self._scale_of(self._max_abs(flat), t)
 
     def layout(self, shape: Sequence[int], dtype: torch.dtype) -> List[BufferSpec]:
         n = math.prod(shape)
@@ -258,6 +270,100 @@ class TernGradCodec(CounterStream, Codec):
         sel = u.mul_(s) < a
         codes = torch.where(sel, torch.where(g < 0, 2, 1), 0).to(torch.uint8)
         return _pack2(codes), scale_buf
+
+    # -- a bucket at once -----------------------------------------------------------
+    def bucket_ops(self, devices: Sequence[torch.device]) -> bool:
+        """The device kernels' bucket ops (``terngrad_scale_stats_many``, ``terngrad_encode_many``,
+        ``terngrad_decode_sum_many``: at most 10, 1 and 2 device calls per dtype)."""
+        return self.on_device_kernels(devices)
+
+    def _flats(self, tensors: Sequence[torch.Tensor]) -> List[torch.Tensor]:
+        """The checked, flat, contiguous views of a bucket's tensors, as the kernels take them."""
+        for t in tensors:
+            self._check(t)
+        return [t.reshape(-1).contiguous() for t in tensors]
+
+    def _bucket_stats(self, flats: Sequence[torch.Tensor]) -> List[Tuple[float, Optional[float]]]:
+        """``(max |g|, clip threshold or None)`` of each of a bucket's flat tensors: what
+        ``_max_abs`` and ``_clip_threshold`` give, from one ``terngrad_scale_stats_many`` (one read
+        back of one small tensor for the whole bucket)."""
+        with_sigma = self.clip is not None
+        max_abs, sigma = self._C.terngrad_scale_stats_many(list(flats), with_sigma).tolist()
+        return [(m, self._threshold_of(sg, f.dtype) if with_sigma and f.numel() else None)
+                for m, sg, f in zip(max_abs, sigma, flats)]
+
+    def local_scales_many(self, tensors: Sequence[torch.Tensor]) -> List[float]:
+        """``[local_scale(t) for t in tensors]``, the same values; one bucket op (one read back)
+        where :meth:`bucket_ops` accepts the tensors."""
+        tensors = list(tensors)
+        if not self.bucket_ops([t.device for t in tensors]):
+            return [self.local_scale(t) for t in tensors]
+        return [self._scale_of(m, t) for m, t in self._bucket_stats(self._flats(tensors))]
+
+    def encode_many(self, tensors, residuals=None, options=None, positions=None) -> List[Payload]:
+        """See :meth:`Codec.encode_many`: tensor i with ``options[i]`` (its ``scale``; None or
+        absent: the local one) from stream position ``positions[i]``, which advances the stream
+        as ``encode`` would. One read back for the bucket when a scale is missing or clipping is
+        on (the scale stats), none otherwise."""
+        tensors = list(tensors)
+        if not self.bucket_ops([t.device for t in tensors]):
+            return super().encode_many(tensors, residuals, options, positions)
+        if residuals is not None and any(r is not None for r in residuals):
+            raise ValueError("terngrad: runs without error feedback; encode takes no residual")
+        given = self._given_scales(options, len(tensors))
+        flats = self._flats(tensors)
+        stats = self._bucket_stats(flats) if self.clip is not None or None in given else None
+        clips = [stats[i][1] if stats is not None else None for i in range(len(flats))]
+        scales = [self._scale_of(stats[i][0], clips[i]) if s is None else s for i, s in enumerate(given)]
+        keys = []
+        for i in range(len(flats)):
+            if positions is not None:
+                self.reset_stream(positions[i])
+            keys.append(stream_keys32(self.seed, self.rank_stream, self.next_position()))
+        codes, scale_bufs = self._C.terngrad_encode_many(flats, scales, [math.inf if t is None else t for t in clips],
+                                                         [k[0] for k in keys], [k[1] for k in keys])
+        return [Payload({"codes": c, "scale": b}, t.shape, t.dtype, t.device)
+                for c, b, t in zip(codes, scale_bufs, tensors)]
+
+    @staticmethod
+    def _given_scales(options: Optional[Sequence[dict]], count: int) -> List[Optional[float]]:
+        """Each tensor's scale from its encode options, rounded up to float32 as ``encode`` does
+        (None: not given). Checked: one dict per tensor, no option but ``scale``, scales >= 0."""
+        if options is None:
+            return [None] * count
+        if len(options) != count:
+            raise ValueError(f"terngrad: {count} tensors but {len(options)} encode options")
+        scales = []
+        for o in options:
+            unknown = sorted(set(o) - {"scale"})
+            if unknown:
+                raise TypeError(f"terngrad: encode got unexpected options {unknown}")
+            s = o.get("scale")
+            if s is not None:
+                s = float(s)
+                if s < 0:
+                    raise ValueError(f"terngrad: the scale must be >= 0, got {s}")
+                s = _f32_up(s)
+            scales.append(s)
+        return scales
+
+    def decode_mean_stacked_many(self, stacked, scale=None, outs=None) -> List[torch.Tensor]:
+        """See :meth:`Codec.decode_mean_stacked_many`."""
+        stacked = list(stacked)
+        outs = list(outs) if outs is not None else [None] * len(stacked)
+        if len(outs) != len(stacked):
+            raise ValueError(f"terngrad: {len(stacked)} stacked payloads but {len(outs)} outs")
+        if not self.bucket_ops([p.device for p in stacked]):
+            return super().decode_mean_stacked_many(stacked, scale, outs)
+        ks = {check_fixed(self, p, stacked=True) for p in stacked}
+        if len(ks) != 1:
+            raise ValueError(f"terngrad: a bucket's payloads come from one K ranks, got K = {sorted(ks)}")
+        scale = 1.0 / ks.pop() if scale is None else float(scale)
+        flat_outs = [self.flat_out(o, p) for o, p in zip(outs, stacked)]
+        flats = self._C.terngrad_decode_sum_many(
+            [p.buffers["codes"] for p in stacked], [p.buffers["scale"] for p in stacked], [p.numel for p in stacked],
+            [p.dtype for p in stacked], scale, flat_outs)
+        return [f.view(p.shape) if o is None else o for f, p, o in zip(flats, stacked, outs)]
 
     # -- decode -------------------------------------------------------------------
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -33,7 +33,7 @@ import torch
 from ..exchange.allgather import AllgatherPattern
 from ..exchange.dense_warmup import DensePattern
 from ..exchange.bucket import Bucket, BucketOutcome, result_tensor
-from ..exchange.encoding import StepPositions
+from ..exchange.encoding import StepPositions, local_scales
 from ..exchange.engine import BucketJob, StepEngine
 from ..exchange.fusion import pack_variable, unpack_variable
 from ..exchange.preamble import bucket_preamble
@@ -96,7 +96,7 @@ def _agree_scales(codec, comm, values: Callable[[], List[torch.Tensor]], count: 
     if not getattr(codec, "shared_scale", False) or count == 0:
         return [{} for _ in range(count)]
     with stats.timed("encode_s"):
-        local = np.array([codec.local_scale(v) for v in values()], dtype=np.float64)
+        local = np.array(local_scales(codec, values()), dtype=np.float64)
     if comm.size > 1:
         local = yield Call(comm.allreduce_max_async, (local,), "scales")
         totals.add(sent=allreduce_wire_bytes(8 * local.size, comm.size))
@@ -118,8 +118,9 @@ def _allgather(pattern: AllgatherPattern, comm, bucket: Bucket, stats, totals
         parts = yield Call(comm.allgatherv_known_async, (send, sizes), "payload", last=True)
         with stats.timed("decode_s"):
             decoded = [unpack_variable(part, names, pending) for part in parts]
-            for n in names:
-                results[n] = codec.decode_mean_list([d[n] for d in decoded], out=bucket.outs.get(n))
+            means = codec.decode_mean_list_many([[d[n] for d in decoded] for n in names],
+                                                outs=[bucket.outs.get(n) for n in names])
+            results.update(zip(names, means))
         payload, extra = send.numel(), 8
     else:
         layout = pattern.layout(names, pending)
@@ -127,9 +128,7 @@ def _allgather(pattern: AllgatherPattern, comm, bucket: Bucket, stats, totals
             send = layout.pack(pending)
         recv = yield Call(comm.allgather_async, (send,), "payload", last=True)
         with stats.timed("decode_s"):
-            devices = {n: pending[n].device for n in names}
-            for name, stacked in layout.unpack(recv, devices):
-                results[name] = codec.decode_mean_stacked(stacked, out=bucket.outs.get(name))
+            pattern.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket, results)
         payload, extra = layout.nbytes, 0
     return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size))
 

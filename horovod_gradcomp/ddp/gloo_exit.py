@@ -23,6 +23,9 @@ status -6) after the script itself has finished. Two things a work can hold last
    releases its Python object, even while Python still refers to it. :func:`keep_until_exit`
    adds a C++ reference that is never released. Use it for the job's last collectives (the
    hook keeps its own recent collectives referenced, and frees them on the main thread).
+   :func:`hold_latest` does the same for collectives a job repeats (a checkpoint's gather,
+   :func:`horovod_gradcomp.integrations.gather_job_state`): each call releases the slot's
+   previous tensors, so one set is held at a time.
 """
 from __future__ import annotations
 
@@ -64,6 +67,19 @@ def keep_until_exit(*tensors: torch.Tensor) -> None:
     if _C is None:
         raise NativeUnavailableError(f"keep_until_exit needs horovod_gradcomp._C: {native_error()}")
     _C.keep_until_exit(list(tensors))
+
+
+def hold_latest(slot: str, *tensors: torch.Tensor) -> None:
+    """:func:`keep_until_exit` for a collective a job repeats: hold a C++ reference to each of
+    ``tensors`` under ``slot``, releasing (on this thread) the tensors the slot held before. The
+    slot's last tensors are held until the process ends. Raises :class:`NativeUnavailableError`
+    when the native extension did not load."""
+    for t in tensors:
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"hold_latest: expected tensors, got {type(t).__name__}")
+    if _C is None:
+        raise NativeUnavailableError(f"hold_latest needs horovod_gradcomp._C: {native_error()}")
+    _C.hold_latest(str(slot), list(tensors))
 
 
 def _retain(grad: torch.Tensor) -> None:

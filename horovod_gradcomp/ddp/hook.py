@@ -34,6 +34,16 @@ Python shuts down (:mod:`horovod_gradcomp.ddp.daemon_threads`); the communicator
 recent works so that no backend thread frees one then
 (:mod:`horovod_gradcomp.transports.torch_dist`).
 
+Streams (CUDA). Every hand-over between threads goes through the engine's
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff`: DDP's thread marks each bucket
+on its current stream (the one backward wrote the bucket on, ``grad``) and the sequencer's
+stream waits for the mark before the bucket's first read; a job that moves to a waiter thread
+is marked on the issuing thread's stream (``resume``) and waited there; each bucket's results
+are marked on the stream that decoded them (``result``) and waited by the thread that closes
+the step. That thread then completes DDP's futures, which for CUDA buckets are CUDA-aware
+futures (``torch.futures.Future(devices=...)``): they record the closing thread's stream, and
+DDP's own wait makes its stream wait for it. Written, not yet run on a GPU.
+
 Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
 exchange is done: then the engine closes the step exactly as on the Horovod path
 (:meth:`StepEngine.close_step`: if any rank flagged a NaN or Inf in any bucket, the memory is
@@ -133,13 +143,17 @@ class _Step:
         self.exchanged: List[str] = []
         self.partition: List[List[str]] = []
         self.pending: Dict[str, torch.Tensor] = {}   # one exchange per step: the grads so far
+        self.marks: list = []                         # ... and their stream marks
         self.running = 0                              # jobs started and not finished
         self.all_in = False                           # DDP handed over the last bucket
         self.error: Optional[BaseException] = None
 
     def future_for(self, buffer: torch.Tensor) -> torch.futures.Future:
-        """A future of ``buffer``: completed when the step closes, at once if it already has."""
-        fut: torch.futures.Future = torch.futures.Future()
+        """A future of ``buffer``: completed when the step closes, at once if it already has.
+        For a CUDA buffer a CUDA-aware future (completing it records the completing thread's
+        stream; DDP's wait orders its own stream after it)."""
+        fut: torch.futures.Future = (torch.futures.Future(devices=[buffer.device]) if buffer.device.type == "cuda"
+                                     else torch.futures.Future())
         with self._lock:
             if not self._settled:
                 self._futures.append((fut, buffer))
@@ -167,10 +181,12 @@ def _settle(fut: torch.futures.Future, buffer: torch.Tensor, error: Optional[Bas
 
 
 class _Running:
-    """A job in flight: its generator, bucket tag, step and watchdog guard."""
+    """A job in flight: its generator, bucket tag, step, watchdog guard, and the devices of its
+    gradients (where a move to another thread is marked)."""
 
-    def __init__(self, gen, tag: str, step: _Step, guard):
+    def __init__(self, gen, tag: str, step: _Step, guard, devices=()):
         self.gen, self.tag, self.step, self.guard = gen, tag, step, guard
+        self.devices = tuple(devices)
 
 
 class DDPCompressionState:
@@ -193,6 +209,7 @@ class DDPCompressionState:
     def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True):
         self.compression = compression
         self.engine = compression.engine
+        self.handoff = self.engine.handoff
         self.communicator = compression.communicator
         self._names = names
         self.per_bucket = bool(per_bucket) and not compression.state.memory.needs_all_grads
@@ -243,7 +260,8 @@ class DDPCompressionState:
             self._post(self._fail, step, tag, KeyError("a bucket holds a parameter that is not in the module given "
                                                        "to hgc.ddp.register()"))
         else:
-            self._post(self._hand_over, step, tag, names, dict(zip(names, bucket.gradients())), last)
+            mark = self.handoff.record("grad", (bucket.buffer(),))   # on the stream backward wrote it on
+            self._post(self._hand_over, step, tag, names, dict(zip(names, bucket.gradients())), last, mark)
         return fut
 
     # -- the sequencer thread -------------------------------------------------------------
@@ -264,43 +282,48 @@ class DDPCompressionState:
         for step in list(self._open):
             self._fail(step, "?", exc)
 
-    def _hand_over(self, step: _Step, tag: str, names: List[str], grads: Dict[str, torch.Tensor], last: bool):
+    def _hand_over(self, step: _Step, tag: str, names: List[str], grads: Dict[str, torch.Tensor], last: bool,
+                   mark=None):
         if step.error is not None:
             return
         step.exchanged += names
         if self.per_bucket:
             step.partition.append(names)
-            self._queue_job(step, tag, names, grads, snapshot=True)
+            self._queue_job(step, tag, names, grads, snapshot=True, marks=[mark])
         else:
             step.pending.update(grads)
+            step.marks.append(mark)
         if last:
             step.all_in = True
             if not self.per_bucket:
                 order = self.engine.order
                 names_all = sorted(step.pending, key=lambda n: order.get(n, -1))
                 step.partition = [names_all]
-                self._queue_job(step, "all", names_all, step.pending, snapshot=False, begin_step=True)
+                self._queue_job(step, "all", names_all, step.pending, snapshot=False, begin_step=True,
+                                marks=step.marks)
             self._maybe_close(step)
 
-    def _queue_job(self, step: _Step, tag: str, names, grads, snapshot: bool, begin_step: bool = False):
+    def _queue_job(self, step: _Step, tag: str, names, grads, snapshot: bool, begin_step: bool = False, marks=()):
         step.running += 1
-        self._waiting.append((step, tag, names, grads, snapshot, begin_step))
+        self._waiting.append((step, tag, names, grads, snapshot, begin_step, list(marks)))
         self._start_next()
 
     def _start_next(self) -> None:
         while self._active is None and self._waiting:
-            step, tag, names, grads, snapshot, begin_step = self._waiting.pop(0)
+            step, tag, names, grads, snapshot, begin_step, marks = self._waiting.pop(0)
             if step.error is not None:
                 step.running -= 1
                 continue
             try:
+                self.handoff.wait_all(marks)   # this thread's stream after backward's writes of the bucket
                 comm = self.communicator
                 if begin_step and self.compression.state.memory.needs_all_grads:
                     self.compression.state.memory.begin_step(grads, comm.size)
                 job = self.engine.bucket_job(names, grads, tag, comm)
                 guard = _watchdog().guard(self.engine.timeout, job.what)
                 guard.__enter__()
-                running = _Running(bucket_job(self.engine, comm, job, snapshot), tag, step, guard)
+                running = _Running(bucket_job(self.engine, comm, job, snapshot), tag, step, guard,
+                                   {g.device for g in grads.values()})
             except BaseException as exc:  # noqa: BLE001 - the step's futures carry it
                 step.running -= 1
                 self._fail(step, tag, exc)
@@ -326,14 +349,16 @@ class DDPCompressionState:
             self._fail(job.step, job.tag, exc)   # first: no later bucket of the step may start
             self._end_job(job)
             return
-        self._waiters.post(self._await, job, call, issued_at, done)
+        resume = self.handoff.record("resume", devices=job.devices)   # the job goes on on a waiter thread
+        self._waiters.post(self._await, job, call, issued_at, done, resume)
         if call.last and self._active is job:
             self._active = None
             self._start_next()
 
-    def _await(self, job: _Running, call: Call, issued_at: float, done) -> None:
+    def _await(self, job: _Running, call: Call, issued_at: float, done, resume=None) -> None:
         """A waiter thread: wait for one collective (its error is raised again where the job
-        resumes), record it, and resume its job in turn."""
+        resumes), record it, and resume its job in turn (its stream after the issuing thread's
+        ``resume`` mark)."""
         try:
             done.wait()
         except BaseException:  # noqa: BLE001 - done.wait() raises it again in _advance
@@ -343,6 +368,7 @@ class DDPCompressionState:
                                                     issued_at, time.perf_counter()))
         with self._turn:
             try:
+                self.handoff.wait(resume)
                 self._advance(job, done)
             except BaseException as exc:  # noqa: BLE001
                 self._fail_open(exc)

@@ -59,22 +59,21 @@ class AllgatherPattern:
         results = {}
         if getattr(codec, "variable_size", False):
             with stats.timed("exchange_s"):
-                send = pack_variable(names, pending)
+                send = pack_variable(names, pending, comm)
                 parts = comm.allgatherv(send)
             payload, extra = send.numel(), 8
             with stats.timed("decode_s"):
                 decoded = [unpack_variable(part, names, pending) for part in parts]
-                for n in names:
-                    results[n] = codec.decode_mean_list([d[n] for d in decoded], out=bucket.outs.get(n))
+                means = codec.decode_mean_list_many([[d[n] for d in decoded] for n in names],
+                                                    outs=[bucket.outs.get(n) for n in names])
+                results.update(zip(names, means))
         else:
             layout = self.layout(names, pending)
             with stats.timed("exchange_s"):
-                recv = comm.allgather(layout.pack(pending))
+                recv = comm.allgather(layout.pack(pending, comm=comm))
             payload, extra = layout.nbytes, 0
             with stats.timed("decode_s"):
-                devices = {n: pending[n].device for n in names}
-                for name, stacked in layout.unpack(recv, devices):
-                    results[name] = codec.decode_mean_stacked(stacked, out=bucket.outs.get(name))
+                self.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket, results)
         return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size))
 
     def _exchange_pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats,
@@ -91,8 +90,7 @@ class AllgatherPattern:
                 recv = future.result()
             with stats.timed("decode_s"):
                 devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
-                for name, stacked in layout.unpack(recv, devices):
-                    results[name] = self.codec.decode_mean_stacked(stacked, out=bucket.outs.get(name))
+                self.decode_stacked(layout.unpack(recv, devices), bucket, results)
 
         try:
             for chunk in chunks:
@@ -100,7 +98,7 @@ class AllgatherPattern:
                 pending = self.encode_names(bucket, names, options, stats)
                 layout = self.layout(names, pending)
                 with stats.timed("exchange_s"):
-                    send = layout.pack(pending)
+                    send = layout.pack(pending, comm=comm)
                 inflight.append((layout, self._wire.submit(timed_wire, stats, wire.allgather, send)))
                 payload += layout.nbytes
                 while inflight and inflight[0][1].done():
@@ -111,6 +109,14 @@ class AllgatherPattern:
             WireThread.cancel([f for _, f in inflight])
             raise
         return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size))
+
+    def decode_stacked(self, unpacked, bucket: Bucket, results: Dict[str, object]) -> None:
+        """The mean over ranks of each (name, stacked payloads) of ``unpacked`` into ``results``
+        (one bucket op of the codec where it has one)."""
+        unpacked = list(unpacked)
+        names = [n for n, _ in unpacked]
+        means = self.codec.decode_mean_stacked_many([s for _, s in unpacked], outs=[bucket.outs.get(n) for n in names])
+        results.update(zip(names, means))
 
     def agree(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, dict]:
         """name -> encode options: the shared scales agreed over ranks when the codec has them
@@ -125,12 +131,10 @@ class AllgatherPattern:
         """``names``' gradients through this rank's memory, each from its stream position."""
         memory, grads = bucket.state.memory, bucket.grads
         positions = StepPositions(bucket.state.step, bucket.order)
-        pending = {}
         with stats.timed("encode_s"):
-            for n in names:
-                self.codec.reset_stream(positions(n))
-                pending[n] = memory.encode(self.codec, n, grads[n], **options[n])
-        return pending
+            payloads = memory.encode_many(self.codec, names, [grads[n] for n in names], [options[n] for n in names],
+                                          [positions(n) for n in names])
+        return dict(zip(names, payloads))
 
     def encode(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, Payload]:
         """Every gradient of the bucket through this rank's memory, each from its stream position,

@@ -5,6 +5,12 @@ uses, so its collectives cannot pair with Horovod's. Building one performs no MP
 and size are local calls, and the duplicate is made by the first collective (inside the first
 exchange, under the stall watchdog). Outside an MPI launcher mpi4py is imported on first use;
 under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.exchange.mpi_lifetime`).
+
+Buffers are flat uint8 tensors in host memory, or on a CUDA device when the MPI library is
+CUDA-aware (:meth:`MPICommunicator.takes_device_buffers`; the direct path of
+:mod:`~horovod_gradcomp.exchange.staging`): mpi4py then takes the tensors themselves (their
+``__cuda_array_interface__``), and every receive buffer is allocated on the send buffer's device.
+The device case has not run yet (no GPU here; ``ci/gpu_exchange_check.py`` runs it).
 """
 from __future__ import annotations
 
@@ -15,13 +21,16 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from . import staging
+
 
 class ExchangeMismatchError(RuntimeError):
     """Ranks disagree on what is exchanged (different parameter sets, shapes or codecs)."""
 
 
 class MPICommunicator:
-    """Collectives on uint8 CPU tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``).
+    """Collectives on uint8 tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``):
+    host tensors, or CUDA tensors with a CUDA-aware MPI (see the module doc).
 
     Nothing here performs a collective outside the collective methods: ``rank`` and ``size``
     are local calls on ``base``, and the duplicate is made by :meth:`connect`, which the
@@ -98,26 +107,47 @@ class MPICommunicator:
         from .polling import polling_view
         return polling_view(self, interval_s)
 
+    def takes_device_buffers(self, device) -> bool:
+        """True when the collectives take uint8 buffers on ``device`` (received bytes then land
+        on ``device`` too): host memory always; a CUDA device when the MPI library is CUDA-aware
+        (:func:`~horovod_gradcomp.exchange.staging.cuda_aware_mpi`)."""
+        device = torch.device(device)
+        return device.type == "cpu" or (device.type == "cuda" and staging.cuda_aware_mpi())
+
+    def _checked(self, send: torch.Tensor, what: str) -> torch.device:
+        """The device of ``send`` (where the receive buffer goes) after checking that it is a flat
+        uint8 tensor these collectives take (TypeError otherwise)."""
+        if not isinstance(send, torch.Tensor) or send.dtype != torch.uint8 or send.dim() != 1:
+            raise TypeError(f"{what} expects a flat uint8 tensor, got {getattr(send, 'dtype', type(send).__name__)} "
+                            f"{tuple(getattr(send, 'shape', ()))}")
+        if not self.takes_device_buffers(send.device):
+            raise TypeError(f"{what}: this MPI does not take buffers on {send.device} (host memory always; CUDA "
+                            "memory only with a CUDA-aware MPI, and cuda_aware_mpi() is False here): stage the bytes "
+                            "through host memory (horovod_gradcomp.exchange.staging)")
+        return send.device
+
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
-        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
-        if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
-            raise TypeError("allgather expects a flat uint8 CPU tensor")
-        recv = torch.empty((self.size, send.numel()), dtype=torch.uint8)
+        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k, on
+        ``send``'s device."""
+        device = self._checked(send, "allgather")
+        recv = torch.empty((self.size, send.numel()), dtype=torch.uint8, device=device)
         from mpi4py import MPI
-        self.connect().Allgather([send.numpy(), MPI.BYTE], [recv.numpy(), MPI.BYTE])
+        staging.ready_for_mpi(device)
+        self.connect().Allgather([_mpi_buffer(send), MPI.BYTE], [_mpi_buffer(recv), MPI.BYTE])
         return recv
 
     def allgatherv(self, send: torch.Tensor) -> list:
-        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
-        One allgather of the sizes, then one allgatherv of the data."""
-        if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
-            raise TypeError("allgatherv expects a flat uint8 CPU tensor")
+        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]] (views of
+        one receive buffer on ``send``'s device). One allgather of the sizes, then one
+        allgatherv of the data."""
+        device = self._checked(send, "allgatherv")
         from mpi4py import MPI
         sizes = np.empty(self.size, dtype=np.int64)
         self.connect().Allgather([np.array([send.numel()], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])
         offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-        recv = torch.empty(int(sizes.sum()), dtype=torch.uint8)
-        self.connect().Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (sizes, offsets), MPI.BYTE])
+        recv = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=device)
+        staging.ready_for_mpi(device)
+        self.connect().Allgatherv([_mpi_buffer(send), MPI.BYTE], [_mpi_buffer(recv), (sizes, offsets), MPI.BYTE])
         return [recv[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
@@ -127,27 +157,31 @@ class MPICommunicator:
         ``send_counts[j]`` bytes for rank j. Returns flat uint8 of ``sum(recv_counts)`` bytes:
         rank j's segment for this rank (``recv_counts[j]`` bytes) at offset
         ``sum(recv_counts[:j])``. ``send_counts[j]`` on rank r must equal ``recv_counts[r]``
-        on rank j (not checked: MPI fails or truncates otherwise). One collective."""
-        sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size)
+        on rank j (not checked: MPI fails or truncates otherwise). One collective. The result is
+        on ``send``'s device."""
+        device = self._checked(send, "alltoallv")
+        sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size, check=lambda t, what: None)
         from mpi4py import MPI
-        self.connect().Alltoallv([send.numpy(), (sc, _displacements(sc)), MPI.BYTE],
-                            [recv.numpy(), (rc, _displacements(rc)), MPI.BYTE])
+        staging.ready_for_mpi(device)
+        self.connect().Alltoallv([_mpi_buffer(send), (sc, _displacements(sc)), MPI.BYTE],
+                                 [_mpi_buffer(recv), (rc, _displacements(rc)), MPI.BYTE])
         return recv
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
         """Allgather of parts whose sizes every rank knows in advance: rank k passes its
-        ``counts[k]`` bytes (flat uint8 CPU) and the same ``counts``; returns
-        ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` (views into one receive buffer, part k
-        at offset ``sum(counts[:k])``). One collective, no size exchange."""
-        _check_bytes(send, "allgatherv_known")
+        ``counts[k]`` bytes (flat uint8) and the same ``counts``; returns
+        ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` (views into one receive buffer on
+        ``send``'s device, part k at offset ``sum(counts[:k])``). One collective, no size exchange."""
+        device = self._checked(send, "allgatherv_known")
         c = _counts(counts, self.size, "counts")
         if send.numel() != int(c[self.rank]):
             raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
                              f"{int(c[self.rank])}")
         displs = _displacements(c)
-        recv = torch.empty(int(c.sum()), dtype=torch.uint8)
+        recv = torch.empty(int(c.sum()), dtype=torch.uint8, device=device)
         from mpi4py import MPI
-        self.connect().Allgatherv([send.numpy(), MPI.BYTE], [recv.numpy(), (c, displs), MPI.BYTE])
+        staging.ready_for_mpi(device)
+        self.connect().Allgatherv([_mpi_buffer(send), MPI.BYTE], [_mpi_buffer(recv), (c, displs), MPI.BYTE])
         return [recv[int(o):int(o) + int(n)] for o, n in zip(displs, c)]
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
@@ -186,14 +220,22 @@ def _check_bytes(send: torch.Tensor, what: str) -> None:
         raise TypeError(f"{what} expects a flat uint8 CPU tensor")
 
 
-def alltoallv_buffers(send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], size: int):
+def _mpi_buffer(t: torch.Tensor):
+    """What mpi4py reads or writes for ``t``: a numpy view of host memory, the CUDA tensor itself
+    (mpi4py takes its ``__cuda_array_interface__``; only a CUDA-aware MPI gets one)."""
+    return t.numpy() if t.device.type == "cpu" else t
+
+
+def alltoallv_buffers(send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], size: int,
+                      check=None):
     """The checked ``(send_counts, recv_counts, receive buffer)`` of an alltoallv among ``size`` ranks
-    (every transport's ``alltoallv`` starts with this)."""
-    _check_bytes(send, "alltoallv")
+    (every transport's ``alltoallv`` starts with this). ``check(send, what)`` vets the send buffer
+    (default: a flat uint8 CPU tensor); the receive buffer is on ``send``'s device."""
+    (check or _check_bytes)(send, "alltoallv")
     sc, rc = _counts(send_counts, size, "send_counts"), _counts(recv_counts, size, "recv_counts")
     if int(sc.sum()) != send.numel():
         raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
-    return sc, rc, torch.empty(int(rc.sum()), dtype=torch.uint8)
+    return sc, rc, torch.empty(int(rc.sum()), dtype=torch.uint8, device=send.device)
 
 
 def _counts(counts: Sequence[int], size: int, what: str) -> np.ndarray:

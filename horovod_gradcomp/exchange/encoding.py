@@ -43,6 +43,13 @@ class StepPositions:
         return stream_position(self.step, len(self.order), self.order[name], self.stripes, stripe, self.phases, phase)
 
 
+def local_scales(codec: Codec, values: Sequence[torch.Tensor]) -> List[float]:
+    """``codec.local_scale(v)`` of each value: through the codec's bucket version
+    ``local_scales_many`` when it has one (TernGrad: one read back for all), else one by one."""
+    many = getattr(codec, "local_scales_many", None)
+    return list(many(values)) if many is not None else [codec.local_scale(v) for v in values]
+
+
 def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
                  stats: ExchangeStats, totals: StepTotals) -> List[dict]:
     """Encode options of each of ``count`` tensors, ``compensated()`` being the values about to
@@ -52,7 +59,7 @@ def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Seque
     if not getattr(codec, "shared_scale", False) or count == 0:
         return [{} for _ in range(count)]
     with stats.timed("encode_s"):
-        local = np.array([codec.local_scale(v) for v in compensated()], dtype=np.float64)
+        local = np.array(local_scales(codec, list(compensated())), dtype=np.float64)
     if comm.size > 1:
         with stats.timed("exchange_s"):
             local = comm.allreduce_max(local)

@@ -29,6 +29,14 @@ rank skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left ea
 step are rolled back to the memory they had before it (the engine snapshots a bucket's memory
 before encoding it whenever a step has several buckets).
 
+Streams (CUDA): gradients and results cross threads through the engine's
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``handoff``): each gradient is
+marked on the submitting thread's current stream (``grad``) and the thread that exchanges its
+bucket makes its own stream wait for the mark before it reads it; each bucket's results are
+marked on the stream that decoded them (``result``), and :meth:`StepEngine.close_step` makes
+the closing thread's stream wait for them before they are handed on. No device-wide
+synchronize.
+
 ``pattern="auto"`` picks per bucket, identically on every rank, from the codec's layout:
 ``allgather`` for variable-size codecs, for K <= 2, and when the allgather would send less
 than ``AUTO_MIN_BYTES`` per rank (latency-bound: two collectives cost more than the bytes
@@ -52,6 +60,7 @@ from .bucket import Bucket, BucketOutcome
 from .buckets import BucketPlan
 from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
+from .stream_handoff import HandoffMark, StreamHandoff
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .stripes import stripe_key
 from .dense_warmup import DensePattern
@@ -98,6 +107,8 @@ class StepEngine:
             the default one is created only when first needed).
         stats: this rank's :class:`~horovod_gradcomp.exchange.stats.ExchangeStats`.
         plan: the current :class:`~horovod_gradcomp.exchange.buckets.BucketPlan` (None: one bucket).
+        handoff: the :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` of gradients
+            and results between threads (see the module doc).
     The pending gradients, the results and the thread belong to the engine alone (under its lock).
     """
 
@@ -141,6 +152,9 @@ class StepEngine:
         self._cv = threading.Condition()
         self._grads: Dict[str, torch.Tensor] = {}
         self._results: Dict[str, torch.Tensor] = {}
+        self.handoff = StreamHandoff()
+        self._marks: Dict[str, HandoffMark] = {}     # name -> its gradient's mark (the submitting thread's)
+        self._result_marks: List[HandoffMark] = []   # the step's buckets' result marks
         self._flush = False
         self._worker: Optional[threading.Thread] = None
         self._worker_error: Optional[BaseException] = None
@@ -162,6 +176,7 @@ class StepEngine:
             if name in self._grads:
                 raise RuntimeError(f"{self.owner}: {name!r} compressed twice before its exchange")
             self._grads[name] = grad.detach()
+            self._marks[name] = self.handoff.record("grad", (grad,))
             if self._worker is None and self._can_overlap():
                 self._worker = threading.Thread(target=self._worker_main, name="hgc-exchange", daemon=True)
                 self._worker.start()
@@ -175,6 +190,7 @@ class StepEngine:
             self._cv.notify_all()
         try:
             if self.state.memory.needs_all_grads:
+                self.handoff.wait_all(list(self._marks.values()))   # it reads every gradient here
                 self.state.memory.begin_step(self._grads, self.communicator().size)
             if self._worker is not None:
                 self._worker.join()
@@ -185,19 +201,29 @@ class StepEngine:
         finally:
             exchanged = list(self._grads)
             self._worker, self._worker_error, self._flush = None, None, False
-            self._grads = {}
+            self._grads, self._marks = {}, {}
         return self.close_step(exchanged)
 
     def close_step(self, exchanged: Sequence[str]) -> Dict[str, torch.Tensor]:
         """End the step whose buckets exchanged ``exchanged``: when some rank had a non-finite
         gradient, roll the memory back and make every result NaN; record the step's stats,
-        advance the state's step; return name -> mean over ranks (and forget them)."""
+        advance the state's step; return name -> mean over ranks (and forget them). The calling
+        thread's streams first wait for every bucket's results (:meth:`wait_results`)."""
+        self.wait_results()
         if self._nonfinite:
             self._skip_step()
         self._snapshots = []
         self._close_step(list(exchanged))
         results, self._results = self._results, {}
         return results
+
+    def wait_results(self) -> None:
+        """Make the calling thread's current streams wait for the results of every bucket closed
+        so far in this step (their ``result`` marks), and mark the results in use there."""
+        with self._cv:
+            marks, self._result_marks = self._result_marks, []
+            results = list(self._results.values())
+        self.handoff.wait_all(marks, results)
 
     def abort_step(self) -> None:
         """Forget a step interrupted by a failed collective (Horovod elastic): pending gradients,
@@ -208,6 +234,7 @@ class StepEngine:
         if self._worker is not None:
             self._worker.join(timeout=60)
         self._grads, self._worker, self._worker_error, self._flush = {}, None, None, False
+        self._marks, self._result_marks = {}, []
         self._results.clear()
         self._totals, self._nonfinite, self._snapshots = StepTotals(), False, []
 
@@ -241,6 +268,8 @@ class StepEngine:
                                  f"(missing {sorted(set(grads) - set(listed))[:5]}, extra or repeated "
                                  f"{sorted(n for n in set(listed) if listed.count(n) != (n in grads))[:5]})")
         self._grads = {n: g.detach() for n, g in grads.items()}
+        mark = self.handoff.record("grad", self._grads.values())
+        self._marks = {n: mark for n in self._grads}
         self._partition = partition
         try:
             return self.finish()
@@ -289,6 +318,8 @@ class StepEngine:
         comm = self.communicator()
         with self._cv:
             grads = {n: self._grads[n] for n in names}
+            marks = [self._marks.get(n) for n in names]
+        self.handoff.wait_all(marks)   # this thread's stream after the work that wrote the gradients
         job = self.bucket_job(names, grads, tag, comm)
         with self.watchdog.guard(self.timeout, job.what):
             with self.stats.timed("exchange_s", phase="preamble"):
@@ -331,9 +362,12 @@ class StepEngine:
         return Bucket(job.names, job.grads, self.state, self.order, outs)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
-        """Keep the bucket's results and add its counts to the step's totals."""
+        """Keep the bucket's results, marked on this thread's streams (:meth:`wait_results`), and
+        add its counts to the step's totals."""
+        mark = self.handoff.record("result", outcome.results.values())
         with self._cv:
             self._results.update(outcome.results)
+            self._result_marks.append(mark)
         self._totals.add(tensors=len(job.names), payload=outcome.payload,
                          numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent)
         self._totals.k = job.k

@@ -22,4 +22,15 @@ def seconds_from_env(name: str, meaning_of_zero: str) -> Optional[float]:
     return value
 
 
-__all__ = ["seconds_from_env"]
+def flag_from_env(name: str) -> bool:
+    """The environment variable ``name`` as a switch: False when unset, empty or ``0``; True when
+    ``1``. Any other value raises ValueError naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if raw in ("", "0"):
+        return False
+    if raw == "1":
+        return True
+    raise ValueError(f"{name} must be 1 (on) or 0 (off), got {raw!r}")
+
+
+__all__ = ["flag_from_env", "seconds_from_env"]

@@ -14,7 +14,7 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from ..codecs.base import Codec, Payload
-from .staging import staging_for
+from .staging import staging_for, staging_into
 
 ALIGN = 8
 
@@ -60,12 +60,13 @@ class FusedLayout:
                                 key=lambda slot: slot.offset)
         self._split_sizes = [slot.nbytes for slot in self._in_order]
 
-    def pack(self, payloads: Dict[str, Payload], out: torch.Tensor | None = None) -> torch.Tensor:
-        """Copy every payload's buffers into one host uint8 tensor of ``nbytes``: one
-        concatenation (on the payloads' device, then one staged copy: exchange/staging.py)."""
-        buf = out if out is not None else torch.empty(self.nbytes, dtype=torch.uint8)
-        if self.nbytes > self.payload_bytes:
-            buf[self.payload_bytes:].zero_()
+    def pack(self, payloads: Dict[str, Payload], out: torch.Tensor | None = None, comm=None) -> torch.Tensor:
+        """Copy every payload's buffers into one uint8 tensor of ``nbytes``: one concatenation
+        on the payloads' device, staged for MPI (exchange/staging.py). The buffer is where
+        :func:`~horovod_gradcomp.exchange.staging.staging_for` puts the bytes ``comm`` sends:
+        host memory, or the payloads' CUDA device when ``comm`` takes buffers there (a
+        CUDA-aware MPI). ``out`` (given): that buffer instead, on the host or the payloads'
+        device."""
         parts = []
         for slot in self._in_order:
             src = payloads[slot.key].buffers[slot.buffer]
@@ -73,18 +74,27 @@ class FusedLayout:
                 raise ValueError(f"{self.codec.name}: payload buffer {slot.key}/{slot.buffer} is {src.numel()}x"
                                  f"{src.dtype}, layout expects {slot.numel}x{slot.dtype}")
             parts.append(src.reshape(-1).view(torch.uint8))
-        if parts:
-            staging_for(parts[0].device).gather(parts, buf[:self.payload_bytes])
+        if not parts:  # nothing to stage (a layout without buffers has no bytes)
+            return out if out is not None else torch.empty(self.nbytes, dtype=torch.uint8)
+        if out is not None:
+            stage, buf = staging_into(parts[0].device, out.device), out
+        else:
+            stage = staging_for(parts[0].device, comm)
+            buf = stage.empty(self.nbytes)
+        if self.nbytes > self.payload_bytes:
+            buf[self.payload_bytes:].zero_()
+        stage.gather(parts, buf[:self.payload_bytes])
         return buf
 
     def unpack(self, recv: torch.Tensor, devices: Dict[str, torch.device]) -> List[Tuple[str, Payload]]:
         """Cut a ``[K, nbytes]`` receive buffer into one stacked payload per tensor (buffers are
-        ``[K, numel]`` views; for tensors on a device, views of one staged copy of ``recv`` there)."""
+        ``[K, numel]`` views of ``recv`` where it is on the tensor's device, else of one staged
+        copy of it there: :func:`~horovod_gradcomp.exchange.staging.staging_into`)."""
         views_on: Dict[torch.device, Dict[Tuple[str, str], torch.Tensor]] = {}
 
         def views_for(device: torch.device):
             if device not in views_on:  # one staged copy of recv per device, split once
-                src = recv if device.type == "cpu" else staging_for(device).scatter(recv)
+                src = staging_into(device, recv.device).scatter(recv)
                 pieces = torch.split(src[:, :self.payload_bytes], self._split_sizes, dim=1) \
                     if self._split_sizes else ()
                 views_on[device] = {(slot.key, slot.buffer): piece.view(slot.dtype)
@@ -99,8 +109,9 @@ class FusedLayout:
         return out
 
 
-def pack_variable(names: Sequence[str], payloads: Dict[str, Payload]) -> torch.Tensor:
-    """Serialize payloads whose sizes vary from step to step (one rank's part of an allgatherv).
+def pack_variable(names: Sequence[str], payloads: Dict[str, Payload], comm=None) -> torch.Tensor:
+    """Serialize payloads whose sizes vary from step to step (one rank's part of an allgatherv),
+    into a buffer where ``comm`` sends it from (:meth:`FusedLayout.pack`).
 
     Format: int64 byte length of every buffer of every tensor (tensors in ``names`` order,
     buffers in payload order), then the buffers, each padded to a multiple of 8 bytes so that
@@ -114,8 +125,8 @@ def pack_variable(names: Sequence[str], payloads: Dict[str, Payload]) -> torch.T
         pad = (ALIGN - x.numel() % ALIGN) % ALIGN
         if pad:
             parts.append(torch.zeros(pad, dtype=torch.uint8, device=device))
-    out = torch.empty(sum(p.numel() for p in parts), dtype=torch.uint8)
-    return staging_for(device).gather(parts, out)
+    stage = staging_for(device, comm)
+    return stage.gather(parts, stage.empty(sum(p.numel() for p in parts)))
 
 
 def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[str, Payload]) -> Dict[str, Payload]:
@@ -135,7 +146,7 @@ def unpack_variable(part: torch.Tensor, names: Sequence[str], templates: Dict[st
     lengths = part[:8 * count].clone().view(torch.int64).tolist()
     offset, i, out = 8 * count, 0, {}
     devices = {templates[n].device for n in names}
-    staged = {d: part if d.type == "cpu" else staging_for(d).scatter(part) for d in devices}
+    staged = {d: staging_into(d, part.device).scatter(part) for d in devices}
     for n in names:
         t = templates[n]
         bufs = {}

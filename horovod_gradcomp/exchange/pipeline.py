@@ -11,6 +11,12 @@ flight, and it runs the collectives in the order they were submitted, an order t
 the bucket's names alone: every rank issues the same collectives in the same order, whatever
 its timing. Decoding is on the calling thread, in whatever order the chunks arrive (decoding
 is local).
+
+Streams: a call's tensors go to the wire thread, and its result comes back, through a
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``wire-send`` recorded at
+:meth:`WireThread.submit`, waited on the wire thread; ``wire-recv`` recorded there after the
+collective, waited by the thread that takes the result), so that on CUDA neither thread's
+stream reads what the other's has not finished writing.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ import torch
 
 from ..codecs.base import Codec
 from .env import seconds_from_env
+from .stream_handoff import HandoffMark, StreamHandoff, tensors_in
 
 #: Default payload bytes per chunk (the factories' ``pipeline_bytes``): measured on ResNet-50's
 #: shapes (docs/results/README.md, "Pipelined exchange").
@@ -89,20 +96,24 @@ class ChunkPlanner:
 class WireThread:
     """One daemon thread running collectives one at a time, in submission order.
 
-    :meth:`submit` returns a :class:`~concurrent.futures.Future` of the call's result (its
-    exception re-raised by ``result()``). The thread starts on the first submit and lives as
-    long as its owner (a pattern)."""
+    :meth:`submit` returns a :class:`WireFuture` of the call's result (its exception re-raised
+    by ``result()``). The thread starts on the first submit and lives as long as its owner (a
+    pattern). ``handoff``: the stream hand-overs of its calls (see the module doc)."""
 
     def __init__(self, name: str = "hgc-wire"):
         self._name = name
         self._executor = None
         self._lock = threading.Lock()
+        self.handoff = StreamHandoff()
 
-    def submit(self, fn: Callable, *args) -> Future:
+    def submit(self, fn: Callable, *args) -> "WireFuture":
+        """Run ``fn(*args)`` on the wire thread after the calls submitted before; the tensors
+        among ``args`` are handed over from this thread's streams to the wire thread's."""
+        mark = self.handoff.record("wire-send", tensors_in(args))
         with self._lock:
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=self._name)
-            return self._executor.submit(fn, *args)
+            return WireFuture(self._executor.submit(_handed_call, self.handoff, mark, fn, args), self.handoff)
 
     @staticmethod
     def cancel(futures: Sequence[Future]) -> None:
@@ -116,6 +127,38 @@ class WireThread:
                     f.exception()
                 except BaseException:  # noqa: BLE001 - only waiting for it to end
                     pass
+
+
+def _handed_call(handoff: StreamHandoff, mark: HandoffMark, fn: Callable, args: tuple):
+    """On the wire thread: wait for the submitter's mark, call, record the result's mark."""
+    handoff.wait(mark)
+    value = fn(*args)
+    return value, handoff.record("wire-recv", tensors_in(value))
+
+
+class WireFuture:
+    """A wire call's :class:`~concurrent.futures.Future` whose :meth:`result` also hands the
+    result's tensors over to the streams of the thread that calls it."""
+
+    def __init__(self, inner: Future, handoff: StreamHandoff):
+        self._inner, self._handoff = inner, handoff
+
+    def result(self, timeout: Optional[float] = None):
+        value, mark = self._inner.result(timeout)
+        self._handoff.wait(mark, tensors_in(value))
+        return value
+
+    def done(self) -> bool:
+        return self._inner.done()
+
+    def cancel(self) -> bool:
+        return self._inner.cancel()
+
+    def cancelled(self) -> bool:
+        return self._inner.cancelled()
+
+    def exception(self, timeout: Optional[float] = None):
+        return self._inner.exception(timeout)
 
 
 def wire_poll_s() -> float:
@@ -142,4 +185,5 @@ def timed_wire(stats, collective, *args):
         return collective(*args)
 
 
-__all__ = ["ChunkPlanner", "DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WIRE_POLL_ENV", "WIRE_POLL_S", "WireThread", "plan_chunks", "timed_wire", "wire_communicator", "wire_poll_s"]
+__all__ = ["ChunkPlanner", "DEFAULT_CHUNK_BYTES", "MAX_CHUNKS", "WIRE_POLL_ENV", "WIRE_POLL_S", "WireFuture", "WireThread",
+           "plan_chunks", "timed_wire", "wire_communicator", "wire_poll_s"]

@@ -66,9 +66,10 @@ import torch
 from ..codecs.base import Codec, Payload
 from ..state.error_feedback import ErrorFeedback, encode_with_residual
 from .bucket import Bucket, BucketOutcome, result_tensor
-from .encoding import StepPositions, agree_scales
+from .encoding import StepPositions, agree_scales, local_scales
 from .fusion import FusedLayout
 from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
+from .staging import staging_for
 from .stats import ExchangeStats, StepTotals
 from .stripes import AXES, Stripe, matrix_shape, stripe_key, stripes
 
@@ -174,6 +175,13 @@ class _ChunkWork:
     parts: Optional[list] = None
     alltoallv: object = None
     allgatherv: object = None
+
+
+def _one_device(jobs: Sequence["_StripeJob"]) -> torch.device:
+    """The device of every job's gradient when they share one, else the CPU (a bucket mixing
+    devices stages through host memory)."""
+    devices = {job.grad.device for job in jobs}
+    return devices.pop() if len(devices) == 1 else torch.device("cpu")
 
 
 def _first(stacked: Payload) -> Payload:
@@ -329,24 +337,46 @@ class TwoPhasePattern:
         plan = w.plan
         with stats.timed("encode_s"):
             segments: List[Dict[str, Payload]] = [{} for _ in range(plan.k)]
-            for job, opts in zip(w.jobs, w.options):
-                st = job.stripe
-                self.codec.reset_stream(positions(job.name, st.owner, 0))
-                if job.grad_part is None:  # in place, the residual's window updated by the codec
-                    payload = self.codec.encode_columns(job.grad, job.residual, st.start, st.stop)
-                else:
-                    payload = encode_with_residual(self.codec, job.grad_part, job.residual_part, **opts)
-                    if job.residual_part is not None and not st.is_view:
-                        st.put(job.residual, job.residual_part)
-                segments[st.owner][stripe_key(job.name, st.owner)] = payload
+            for job, payload in zip(w.jobs, self._encode_jobs(w, positions)):
+                segments[job.stripe.owner][stripe_key(job.name, job.stripe.owner)] = payload
         with stats.timed("exchange_s"):
             counts = [layout.nbytes for layout in plan.layouts]
-            send = torch.empty(sum(counts), dtype=torch.uint8)
+            send = staging_for(_one_device(w.jobs), comm).empty(sum(counts))  # host, or the device (direct path)
             offset = 0
             for layout, payloads, size in zip(plan.layouts, segments, counts):
                 layout.pack(payloads, out=send[offset:offset + size])
                 offset += size
         return send, counts, [plan.layouts[comm.rank].nbytes] * plan.k
+
+    def _encode_jobs(self, w: "_ChunkWork", positions: StepPositions) -> List[Payload]:
+        """Every stripe job's payload, in job order, worker residuals updated: the column windows
+        encoded in place in one codec call, the stripes' views and copies in another (each one
+        bucket op where the codec has it; a non-fused codec with a residual goes stripe by stripe)."""
+        codec, jobs = self.codec, w.jobs
+        position = [positions(job.name, job.stripe.owner, 0) for job in jobs]
+        payloads: List[Optional[Payload]] = [None] * len(jobs)
+        windows = [i for i, job in enumerate(jobs) if job.grad_part is None]
+        encoded = codec.encode_columns_many([(jobs[i].grad, jobs[i].residual, jobs[i].stripe.start, jobs[i].stripe.stop)
+                                            for i in windows], [position[i] for i in windows])
+        for i, payload in zip(windows, encoded):
+            payloads[i] = payload
+        parts = [i for i, job in enumerate(jobs) if job.grad_part is not None]
+        with_residual = [jobs[i].residual_part is not None for i in parts]
+        if not any(with_residual) or (codec.fuses_feedback and all(with_residual)):
+            encoded = codec.encode_many([jobs[i].grad_part for i in parts],
+                                        [jobs[i].residual_part for i in parts] if any(with_residual) else None,
+                                        [w.options[i] for i in parts], [position[i] for i in parts])
+        else:
+            encoded = []
+            for i in parts:
+                codec.reset_stream(position[i])
+                encoded.append(encode_with_residual(codec, jobs[i].grad_part, jobs[i].residual_part, **w.options[i]))
+        for i, payload in zip(parts, encoded):
+            payloads[i] = payload
+            job = jobs[i]
+            if job.residual_part is not None and not job.stripe.is_view:
+                job.stripe.put(job.residual, job.residual_part)
+        return payloads
 
     def _phase3(self, comm, w: "_ChunkWork", bucket: Bucket, positions: StepPositions, devices,
                 stats: ExchangeStats):
@@ -360,13 +390,13 @@ class TwoPhasePattern:
             with stats.timed("encode_s"):
                 owned = {key: plan.owner_codec.encode_stacked(self.codec, stacked) for key, stacked in received}
         else:
+            keys = [key for key, _ in received]
             with stats.timed("decode_s"):
-                means = [(key, self.codec.decode_mean_stacked(stacked)) for key, stacked in received]
+                means = self.codec.decode_mean_stacked_many([stacked for _, stacked in received])
             with stats.timed("encode_s"):
-                owned = {key: self._requantize(bucket.state.owner_memory, plan, key, mean, positions)
-                         for key, mean in means}
+                owned = dict(zip(keys, self._requantize(bucket.state.owner_memory, plan, keys, means, positions)))
         with stats.timed("exchange_s"):
-            part = plan.owner_layouts[comm.rank].pack(owned)
+            part = plan.owner_layouts[comm.rank].pack(owned, comm=comm)
         return part, [layout.nbytes for layout in plan.owner_layouts]
 
     def _phase4(self, w: "_ChunkWork", devices, results, stats: ExchangeStats) -> None:
@@ -375,26 +405,32 @@ class TwoPhasePattern:
         codec = plan.owner_codec
         stripe_devices = {key: devices[n] for key, (n, _) in plan.where.items()}
         with stats.timed("decode_s"):
+            views, windows, copies = [], [], []
             for layout, buf in zip(plan.owner_layouts, w.parts):
                 for key, stacked in layout.unpack(buf.view(1, layout.nbytes), stripe_devices):
                     n, st = plan.where[key]
                     if st.is_view:
-                        codec.decode(_first(stacked), out=st.take(results[n]))
+                        views.append((_first(stacked), st.take(results[n])))
                     elif codec.encodes_column_windows(results[n], st.stop - st.start):
-                        codec.decode_columns(_first(stacked), results[n], st.start)
+                        windows.append((_first(stacked), results[n], st.start))
                     else:
-                        st.put(results[n], codec.decode(_first(stacked)))
+                        copies.append((_first(stacked), st, results[n]))
+            codec.decode_many([payload for payload, _ in views], outs=[out for _, out in views])
+            codec.decode_columns_many(windows)
+            for payload, st, result in copies:
+                st.put(result, codec.decode(payload))
 
-    def _requantize(self, owner_memory: ErrorFeedback, plan: StripePlan, key: str, mean: torch.Tensor,
-                    positions: StepPositions) -> Payload:
-        """Phase 3: the owner's payload of one stripe's mean (owner error feedback; a shared-scale
+    def _requantize(self, owner_memory: ErrorFeedback, plan: StripePlan, keys: Sequence[str],
+                    means: Sequence[torch.Tensor], positions: StepPositions) -> List[Payload]:
+        """Phase 3: the owner's payloads of its stripes' means (owner error feedback; a shared-scale
         codec uses the owner's own local scale: there is one sender, nothing to agree on)."""
-        codec, (n, st) = self.codec, plan.where[key]
-        codec.reset_stream(positions(n, st.owner, 1))
-        opts = {}
+        codec = self.codec
+        opts = [{} for _ in keys]
         if getattr(codec, "shared_scale", False):
-            opts["scale"] = codec.local_scale(owner_memory.compensated(key, mean))
-        return owner_memory.encode(codec, key, mean, **opts)
+            scales = local_scales(codec, [owner_memory.compensated(key, mean) for key, mean in zip(keys, means)])
+            opts = [{"scale": scale} for scale in scales]
+        position = [positions(plan.where[key][0], plan.where[key][1].owner, 1) for key in keys]
+        return owner_memory.encode_many(codec, keys, means, opts, position)
 
     def __repr__(self) -> str:
         return f"TwoPhasePattern({self.codec!r}, axis={self.axis!r})"

@@ -9,7 +9,8 @@ The layout is that of :func:`horovod_gradcomp.save_job_state`'s file:
 """
 from __future__ import annotations
 
-from typing import Optional
+import pickle
+from typing import List, Optional
 
 import torch
 
@@ -34,10 +35,30 @@ def gather_job_state(state, group=None) -> Optional[dict]:
     mine = _to_cpu(state.state_dict())
     if not (dist.is_available() and dist.is_initialized()):
         return {"world_size": 1, "ranks": [mine]}
+    parts = _gather_bytes(pickle.dumps(mine), group)
+    return None if parts is None else {"world_size": len(parts), "ranks": [pickle.loads(p) for p in parts]}
+
+
+def _gather_bytes(data: bytes, group) -> Optional[List[bytes]]:
+    """Every rank's ``data`` on rank 0 of ``group``, in rank order (None on the other ranks): an
+    all_gather of the sizes and a gather of the padded bytes. Its tensors stay referenced from
+    C++ until the next call (``hgc.ddp.hold_latest``): a save is often a job's last collective,
+    and PyTorch 2.13 aborts a gloo job whose worker frees a Python-made tensor while the
+    interpreter exits (horovod_gradcomp/ddp/gloo_exit.py)."""
+    import torch.distributed as dist
+
+    from ..ddp.gloo_exit import hold_latest
     k, rank = dist.get_world_size(group), dist.get_rank(group)
-    parts = [None] * k if rank == 0 else None
-    dist.gather_object(mine, parts, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
-    return {"world_size": k, "ranks": parts} if rank == 0 else None
+    size = torch.tensor([len(data)], dtype=torch.int64)
+    sizes = [torch.empty_like(size) for _ in range(k)]
+    dist.all_gather(sizes, size, group=group)
+    counts = [int(s) for s in sizes]
+    padded = torch.zeros(max(counts), dtype=torch.uint8)
+    padded[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else padded[:0]
+    every = [torch.empty_like(padded) for _ in range(k)] if rank == 0 else None
+    dist.gather(padded, every, dst=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    hold_latest("gather_job_state", size, *sizes, padded, *(every or []))
+    return [every[r][:counts[r]].numpy().tobytes() for r in range(k)] if rank == 0 else None
 
 
 def rank_part(job: dict, rank: int, world_size: int) -> dict:

@@ -52,11 +52,12 @@ for fp32 / fp64 gradients on the CPU, and on CUDA when ``_C`` has its CUDA kerne
 from __future__ import annotations
 
 import math
-from typing import Dict, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
 from ..codecs.base import Codec, Payload
+from .error_feedback import encode_each
 
 WARMUP_UNITS = ("epoch", "step")
 
@@ -211,6 +212,33 @@ class DGCMemory:
         if self.momentum_masking and u is not None:
             u.view(-1).index_fill_(0, sent, 0)
         return payload
+
+    def encode_many(self, codec: Codec, names: Sequence[str], grads: Sequence[torch.Tensor],
+                    options: Optional[Sequence[dict]] = None, positions: Optional[Sequence[int]] = None) -> List[Payload]:
+        """:meth:`encode` of each of a bucket's names in order, tensor i from stream position
+        ``positions[i]`` (``options`` must be empty dicts: DGC takes none). Where the codec has
+        bucket ops (:meth:`~horovod_gradcomp.codecs.dgc.DGCCodec.bucket_ops`), each step runs once for
+        the whole bucket: the momentum correction, the selection and index coding
+        (:meth:`~horovod_gradcomp.codecs.dgc.DGCCodec.encode_many_with_indices`), the masking; a
+        fixed number of device calls whatever the tensor count, and the same payloads and state,
+        bitwise (each name's state is its own, so the order of the steps across names does not
+        matter)."""
+        if (not hasattr(codec, "mask_sent_many") or not hasattr(codec, "encode_many_with_indices")
+                or not codec.bucket_ops([g.device for g in grads])):
+            return encode_each(self, codec, names, grads, options, positions)
+        if options is not None and any(options):
+            raise TypeError(f"dgc: encode takes no options, got {list(options)!r}")
+        vs = [self._buffer(self.accumulations, n, g) for n, g in zip(names, grads)]
+        us = None
+        if self.momentum == 0.0:
+            for v, g in zip(vs, grads):
+                v.add_(g if self._clip_coef == 1.0 else g * self._clip_coef)
+        else:
+            us = [self._buffer(self.velocities, n, g) for n, g in zip(names, grads)]
+            codec.accumulate_many_(us, vs, grads, self.momentum, self.nesterov, self._clip_coef)
+        payloads, sent = codec.encode_many_with_indices(vs, self.current_density(), positions)
+        codec.mask_sent_many(sent, vs, us if self.momentum_masking else None)
+        return payloads
 
     def snapshot(self, names) -> dict:
         """Copies of the velocity and accumulation of ``names``, for :meth:`restore`."""

@@ -8,7 +8,7 @@ for the others the memory does it with plain torch ops.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -29,6 +29,19 @@ def encode_with_residual(codec: Codec, tensor: torch.Tensor, residual: Optional[
     payload = codec.encode(v, **encode_options)
     residual.copy_(v - codec.decode(payload))
     return payload
+
+
+def encode_each(memory, codec: Codec, names: Sequence[str], grads: Sequence[torch.Tensor],
+                options: Optional[Sequence[dict]] = None, positions: Optional[Sequence[int]] = None) -> List[Payload]:
+    """``memory.encode(codec, names[i], grads[i], **options[i])`` in order, tensor i from stream
+    position ``positions[i]`` (None: the codec's current one): a memory's tensor-by-tensor
+    :meth:`encode_many`."""
+    payloads = []
+    for i, (name, grad) in enumerate(zip(names, grads)):
+        if positions is not None:
+            codec.reset_stream(positions[i])
+        payloads.append(memory.encode(codec, name, grad, **(options[i] if options is not None else {})))
+    return payloads
 
 
 class ErrorFeedback:
@@ -78,6 +91,17 @@ class ErrorFeedback:
         ``encode_options`` go to ``codec.encode`` (e.g. a shared ``scale``)."""
         return encode_with_residual(codec, grad, self.residual(name, grad) if self.enabled else None,
                                     **encode_options)
+
+    def encode_many(self, codec: Codec, names: Sequence[str], grads: Sequence[torch.Tensor],
+                    options: Optional[Sequence[dict]] = None, positions: Optional[Sequence[int]] = None) -> List[Payload]:
+        """:meth:`encode` of each of a bucket's names, tensor i from stream position ``positions[i]``:
+        in one bucket op of the codec (:meth:`~horovod_gradcomp.codecs.base.Codec.bucket_ops`) when
+        it has one for these tensors and needs no feedback step of its own (it fuses the update, or
+        feedback is off), else tensor by tensor. The same payloads and residuals either way."""
+        if codec.bucket_ops([g.device for g in grads]) and (codec.fuses_feedback or not self.enabled):
+            residuals = [self.residual(n, g) for n, g in zip(names, grads)] if self.enabled else None
+            return codec.encode_many(grads, residuals, options, positions)
+        return encode_each(self, codec, names, grads, options, positions)
 
     def snapshot(self, names) -> dict:
         """Copies of the residuals of ``names`` (None where there is none yet), for :meth:`restore`."""
