@@ -20,8 +20,8 @@ the same run as the memory-bandwidth floor to compare the codecs with.
 Impl ``twin`` (CPU only) times the device kernels' OpenMP twin (``_C_twin``: the GPU path's
 Thrust sources built for the CPU) next to the native CPU kernels; its speed is not the point
 (the CPU kernels are the CPU path), it shows the twin is wired in and what it costs. Impl
-``twin-bucket`` times the same codec through its bucket ops (``encode_many`` and ``decode_many``
-over all 161 tensors at once: csrc/device/multi_tensor.cuh), for codecs that have them. Both
+``twin-bucket`` times the same codec through its bucket ops (``encode_many`` and the bucket decode
+of the exchange, over all 161 tensors at once: csrc/device/multi_tensor.cuh), for codecs that have them. Both
 twin rows carry ``device_calls``: the device algorithm calls of one encode pass and one decode
 pass (what a GPU would launch), tensor by tensor against one bucket.
 
@@ -188,8 +188,15 @@ def _encode_bucket(codec, grads: Sequence[torch.Tensor], residuals: Optional[Lis
 
 
 def _decode_bucket(codec, payloads: Sequence[Payload], outs: Sequence[torch.Tensor]) -> None:
-    """:func:`_decode_all` as one bucket (``codec.decode_many``)."""
-    codec.decode_many(payloads, outs=outs)
+    """:func:`_decode_all` as one bucket, through the bucket decode the exchange calls (the mean
+    of one rank's payloads: ``decode_mean_list_many`` for variable-size codecs,
+    ``decode_mean_stacked_many`` for fixed-size ones)."""
+    if getattr(codec, "variable_size", False):
+        codec.decode_mean_list_many([[p] for p in payloads], outs=outs)
+    else:
+        stacked = [Payload({k: v.unsqueeze(0) for k, v in p.buffers.items()}, p.shape, p.dtype, p.device)
+                   for p in payloads]
+        codec.decode_mean_stacked_many(stacked, outs=outs)
 
 
 def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int, bucket: bool = False) -> Dict[str, float]:
