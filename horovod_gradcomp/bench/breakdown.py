@@ -30,7 +30,8 @@ PHASES = {
     "hooks": "compress() in the hooks",
     "synchronize": "waiting on Horovod (placeholder round trip / dense allreduce)",
     "flush": "engine flush: bookkeeping (with a communication thread: waiting for it)",
-    "preamble": "preamble: NaN/Inf check + digest",
+    "nonfinite": "non-finite check: one read of every gradient before the preamble",
+    "preamble": "preamble: digest + flag",
     "preamble/collective": "preamble allgather: waiting for other ranks",
     "encode": "encode + error feedback",
     "encode/collective": "scale allreduce",
@@ -46,7 +47,7 @@ PHASES = {
 }
 COLORS = {
     "zero_grad": "#c7c7c7", "backward": "#7f7f7f", "hooks": "#bcbd22", "synchronize": "#d62728",
-    "flush": "#c5b0d5", "preamble": "#ff9896", "preamble/collective": "#ff7f0e", "encode": "#1f77b4",
+    "flush": "#c5b0d5", "nonfinite": "#ad494a", "preamble": "#ff9896", "preamble/collective": "#ff7f0e", "encode": "#1f77b4",
     "encode/collective": "#aec7e8", "exchange": "#9467bd", "exchange/collective": "#2ca02c",
     "wait": "#dbdb8d", "wire": "#e377c2", "wire/collective": "#2ca02c", "decode": "#17becf",
     "decompress": "#8c564b", "optimizer": "#98df8a", "step": "#f7b6d2",

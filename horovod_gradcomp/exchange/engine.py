@@ -340,7 +340,9 @@ class StepEngine:
                 f"{comm.rank} waiting for ranks {others}")
         signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
                      f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
-        return BucketJob(list(names), grads, tag, pattern, signature, has_nonfinite(grads), comm.size, comm.rank, what)
+        with self.stats.timed("encode_s", phase="nonfinite"):
+            nonfinite = has_nonfinite(grads)
+        return BucketJob(list(names), grads, tag, pattern, signature, nonfinite, comm.size, comm.rank, what)
 
     def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
         """After the preamble (``nonfinite``: some rank flagged one): the :class:`Bucket` for the
