@@ -28,9 +28,19 @@
 namespace {
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
-                                                 int64_t cols) {
-  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_device(grad, residual, cols));
-  return onebit_encode_cpu(grad, residual, cols);
+                                                 int64_t cols, const c10::optional<at::Tensor>& scales) {
+  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_device(grad, residual, cols, scales));
+  return onebit_encode_cpu(grad, residual, cols, scales);
+}
+
+at::Tensor onebit_scales(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols) {
+  HGC_ON_CUDA(grad.is_cuda(), onebit_scales_device(grad, residual, cols));
+  return onebit_scales_cpu(grad, residual, cols);
+}
+
+// The given scales of tensor i of an optional list (None: none).
+c10::optional<at::Tensor> scales_at(const c10::optional<std::vector<at::Tensor>>& scales, std::size_t i) {
+  return scales.has_value() ? c10::optional<at::Tensor>((*scales)[i]) : c10::nullopt;
 }
 
 at::Tensor onebit_decode_sum(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
@@ -42,9 +52,10 @@ at::Tensor onebit_decode_sum(const at::Tensor& bits, const at::Tensor& scales, i
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns(const at::Tensor& full,
                                                          const c10::optional<at::Tensor>& residual, int64_t full_cols,
-                                                         int64_t col0, int64_t col1) {
-  HGC_ON_CUDA(full.is_cuda(), onebit_encode_columns_device(full, residual, full_cols, col0, col1));
-  return onebit_encode_columns_cpu(full, residual, full_cols, col0, col1);
+                                                         int64_t col0, int64_t col1,
+                                                         const c10::optional<at::Tensor>& scales) {
+  HGC_ON_CUDA(full.is_cuda(), onebit_encode_columns_device(full, residual, full_cols, col0, col1, scales));
+  return onebit_encode_columns_cpu(full, residual, full_cols, col0, col1, scales);
 }
 
 void onebit_decode_columns(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out, int64_t full_cols,
@@ -58,19 +69,37 @@ void onebit_decode_columns(const at::Tensor& bits, const at::Tensor& scales, con
 // tensor by tensor through the CPU kernels (one host call each, no launches to save).
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> onebit_encode_many(
     const std::vector<at::Tensor>& grads, const c10::optional<std::vector<at::Tensor>>& residuals,
-    const std::vector<int64_t>& cols) {
-  TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()),
-              "onebit_encode_many: give one column count (and one residual, or None) per gradient");
-  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_encode_many_device(grads, residuals, cols));
+    const std::vector<int64_t>& cols, const c10::optional<std::vector<at::Tensor>>& given) {
+  TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()) &&
+                  (!given.has_value() || given->size() == grads.size()),
+              "onebit_encode_many: give one column count (and one residual, or None; one scales, or None) per "
+              "gradient");
+  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_encode_many_device(grads, residuals, cols, given));
   std::vector<at::Tensor> bits, scales;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     c10::optional<at::Tensor> res;
     if (residuals.has_value()) res = (*residuals)[i];
-    auto payload = onebit_encode_cpu(grads[i], res, cols[i]);
+    auto payload = onebit_encode_cpu(grads[i], res, cols[i], scales_at(given, i));
     bits.push_back(std::get<0>(payload));
     scales.push_back(std::get<1>(payload));
   }
   return {bits, scales};
+}
+
+// onebit_scales of a bucket (CUDA: at most 4 device calls per dtype; CPU: tensor by tensor).
+std::vector<at::Tensor> onebit_scales_many(const std::vector<at::Tensor>& grads,
+                                           const c10::optional<std::vector<at::Tensor>>& residuals,
+                                           const std::vector<int64_t>& cols) {
+  TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()),
+              "onebit_scales_many: give one column count (and one residual, or None) per gradient");
+  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_scales_many_device(grads, residuals, cols));
+  std::vector<at::Tensor> scales;
+  for (std::size_t i = 0; i < grads.size(); ++i) {
+    c10::optional<at::Tensor> res;
+    if (residuals.has_value()) res = (*residuals)[i];
+    scales.push_back(onebit_scales_cpu(grads[i], res, cols[i]));
+  }
+  return scales;
 }
 
 std::vector<at::Tensor> onebit_decode_sum_many(const std::vector<at::Tensor>& bits, const std::vector<at::Tensor>& scales,
@@ -91,17 +120,20 @@ std::vector<at::Tensor> onebit_decode_sum_many(const std::vector<at::Tensor>& bi
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> onebit_encode_columns_many(
     const std::vector<at::Tensor>& fulls, const c10::optional<std::vector<at::Tensor>>& residuals,
-    const std::vector<int64_t>& full_cols, const std::vector<int64_t>& col0, const std::vector<int64_t>& col1) {
+    const std::vector<int64_t>& full_cols, const std::vector<int64_t>& col0, const std::vector<int64_t>& col1,
+    const c10::optional<std::vector<at::Tensor>>& given) {
   TORCH_CHECK(full_cols.size() == fulls.size() && col0.size() == fulls.size() && col1.size() == fulls.size() &&
-                  (!residuals.has_value() || residuals->size() == fulls.size()),
-              "onebit_encode_columns_many: give full_cols, col0, col1 (and a residual, or None) for every tensor");
+                  (!residuals.has_value() || residuals->size() == fulls.size()) &&
+                  (!given.has_value() || given->size() == fulls.size()),
+              "onebit_encode_columns_many: give full_cols, col0, col1 (and a residual, or None; scales, or None) "
+              "for every tensor");
   HGC_ON_CUDA(!fulls.empty() && fulls[0].is_cuda(),
-              onebit_encode_columns_many_device(fulls, residuals, full_cols, col0, col1));
+              onebit_encode_columns_many_device(fulls, residuals, full_cols, col0, col1, given));
   std::vector<at::Tensor> bits, scales;
   for (std::size_t i = 0; i < fulls.size(); ++i) {
     c10::optional<at::Tensor> res;
     if (residuals.has_value()) res = (*residuals)[i];
-    auto payload = onebit_encode_columns_cpu(fulls[i], res, full_cols[i], col0[i], col1[i]);
+    auto payload = onebit_encode_columns_cpu(fulls[i], res, full_cols[i], col0[i], col1[i], scales_at(given, i));
     bits.push_back(std::get<0>(payload));
     scales.push_back(std::get<1>(payload));
   }
@@ -481,8 +513,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("tensors"));
   m.def("hold_latest", &hold_latest, "hold a C++ reference to each tensor under slot, releasing the slot's previous ones",
         py::arg("slot"), py::arg("tensors"));
-  m.def("onebit_encode", &onebit_encode, HGC_RELEASE_GIL, "1-bit encode with fused error feedback -> (bits, scales)",
+  m.def("onebit_encode", &onebit_encode, HGC_RELEASE_GIL,
+        "1-bit encode with fused error feedback -> (bits, scales); given scales (onebit_scales'): the pack alone",
+        py::arg("grad"), py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none());
+  m.def("onebit_scales", &onebit_scales, HGC_RELEASE_GIL, "the 1-bit encode's scales alone (read-only)",
         py::arg("grad"), py::arg("residual"), py::arg("cols"));
+  m.def("onebit_scales_many", &onebit_scales_many, HGC_RELEASE_GIL,
+        "onebit_scales of a bucket (CUDA: a fixed number of device calls)", py::arg("grads"), py::arg("residuals"),
+        py::arg("cols"));
   m.def("onebit_decode", &onebit_decode, HGC_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"), py::arg("scales"),
         py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none());
   m.def("onebit_decode_sum", &onebit_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
@@ -490,19 +528,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out") = py::none());
   m.def("onebit_encode_columns", &onebit_encode_columns, HGC_RELEASE_GIL,
         "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
-        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"),
+        py::arg("scales") = py::none());
   m.def("onebit_decode_columns", &onebit_decode_columns, HGC_RELEASE_GIL,
         "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
         py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
   m.def("onebit_encode_many", &onebit_encode_many, HGC_RELEASE_GIL,
         "onebit_encode of a bucket (CUDA: a fixed number of device calls) -> (bits list, scales list)",
-        py::arg("grads"), py::arg("residuals"), py::arg("cols"));
+        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none());
   m.def("onebit_decode_sum_many", &onebit_decode_sum_many, HGC_RELEASE_GIL,
         "onebit_decode_sum of a bucket (CUDA: one device call)", py::arg("bits"), py::arg("scales"), py::arg("n"),
         py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
   m.def("onebit_encode_columns_many", &onebit_encode_columns_many, HGC_RELEASE_GIL,
         "onebit_encode_columns of many column windows (CUDA: a fixed number of device calls)", py::arg("fulls"),
-        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"), py::arg("scales") = py::none());
   m.def("onebit_decode_columns_many", &onebit_decode_columns_many, HGC_RELEASE_GIL,
         "onebit_decode_columns of many column windows (CUDA: one device call)", py::arg("bits"), py::arg("scales"),
         py::arg("outs"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));

@@ -61,6 +61,16 @@ inline void check_onebit_encode_args(const at::Tensor& grad, const c10::optional
   }
 }
 
+// Scales given to a pack-only encode (onebit_scales' result for this matrix): float32, contiguous,
+// 2 * cols values, on the gradient's device.
+inline void check_onebit_given_scales(const at::Tensor& scales, const at::Tensor& grad, int64_t cols) {
+  TORCH_CHECK(scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.numel() == 2 * cols,
+              "onebit_encode: the given scales must be a contiguous float32 tensor of 2 * ", cols, " values, got ",
+              scales.numel(), " ", scales.scalar_type(), " values (contiguous=", scales.is_contiguous(), ")");
+  TORCH_CHECK(scales.device() == grad.device(), "onebit_encode: the given scales are on ", scales.device(),
+              ", the gradient on ", grad.device());
+}
+
 // A column window [col0, col1) of n values viewed as [n / full_cols, full_cols]: at least two
 // columns wide (a one-column matrix has its own contiguous path) and inside the matrix.
 inline void check_column_window(int64_t n, int64_t full_cols, int64_t col0, int64_t col1, const char* op) {

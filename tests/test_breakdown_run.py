@@ -52,6 +52,10 @@ def test_breakdown_adds_up(tmp_path):
                     assert {"decompress", "flush", "preamble", "preamble/collective", "encode",
                             "exchange/collective", "decode"} <= set(main), main
                     assert main["encode"] > 0 and main["exchange/collective"] > 0
+                if s["config"].startswith("onebit"):  # the non-finite check is the encode's first pass
+                    assert "nonfinite" not in main and main["measure"] > 0, main
+                elif s["config"].startswith("dgc"):   # DGC without clipping keeps its read of the gradients
+                    assert main["nonfinite"] > 0 and "measure" not in main, main
         # the step spans agree with the bench's own timer (slowest rank per step, median)
         slowest = [max(r["steps"][i]["step_ms"] for r in s["ranks"]) for i in range(3)]
         assert statistics.median(slowest) == pytest.approx(rows[s["config"]]["ms_per_step"], rel=0.1, abs=2.0)

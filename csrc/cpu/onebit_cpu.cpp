@@ -1,6 +1,7 @@
 // 1-bit codec with fused error feedback, CPU.
 //
-// Encode is two passes over v = g + r:
+// Encode is two passes over v = g + r (onebit_scales runs the first alone, read-only; an encode
+// given those scales runs the second alone: the exchange measures before its preamble, packs after):
 //   1. per-column sums of the non-negative and negative entries and the count of
 //      non-negative ones, in the one order of csrc/device/onebit_functors.h (fixed row
 //      blocks, combined in double in block order) that the device kernels follow too: the
@@ -233,13 +234,16 @@ void pack_range(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, int64_t
 }
 
 // Encode the n-value rows x cols matrix whose row `row` starts at g + row * ld (and r + row * ld).
+// kStats: pass 1 into `scales` (else `scales` holds the matrix's scales already); kPack: pass 2.
 template <typename scalar_t, bool kResidual>
-void encode_impl(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, int64_t ld, uint8_t* bits, float* scales) {
+void encode_impl(const scalar_t* g, scalar_t* r, int64_t n, int64_t cols, int64_t ld, uint8_t* bits, float* scales,
+                 bool stats, bool pack) {
   const int64_t rows = cols ? n / cols : 0;
   float* a_pos = scales;
   float* a_neg = scales + cols;
   if (n == 0) return;
-  column_stats<scalar_t, kResidual>(g, r, rows, cols, ld, a_pos, a_neg);
+  if (stats) column_stats<scalar_t, kResidual>(g, r, rows, cols, ld, a_pos, a_neg);
+  if (!pack) return;
   at::parallel_for(0, (n + 7) / 8, kGrain / 8, [&](int64_t b0, int64_t b1) {
     pack_range<scalar_t, kResidual>(g, r, n, cols, ld, a_pos, a_neg, bits, b0, b1);
   });
@@ -322,19 +326,26 @@ void decode_sum_range(const uint8_t* bits, int64_t bits_stride, const float* sca
 
 // The encode of the n-value matrix of `cols` columns starting at element `offset` of `src`
 // (and of the residual), rows `ld` elements apart: onebit_encode_cpu (offset 0, ld = cols) and
-// its column windows. The arguments are checked by the callers.
+// its column windows. With `given` scales (this matrix's onebit_scales, checked here) only pass 2
+// runs, with them: the same bits and residual, and the payload's scales are `given` itself.
+// `pack` false: pass 1 only (bits empty): onebit_scales. The other arguments are checked by the callers.
 std::tuple<at::Tensor, at::Tensor> encode_matrix(const at::Tensor& src, const c10::optional<at::Tensor>& residual,
-                                                 int64_t n, int64_t cols, int64_t ld, int64_t offset) {
+                                                 int64_t n, int64_t cols, int64_t ld, int64_t offset,
+                                                 const c10::optional<at::Tensor>& given = c10::nullopt,
+                                                 bool pack = true) {
   const bool has_res = residual.has_value() && residual->defined();
-  auto bits = at::empty({(n + 7) / 8}, src.options().dtype(at::kByte));
-  auto scales = at::zeros({2 * cols}, src.options().dtype(at::kFloat));
+  const bool has_given = given.has_value() && given->defined();
+  if (has_given) hgc::check_onebit_given_scales(*given, src, cols);
+  auto bits = at::empty({pack ? (n + 7) / 8 : 0}, src.options().dtype(at::kByte));
+  auto scales = has_given ? *given : at::zeros({2 * cols}, src.options().dtype(at::kFloat));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, src.scalar_type(), "onebit_encode_cpu", [&] {
     const auto* g = src.data_ptr<scalar_t>() + offset;
     if (has_res) {
       encode_impl<scalar_t, true>(g, residual->data_ptr<scalar_t>() + offset, n, cols, ld, bits.data_ptr<uint8_t>(),
-                                  scales.data_ptr<float>());
+                                  scales.data_ptr<float>(), !has_given, pack);
     } else {
-      encode_impl<scalar_t, false>(g, nullptr, n, cols, ld, bits.data_ptr<uint8_t>(), scales.data_ptr<float>());
+      encode_impl<scalar_t, false>(g, nullptr, n, cols, ld, bits.data_ptr<uint8_t>(), scales.data_ptr<float>(),
+                                   !has_given, pack);
     }
   });
   return {bits, scales};
@@ -365,9 +376,14 @@ void decode_sum_matrix(const at::Tensor& bits, const at::Tensor& scales, int64_t
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
                                                      const c10::optional<at::Tensor>& residual,
-                                                     int64_t cols) {
+                                                     int64_t cols, const c10::optional<at::Tensor>& scales) {
   hgc::check_onebit_encode_args(grad, residual, cols, at::kCPU);
-  return encode_matrix(grad, residual, grad.numel(), cols, cols, 0);
+  return encode_matrix(grad, residual, grad.numel(), cols, cols, 0, scales);
+}
+
+at::Tensor onebit_scales_cpu(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols) {
+  hgc::check_onebit_encode_args(grad, residual, cols, at::kCPU);
+  return std::get<1>(encode_matrix(grad, residual, grad.numel(), cols, cols, 0, c10::nullopt, false));
 }
 
 at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
@@ -380,11 +396,12 @@ at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scale
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& full,
                                                              const c10::optional<at::Tensor>& residual,
-                                                             int64_t full_cols, int64_t col0, int64_t col1) {
+                                                             int64_t full_cols, int64_t col0, int64_t col1,
+                                                             const c10::optional<at::Tensor>& scales) {
   hgc::check_onebit_encode_args(full, residual, full_cols, at::kCPU);
   hgc::check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
   const int64_t rows = full.numel() / full_cols, cols = col1 - col0;
-  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0);
+  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0, scales);
 }
 
 void onebit_decode_columns_cpu(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,

@@ -5,10 +5,18 @@
 
 // grad: contiguous float tensor of n values viewed as [n / cols, cols]. When residual is
 // given (same dtype, contiguous, n values) it is added first and overwritten with the new
-// quantization error. Returns (bits uint8[ceil(n/8)], scales float32[2*cols]).
+// quantization error. Returns (bits uint8[ceil(n/8)], scales float32[2*cols]). With `scales`
+// (onebit_scales_cpu of the same grad and residual) only the second pass runs: the same bits
+// and residual, and the returned scales are `scales` itself.
 std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
                                                      const c10::optional<at::Tensor>& residual,
-                                                     int64_t cols);
+                                                     int64_t cols,
+                                                     const c10::optional<at::Tensor>& scales = c10::nullopt);
+
+// The encode's first pass alone, read-only: the scales float32[2*cols] that onebit_encode_cpu
+// would put in the payload (a NaN or Inf in a column of v = g + r makes that column's a+ or a-
+// non-finite). Neither grad nor residual is written.
+at::Tensor onebit_scales_cpu(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols);
 
 // scale * sum_k decode(bits[k], scales[k]) as a flat tensor of n values of `dtype`.
 // bits: uint8 [K, >= ceil(n/8)] (rows may be strided), scales: float32 [K, 2*cols].
@@ -21,9 +29,12 @@ at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scale
 // (2 <= col1 - col0): encodes that [rows, col1 - col0] matrix exactly as onebit_encode_cpu
 // encodes a contiguous copy of it (same bits, scales and residual), reading and updating
 // `full` and the full-size `residual` in place at the window's places.
+// `scales`: as in onebit_encode_cpu, the window's scales (the whole matrix's onebit_scales_cpu
+// restricted to the window's columns: a+ of [col0, col1), then a-).
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& full,
                                                              const c10::optional<at::Tensor>& residual,
-                                                             int64_t full_cols, int64_t col0, int64_t col1);
+                                                             int64_t full_cols, int64_t col0, int64_t col1,
+                                                             const c10::optional<at::Tensor>& scales = c10::nullopt);
 
 // Decodes one payload of a [rows, col1 - col0] matrix (flat bits and scales) into the column
 // window [col0, col1) of `out` (contiguous, viewed as [n / full_cols, full_cols]); the other

@@ -10,13 +10,18 @@
 
 namespace hgc_dev {
 
+// What an encode runs: both passes, the first alone (the scales, read-only: onebit_scales) or
+// the second alone, with the scales the first gave (the exchange measures before its preamble
+// and packs after it; the same bits, scales and residual as kBoth).
+enum class OnebitPasses { kBoth, kScales, kPack };
+
 // Encodes the n-value matrix of `cols` >= 1 columns whose row i starts at element i * ld of
 // `grad` (and of `residual`; nullptr: none): bits[ceil(n / 8)] (element i -> byte i / 8, bit
 // i % 8) and scales[2 * cols] (a+ of every column, then a-); the residual, when given, becomes
 // v - decoded in place. ld == cols: contiguous; ld > cols: a column window (cols >= 2). n == 0:
-// every scale 0.
+// every scale 0. `passes`: see OnebitPasses (kScales: bits unused; kPack: scales read).
 void onebit_encode(const Ctx& ctx, DType dtype, const void* grad, void* residual, int64_t n, int64_t cols,
-                   int64_t ld, uint8_t* bits, float* scales);
+                   int64_t ld, uint8_t* bits, float* scales, OnebitPasses passes = OnebitPasses::kBoth);
 
 // out = scale * the sum of K payloads (payload k's bits at bits + k * bits_stride, its scales at
 // scales + k * scales_stride) of an n-value matrix of `cols` columns, row i written from element
@@ -38,8 +43,9 @@ struct OnebitEncodeItem {
 // onebit_encode of every item, bitwise the same outputs, in a fixed number of device algorithm
 // calls whatever `count` is (multi_tensor.cuh): at most 5 (block sums, column finish, lane
 // totals, lane finish, pack) and one copy of the tables. n == 0 items get zero scales.
+// `passes` as in onebit_encode, for every item (kScales: 4 calls at most, kPack: 1).
 void onebit_encode_many(const Ctx& ctx, DType dtype, const OnebitEncodeItem* items, int64_t count,
-                        bool with_residual);
+                        bool with_residual, OnebitPasses passes = OnebitPasses::kBoth);
 
 // One tensor of a bucket decode: the arguments of onebit_decode_sum (K and scale are the
 // bucket's).

@@ -16,27 +16,42 @@ void* at_element(const at::Tensor& t, int64_t offset) {
   return static_cast<char*>(t.data_ptr()) + offset * static_cast<int64_t>(t.element_size());
 }
 
+bool given(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
 // The encode of the n-value matrix of `cols` columns from element `offset` of `src` (and of the
-// residual), rows `ld` elements apart (arguments checked by the callers).
+// residual), rows `ld` elements apart (arguments checked by the callers). With `scales` given
+// (checked here) the pack alone, with them (the payload's scales are `scales` itself); `pack`
+// false: the scales alone (bits empty).
 std::tuple<at::Tensor, at::Tensor> encode_matrix(const at::Tensor& src, const c10::optional<at::Tensor>& residual,
-                                                 int64_t n, int64_t cols, int64_t ld, int64_t offset) {
+                                                 int64_t n, int64_t cols, int64_t ld, int64_t offset,
+                                                 const c10::optional<at::Tensor>& given_scales = c10::nullopt,
+                                                 bool pack = true) {
   const hgc_dev::DeviceGuard guard(src.device());
   const bool has_res = residual.has_value() && residual->defined();
-  auto bits = at::empty({(n + 7) / 8}, src.options().dtype(at::kByte));
+  const bool has_given = given(given_scales);
+  if (has_given) hgc::check_onebit_given_scales(*given_scales, src, cols);
+  auto bits = at::empty({pack ? (n + 7) / 8 : 0}, src.options().dtype(at::kByte));
   const auto sopt = src.options().dtype(at::kFloat);
-  auto scales = n == 0 ? at::zeros({2 * cols}, sopt) : at::empty({2 * cols}, sopt);
+  auto scales = has_given ? *given_scales : (n == 0 ? at::zeros({2 * cols}, sopt) : at::empty({2 * cols}, sopt));
+  const auto passes = has_given ? hgc_dev::OnebitPasses::kPack
+                                : (pack ? hgc_dev::OnebitPasses::kBoth : hgc_dev::OnebitPasses::kScales);
   hgc_dev::onebit_encode(hgc_dev::current_ctx(), hgc_dev::dev_dtype(src.scalar_type()), at_element(src, offset),
                          has_res ? at_element(*residual, offset) : nullptr, n, cols, ld, bits.data_ptr<uint8_t>(),
-                         scales.data_ptr<float>());
+                         scales.data_ptr<float>(), passes);
   return {bits, scales};
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
-                                                        int64_t cols) {
+                                                        int64_t cols, const c10::optional<at::Tensor>& scales) {
   hgc::check_onebit_encode_args(grad, residual, cols, hgc_dev::kDeviceType);
-  return encode_matrix(grad, residual, grad.numel(), cols, cols, 0);
+  return encode_matrix(grad, residual, grad.numel(), cols, cols, 0, scales);
+}
+
+at::Tensor onebit_scales_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols) {
+  hgc::check_onebit_encode_args(grad, residual, cols, hgc_dev::kDeviceType);
+  return std::get<1>(encode_matrix(grad, residual, grad.numel(), cols, cols, 0, c10::nullopt, false));
 }
 
 at::Tensor onebit_decode_sum_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
@@ -59,11 +74,12 @@ at::Tensor onebit_decode_device(const at::Tensor& bits, const at::Tensor& scales
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor& full,
                                                                 const c10::optional<at::Tensor>& residual,
-                                                                int64_t full_cols, int64_t col0, int64_t col1) {
+                                                                int64_t full_cols, int64_t col0, int64_t col1,
+                                                                const c10::optional<at::Tensor>& scales) {
   hgc::check_onebit_encode_args(full, residual, full_cols, hgc_dev::kDeviceType);
   hgc::check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
   const int64_t rows = full.numel() / full_cols, cols = col1 - col0;
-  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0);
+  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0, scales);
 }
 
 void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
@@ -95,40 +111,50 @@ struct EncodeSource {
 };
 
 // The payloads of every source (bits and scales: views into one buffer each), one launch
-// sequence per dtype present.
-OnebitPayloads encode_sources(const std::vector<EncodeSource>& sources, bool with_residual) {
+// sequence per dtype present. `given`: every source's scales (checked here; the pack alone, and
+// the payloads' scales are these tensors), or None. `pack` false: the scales alone (no bits).
+OnebitPayloads encode_sources(const std::vector<EncodeSource>& sources, bool with_residual,
+                              const c10::optional<std::vector<at::Tensor>>& given_scales = c10::nullopt,
+                              bool pack = true) {
   std::vector<at::Tensor> bits_out, scales_out;
   if (sources.empty()) return {bits_out, scales_out};
+  const bool has_given = given_scales.has_value();
+  TORCH_CHECK(!has_given || given_scales->size() == sources.size(), "onebit_encode_many: ", sources.size(),
+              " tensors but ", has_given ? given_scales->size() : 0, " given scales");
   const at::Device device = sources[0].src.device();
   int64_t bit_bytes = 0, scale_count = 0;
   std::vector<at::ScalarType> dtypes;
-  for (const EncodeSource& s : sources) {
-    bit_bytes += (s.n + 7) / 8;
-    scale_count += 2 * s.cols;
+  for (std::size_t i = 0; i < sources.size(); ++i) {
+    const EncodeSource& s = sources[i];
+    if (has_given) hgc::check_onebit_given_scales((*given_scales)[i], s.src, s.cols);
+    bit_bytes += pack ? (s.n + 7) / 8 : 0;
+    scale_count += has_given ? 0 : 2 * s.cols;
     dtypes.push_back(s.src.scalar_type());
   }
   const hgc_dev::DeviceGuard guard(device);
   const auto options = sources[0].src.options();
   at::Tensor bits = at::empty({bit_bytes}, options.dtype(at::kByte));
-  at::Tensor scales = at::empty({scale_count}, options.dtype(at::kFloat));
+  at::Tensor scales = at::empty({scale_count}, options.dtype(at::kFloat));  // n == 0: the finish stages write 0
   std::vector<hgc_dev::OnebitEncodeItem> items;
   for (std::size_t i = 0, b = 0, c = 0; i < sources.size(); ++i) {
     const EncodeSource& s = sources[i];
-    const int64_t nb = (s.n + 7) / 8;
+    const int64_t nb = pack ? (s.n + 7) / 8 : 0;
     bits_out.push_back(bits.narrow(0, static_cast<int64_t>(b), nb));
-    scales_out.push_back(scales.narrow(0, static_cast<int64_t>(c), 2 * s.cols));
+    scales_out.push_back(has_given ? (*given_scales)[i] : scales.narrow(0, static_cast<int64_t>(c), 2 * s.cols));
     items.push_back({at_element(s.src, s.offset), with_residual ? at_element(*s.residual, s.offset) : nullptr, s.n,
                      s.cols, s.ld, bits_out[i].data_ptr<uint8_t>(), scales_out[i].data_ptr<float>()});
     b += static_cast<std::size_t>(nb);
-    c += static_cast<std::size_t>(2 * s.cols);
+    c += static_cast<std::size_t>(has_given ? 0 : 2 * s.cols);
   }
+  const auto passes = has_given ? hgc_dev::OnebitPasses::kPack
+                                : (pack ? hgc_dev::OnebitPasses::kBoth : hgc_dev::OnebitPasses::kScales);
   for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
     std::vector<hgc_dev::OnebitEncodeItem> group;
     for (std::size_t i = 0; i < items.size(); ++i) {
       if (dtypes[i] == t) group.push_back(items[i]);
     }
     hgc_dev::onebit_encode_many(hgc_dev::current_ctx(), hgc_dev::dev_dtype(t), group.data(),
-                                static_cast<int64_t>(group.size()), with_residual);
+                                static_cast<int64_t>(group.size()), with_residual, passes);
   }
   return {bits_out, scales_out};
 }
@@ -154,10 +180,12 @@ c10::optional<at::Tensor> residual_at(const c10::optional<std::vector<at::Tensor
 
 }  // namespace
 
-OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
-                                         const c10::optional<std::vector<at::Tensor>>& residuals,
-                                         const std::vector<int64_t>& cols) {
-  constexpr const char* op = "onebit_encode_many";
+namespace {
+
+// The checked sources of a bucket encode of whole tensors (onebit_encode_many, onebit_scales_many).
+std::vector<EncodeSource> whole_sources(const std::vector<at::Tensor>& grads,
+                                        const c10::optional<std::vector<at::Tensor>>& residuals,
+                                        const std::vector<int64_t>& cols, const char* op) {
   const std::size_t count = grads.size();
   TORCH_CHECK(cols.size() == count, op, ": ", count, " gradients but ", cols.size(), " column counts");
   TORCH_CHECK(!residuals.has_value() || residuals->size() == count, op, ": ", count, " gradients but ",
@@ -169,13 +197,30 @@ OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
     hgc::check_onebit_encode_args(grads[i], res, cols[i], hgc_dev::kDeviceType);
     sources.push_back({grads[i], res, grads[i].numel(), cols[i], cols[i], 0});
   }
-  return encode_sources(sources, residuals.has_value());
+  return sources;
+}
+
+}  // namespace
+
+OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
+                                         const c10::optional<std::vector<at::Tensor>>& residuals,
+                                         const std::vector<int64_t>& cols,
+                                         const c10::optional<std::vector<at::Tensor>>& scales) {
+  return encode_sources(whole_sources(grads, residuals, cols, "onebit_encode_many"), residuals.has_value(), scales);
+}
+
+std::vector<at::Tensor> onebit_scales_many_device(const std::vector<at::Tensor>& grads,
+                                                  const c10::optional<std::vector<at::Tensor>>& residuals,
+                                                  const std::vector<int64_t>& cols) {
+  return std::get<1>(encode_sources(whole_sources(grads, residuals, cols, "onebit_scales_many"),
+                                    residuals.has_value(), c10::nullopt, false));
 }
 
 OnebitPayloads onebit_encode_columns_many_device(const std::vector<at::Tensor>& fulls,
                                                  const c10::optional<std::vector<at::Tensor>>& residuals,
                                                  const std::vector<int64_t>& full_cols,
-                                                 const std::vector<int64_t>& col0, const std::vector<int64_t>& col1) {
+                                                 const std::vector<int64_t>& col0, const std::vector<int64_t>& col1,
+                                                 const c10::optional<std::vector<at::Tensor>>& scales) {
   constexpr const char* op = "onebit_encode_columns_many";
   const std::size_t count = fulls.size();
   TORCH_CHECK(full_cols.size() == count && col0.size() == count && col1.size() == count, op,
@@ -191,7 +236,7 @@ OnebitPayloads onebit_encode_columns_many_device(const std::vector<at::Tensor>& 
     const int64_t rows = fulls[i].numel() / full_cols[i], cols = col1[i] - col0[i];
     sources.push_back({fulls[i], res, rows * cols, cols, full_cols[i], col0[i]});
   }
-  return encode_sources(sources, residuals.has_value());
+  return encode_sources(sources, residuals.has_value(), scales);
 }
 
 std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tensor>& bits,
@@ -259,8 +304,13 @@ namespace {
 void register_onebit_ops(pybind11::module& m) {
   namespace py = pybind11;
   m.def("onebit_encode", &onebit_encode_device, HGC_DEV_RELEASE_GIL,
-        "1-bit encode with fused error feedback -> (bits, scales)", py::arg("grad"), py::arg("residual"),
-        py::arg("cols"));
+        "1-bit encode with fused error feedback -> (bits, scales); given scales: the pack alone", py::arg("grad"),
+        py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none());
+  m.def("onebit_scales", &onebit_scales_device, HGC_DEV_RELEASE_GIL,
+        "the 1-bit encode's scales alone (read-only)", py::arg("grad"), py::arg("residual"), py::arg("cols"));
+  m.def("onebit_scales_many", &onebit_scales_many_device, HGC_DEV_RELEASE_GIL,
+        "onebit_scales of a bucket of tensors in a fixed number of device calls", py::arg("grads"),
+        py::arg("residuals"), py::arg("cols"));
   m.def("onebit_decode", &onebit_decode_device, HGC_DEV_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"),
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none());
   m.def("onebit_decode_sum", &onebit_decode_sum_device, HGC_DEV_RELEASE_GIL,
@@ -268,19 +318,20 @@ void register_onebit_ops(pybind11::module& m) {
         py::arg("dtype"), py::arg("scale"), py::arg("out") = py::none());
   m.def("onebit_encode_columns", &onebit_encode_columns_device, HGC_DEV_RELEASE_GIL,
         "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
-        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"),
+        py::arg("scales") = py::none());
   m.def("onebit_decode_columns", &onebit_decode_columns_device, HGC_DEV_RELEASE_GIL,
         "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
         py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
   m.def("onebit_encode_many", &onebit_encode_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_encode of a bucket of tensors in a fixed number of device calls -> (bits list, scales list)",
-        py::arg("grads"), py::arg("residuals"), py::arg("cols"));
+        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none());
   m.def("onebit_decode_sum_many", &onebit_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_decode_sum of a bucket of tensors in one device call", py::arg("bits"), py::arg("scales"),
         py::arg("n"), py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
   m.def("onebit_encode_columns_many", &onebit_encode_columns_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_encode_columns of many column windows in a fixed number of device calls", py::arg("fulls"),
-        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"), py::arg("scales") = py::none());
   m.def("onebit_decode_columns_many", &onebit_decode_columns_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_decode_columns of many column windows in one device call", py::arg("bits"), py::arg("scales"),
         py::arg("outs"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));

@@ -7,15 +7,21 @@
 #include <tuple>
 #include <vector>
 
+// `scales` (every encode): the scales onebit_scales gave for the same input: the pack alone, the
+// same payload and residual (the payload's scales are `scales` itself).
 std::tuple<at::Tensor, at::Tensor> onebit_encode_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
-                                                        int64_t cols);
+                                                        int64_t cols,
+                                                        const c10::optional<at::Tensor>& scales = c10::nullopt);
+// The encode's scales alone (its first pass, read-only).
+at::Tensor onebit_scales_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols);
 at::Tensor onebit_decode_sum_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                     at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out);
 at::Tensor onebit_decode_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                 at::ScalarType dtype, const c10::optional<at::Tensor>& out);
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor& full,
                                                                 const c10::optional<at::Tensor>& residual,
-                                                                int64_t full_cols, int64_t col0, int64_t col1);
+                                                                int64_t full_cols, int64_t col0, int64_t col1,
+                                                                const c10::optional<at::Tensor>& scales = c10::nullopt);
 void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                   int64_t full_cols, int64_t col0, int64_t col1);
 
@@ -26,7 +32,12 @@ void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scal
 using OnebitPayloads = std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>>;
 OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
                                          const c10::optional<std::vector<at::Tensor>>& residuals,
-                                         const std::vector<int64_t>& cols);
+                                         const std::vector<int64_t>& cols,
+                                         const c10::optional<std::vector<at::Tensor>>& scales = c10::nullopt);
+// onebit_scales of every tensor: at most 4 device calls per dtype (no pack).
+std::vector<at::Tensor> onebit_scales_many_device(const std::vector<at::Tensor>& grads,
+                                                  const c10::optional<std::vector<at::Tensor>>& residuals,
+                                                  const std::vector<int64_t>& cols);
 // scale * the sum of each tensor's K stacked payloads (one K for the bucket), as onebit_decode_sum.
 std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tensor>& bits,
                                                       const std::vector<at::Tensor>& scales,
@@ -38,7 +49,8 @@ std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tens
 OnebitPayloads onebit_encode_columns_many_device(const std::vector<at::Tensor>& fulls,
                                                  const c10::optional<std::vector<at::Tensor>>& residuals,
                                                  const std::vector<int64_t>& full_cols,
-                                                 const std::vector<int64_t>& col0, const std::vector<int64_t>& col1);
+                                                 const std::vector<int64_t>& col0, const std::vector<int64_t>& col1,
+                                                 const c10::optional<std::vector<at::Tensor>>& scales = c10::nullopt);
 void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, const std::vector<at::Tensor>& scales,
                                        const std::vector<at::Tensor>& outs, const std::vector<int64_t>& full_cols,
                                        const std::vector<int64_t>& col0, const std::vector<int64_t>& col1);

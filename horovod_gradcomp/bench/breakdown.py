@@ -30,7 +30,9 @@ PHASES = {
     "hooks": "compress() in the hooks",
     "synchronize": "waiting on Horovod (placeholder round trip / dense allreduce)",
     "flush": "engine flush: bookkeeping (with a communication thread: waiting for it)",
-    "preamble": "preamble: NaN/Inf check + digest",
+    "nonfinite": "non-finite check: one read of every gradient before the preamble (DGC without clipping)",
+    "measure": "encode's first pass before the preamble (scales; the non-finite check)",
+    "preamble": "preamble: digest + flag",
     "preamble/collective": "preamble allgather: waiting for other ranks",
     "encode": "encode + error feedback",
     "encode/collective": "scale allreduce",
@@ -46,7 +48,7 @@ PHASES = {
 }
 COLORS = {
     "zero_grad": "#c7c7c7", "backward": "#7f7f7f", "hooks": "#bcbd22", "synchronize": "#d62728",
-    "flush": "#c5b0d5", "preamble": "#ff9896", "preamble/collective": "#ff7f0e", "encode": "#1f77b4",
+    "flush": "#c5b0d5", "nonfinite": "#ad494a", "measure": "#393b79", "preamble": "#ff9896", "preamble/collective": "#ff7f0e", "encode": "#1f77b4",
     "encode/collective": "#aec7e8", "exchange": "#9467bd", "exchange/collective": "#2ca02c",
     "wait": "#dbdb8d", "wire": "#e377c2", "wire/collective": "#2ca02c", "decode": "#17becf",
     "decompress": "#8c564b", "optimizer": "#98df8a", "step": "#f7b6d2",
@@ -76,12 +78,12 @@ def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
 def floors(rows: Sequence[dict]) -> List[dict]:
     """Per codec row with a breakdown, the issue's floor from the same run:
     ``max(local step + codec time, link time)``, codec time being the slowest rank's mean
-    encode + decode; and the row's ``ms_per_step`` over it."""
+    encode (its first pass, ``measure``, included) + decode; and the row's ``ms_per_step`` over it."""
     local = next((r["ms_per_step"] for r in rows if r.get("config") == "local" and "ms_per_step" in r), None)
     out = []
     for s in summarize(rows):
         ranks = s["ranks"]
-        codec = max(r["mean_ms"].get("encode", 0.0) + r["mean_ms"].get("decode", 0.0) for r in ranks)
+        codec = max(sum(r["mean_ms"].get(k, 0.0) for k in ("measure", "encode", "decode")) for r in ranks)
         if local is None or codec == 0.0:
             continue
         row = next(r for r in rows if r.get("config") == s["config"])

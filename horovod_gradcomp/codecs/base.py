@@ -87,6 +87,16 @@ class Codec:
     def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
         raise NotImplementedError
 
+    #: True when a payload of non-finite input shows it (:meth:`payload_nonfinite`), so that the
+    #: exchange may find a NaN or Inf in what it receives instead of reading the gradients first
+    #: (:mod:`horovod_gradcomp.exchange.measure`, kind "payloads").
+    shows_nonfinite: bool = False
+
+    def payload_nonfinite(self, payload: Payload) -> bool:
+        """True when ``payload`` (single or stacked) was encoded from non-finite input; only for
+        codecs with ``shows_nonfinite``."""
+        raise NotImplementedError(f"{self.name}: its payloads do not show non-finite input")
+
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The tensor the payload stands for (shape, dtype, device of the original);
         written into ``out`` when given."""
@@ -174,14 +184,17 @@ class Codec:
         return [self.decode(p, out=o) for p, o in zip(payloads, outs)]
 
     def encode_columns_many(self, windows: Sequence[Tuple[torch.Tensor, Optional[torch.Tensor], int, int]],
-                            positions: Optional[Sequence[int]] = None) -> List[Payload]:
+                            positions: Optional[Sequence[int]] = None,
+                            scales: Optional[Sequence[torch.Tensor]] = None) -> List[Payload]:
         """``[encode_columns(tensor, residual, start, stop)]`` of each window, window i from stream
-        position ``positions[i]``; one bucket op where :meth:`bucket_ops` accepts them."""
+        position ``positions[i]``; one bucket op where :meth:`bucket_ops` accepts them.
+        ``scales``: each window's measured scales, for a codec that measures (onebit), or None."""
         payloads = []
         for i, (tensor, residual, start, stop) in enumerate(windows):
             if positions is not None:
                 self.reset_stream(positions[i])
-            payloads.append(self.encode_columns(tensor, residual, start, stop))
+            extra = {} if scales is None else {"scales": scales[i]}
+            payloads.append(self.encode_columns(tensor, residual, start, stop, **extra))
         return payloads
 
     def decode_columns_many(self, windows: Sequence[Tuple[Payload, torch.Tensor, int]]) -> None:

@@ -113,10 +113,62 @@ class OneBitCodec(Codec):
         n = math.prod(shape)
         return [("bits", torch.uint8, (n + 7) // 8), ("scales", torch.float32, 2 * self.groups(shape))]
 
+    # -- measure: the encode's first pass alone ------------------------------------
+    @property
+    def measures(self) -> bool:
+        """True when :meth:`measure` runs (columns mode): the exchange then takes its non-finite
+        check from the scales before its preamble and encodes with them after it."""
+        return self.scales == "columns"
+
+    def measure(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The scales (float32[2*cols]) that ``encode(tensor, residual)`` puts in its payload, from
+        the encode's first pass alone: nothing is written (the residual is read). ``encode(...,
+        scales=measure(...))`` then gives bitwise the payload and residual of ``encode(...)``.
+
+        Non-finite input shows in them: a NaN in column j of ``v = g + r`` makes ``a-_j`` NaN (a
+        NaN counts as negative), a +Inf makes ``a+_j`` +Inf, a -Inf ``a-_j`` -Inf; a finite ``v``
+        gives a non-finite scale only past float32's range. Columns mode only."""
+        return self.measure_many([tensor], None if residual is None else [residual])[0]
+
+    def measure_many(self, tensors: Sequence[torch.Tensor],
+                     residuals: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
+        """:meth:`measure` of each tensor (``residuals[i]`` None: no residual); one bucket op
+        (at most 4 device calls per dtype) where :meth:`bucket_ops` accepts the tensors."""
+        if not self.measures:
+            raise ValueError("onebit: measure runs in columns mode only (scales='columns')")
+        tensors = list(tensors)
+        residuals = list(residuals) if residuals is not None else [None] * len(tensors)
+        for t, r in zip(tensors, residuals):
+            self._check(t, r)
+        cols = [onebit_columns(t.shape) for t in tensors]
+        flats = [t.reshape(-1).contiguous() for t in tensors]
+        res = [None if r is None else r.view(-1) for r in residuals]
+        if not self.uses_kernels:
+            return [self._reference_scales(f, r, c)[2] for f, r, c in zip(flats, res, cols)]
+        uniform = all(r is None for r in res) or all(r is not None for r in res)
+        if uniform and len({t.device for t in tensors}) <= 1:  # one call (device tensors: one bucket op)
+            return list(self._C.onebit_scales_many(flats, None if res and res[0] is None else res, cols))
+        return [self._C.onebit_scales(f, r, c) for f, r, c in zip(flats, res, cols)]
+
+    @staticmethod
+    def window_scales(scales: torch.Tensor, cols: int, start: int, stop: int) -> torch.Tensor:
+        """The scales of columns ``[start, stop)`` out of a ``cols``-column tensor's ``scales``
+        (``a+`` of the window, then ``a-``): what :meth:`encode_columns` of that window computes
+        (each column is summed alone, in the same order, whatever the window)."""
+        return torch.cat([scales[start:stop], scales[cols + start:cols + stop]])
+
     # -- encode -------------------------------------------------------------------
-    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> Payload:
-        """Encode ``tensor`` (+ ``residual``, updated in place to the new quantization error)."""
+    def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None,
+               scales: Optional[torch.Tensor] = None) -> Payload:
+        """Encode ``tensor`` (+ ``residual``, updated in place to the new quantization error).
+        ``scales``: :meth:`measure` of the same tensor and residual (columns mode): the second
+        pass alone, bitwise the same payload and residual (the payload holds ``scales`` itself)."""
         self._check(tensor, residual)
+        if scales is not None:
+            if not self.measures:
+                raise ValueError("onebit: given scales need columns mode (scales='columns')")
+            bits, scales = self._encode_flat(tensor.reshape(-1), residual, onebit_columns(tensor.shape), scales)
+            return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
         if self._by_rows(tensor.shape):  # columns mode of G.t(), the residual transposed back
             rows, cols = self._grid(tensor.shape)
             res_t = residual.view(rows, cols).t().contiguous() if residual is not None else None
@@ -132,15 +184,19 @@ class OneBitCodec(Codec):
         """``(d0, prod(shape[1:]))``: the 2-D view's rows and columns (>= 2-D shapes)."""
         return int(shape[0]), math.prod(shape[1:])
 
-    def _encode_flat(self, flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
-        """Columns mode of ``flat`` viewed as ``[-1, cols]``; ``residual`` (contiguous) updated."""
+    def _encode_flat(self, flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int,
+                     scales: Optional[torch.Tensor] = None):
+        """Columns mode of ``flat`` viewed as ``[-1, cols]``; ``residual`` (contiguous) updated;
+        ``scales`` given: the second pass alone."""
         if self.uses_kernels:
             res = residual.view(-1) if residual is not None else None
-            return self._C.onebit_encode(flat.contiguous(), res, cols)
-        return self._reference_encode(flat, residual, cols)
+            return self._C.onebit_encode(flat.contiguous(), res, cols, scales)
+        return self._reference_encode(flat, residual, cols, scales)
 
     @staticmethod
-    def _reference_encode(flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
+    def _reference_scales(flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
+        """``(grid, pos, scales)``: ``v = flat (+ residual)`` as ``[rows, cols]`` in the arithmetic
+        dtype, its signs, and the columns' float32 scales (the reference's first pass)."""
         acc = accumulation_dtype(flat.dtype)
         v = flat.to(acc)
         if residual is not None:
@@ -153,7 +209,18 @@ class OneBitCodec(Codec):
         zero = torch.zeros((), dtype=acc, device=v.device)
         a_pos = torch.where(n_pos > 0, torch.where(pos, grid, zero).sum(0) / n_pos.clamp(min=1), zero)
         a_neg = torch.where(n_neg > 0, torch.where(pos, zero, grid).sum(0) / n_neg.clamp(min=1), zero)
-        scales = torch.cat([a_pos, a_neg]).to(torch.float32)
+        return grid, pos, torch.cat([a_pos, a_neg]).to(torch.float32)
+
+    @classmethod
+    def _reference_encode(cls, flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int,
+                          given: Optional[torch.Tensor] = None):
+        acc = accumulation_dtype(flat.dtype)
+        grid, pos, scales = cls._reference_scales(flat, residual, cols)
+        if given is not None:
+            if given.dtype != torch.float32 or given.numel() != 2 * cols or given.device != flat.device:
+                raise ValueError(f"onebit_encode: the given scales must be a float32 tensor of 2 * {cols} values "
+                                 f"on {flat.device}, got {given.numel()} {given.dtype} values on {given.device}")
+            scales = given
         if residual is not None:
             sent = scales.to(acc).view(2, cols)
             decoded = torch.where(pos, sent[0], sent[1])
@@ -167,15 +234,35 @@ class OneBitCodec(Codec):
         return self.scales == "columns" and self.on_device_kernels(devices)
 
     def encode_many(self, tensors, residuals=None, options=None, positions=None) -> List[Payload]:
-        """See :meth:`Codec.encode_many` (onebit is deterministic: positions are not used)."""
+        """See :meth:`Codec.encode_many` (onebit is deterministic: positions are not used);
+        ``options[i]`` may give tensor i's ``scales`` (:meth:`measure`), for every tensor or none."""
         if not self.bucket_ops([t.device for t in tensors]):
             return super().encode_many(tensors, residuals, options, positions)
         for i, t in enumerate(tensors):
             self._check(t, residuals[i] if residuals is not None else None)
+        given = self._given_scales(options, len(tensors))
         flats = [t.reshape(-1).contiguous() for t in tensors]
         res = [r.view(-1) for r in residuals] if residuals is not None else None
-        bits, scales = self._C.onebit_encode_many(flats, res, [onebit_columns(t.shape) for t in tensors])
+        bits, scales = self._C.onebit_encode_many(flats, res, [onebit_columns(t.shape) for t in tensors], given)
         return [Payload({"bits": b, "scales": s}, t.shape, t.dtype, t.device) for b, s, t in zip(bits, scales, tensors)]
+
+    @staticmethod
+    def _given_scales(options: Optional[Sequence[dict]], count: int) -> Optional[List[torch.Tensor]]:
+        """Each tensor's ``scales`` from its encode options, or None when no tensor has them.
+        Checked: one dict per tensor, no option but ``scales``, given for every tensor or none."""
+        if options is None:
+            return None
+        if len(options) != count:
+            raise ValueError(f"onebit: {count} tensors but {len(options)} encode options")
+        unknown = sorted({k for o in options for k in o} - {"scales"})
+        if unknown:
+            raise TypeError(f"onebit: encode got unexpected options {unknown}")
+        given = [o.get("scales") for o in options]
+        if all(g is None for g in given):
+            return None
+        if any(g is None for g in given):
+            raise ValueError("onebit: a bucket's encode options give scales for every tensor or for none")
+        return given
 
     def decode_mean_stacked_many(self, stacked, scale=None, outs=None) -> List[torch.Tensor]:
         """See :meth:`Codec.decode_mean_stacked_many`."""
@@ -201,10 +288,14 @@ class OneBitCodec(Codec):
                    for p in payloads]
         return self.decode_mean_stacked_many(stacked, 1.0, outs)
 
-    def encode_columns_many(self, windows, positions=None) -> List[Payload]:
-        """See :meth:`Codec.encode_columns_many` (deterministic: positions are not used)."""
+    def encode_columns_many(self, windows, positions=None, scales=None) -> List[Payload]:
+        """See :meth:`Codec.encode_columns_many` (deterministic: positions are not used);
+        ``scales[i]``: window i's scales (:meth:`window_scales` of the tensor's :meth:`measure`),
+        for every window or None."""
+        if scales is not None and any(s is None for s in scales):
+            raise ValueError("onebit: give scales for every window or for none")
         if not self.bucket_ops([t.device for t, _, _, _ in windows]):
-            return super().encode_columns_many(windows, positions)
+            return super().encode_columns_many(windows, positions, scales)
         cols = []
         for tensor, residual, start, stop in windows:
             self._check(tensor, residual)
@@ -214,7 +305,7 @@ class OneBitCodec(Codec):
             raise ValueError("onebit: a bucket's windows have a residual each or none")
         bits, scales = self._C.onebit_encode_columns_many(
             [t for t, _, _, _ in windows], None if residuals and residuals[0] is None else residuals, cols,
-            [w[2] for w in windows], [w[3] for w in windows])
+            [w[2] for w in windows], [w[3] for w in windows], None if scales is None else list(scales))
         return [Payload({"bits": b, "scales": s}, torch.Size((t.shape[0], stop - start)), t.dtype, t.device)
                 for b, s, (t, _, start, stop) in zip(bits, scales, windows)]
 
@@ -253,12 +344,13 @@ class OneBitCodec(Codec):
         return cols
 
     def encode_columns(self, tensor: torch.Tensor, residual: Optional[torch.Tensor], start: int,
-                       stop: int) -> Payload:
+                       stop: int, scales: Optional[torch.Tensor] = None) -> Payload:
         """See :meth:`Codec.encode_columns`; bitwise the payload and residual of ``encode``
-        of the window's contiguous copy (the kernel sums in the same order)."""
+        of the window's contiguous copy (the kernel sums in the same order). ``scales``: the
+        window's (:meth:`window_scales` of :meth:`measure`): the second pass alone."""
         self._check(tensor, residual)
         cols = self._window(tensor, start, stop)
-        bits, scales = self._C.onebit_encode_columns(tensor, residual, cols, start, stop)
+        bits, scales = self._C.onebit_encode_columns(tensor, residual, cols, start, stop, scales)
         return Payload({"bits": bits, "scales": scales}, torch.Size((tensor.shape[0], stop - start)), tensor.dtype,
                        tensor.device)
 

@@ -302,6 +302,15 @@ class QSGDCodec(CounterStream, Codec):
     error_feedback_default = False
     default_pattern = "auto"
     variable_size = False
+    #: A NaN or Inf makes its bucket's norm NaN or Inf (the kernels send it as is and map the
+    #: values to level 0): the exchange finds non-finite input in the norms it receives.
+    shows_nonfinite = True
+
+    def payload_nonfinite(self, payload: Payload) -> bool:
+        """True when a norm of ``payload`` (single or stacked) is NaN or Inf: its input held a
+        NaN or Inf (or a bucket norm past float32's range)."""
+        norms = payload.buffers["norms"]
+        return norms.numel() > 0 and not bool(torch.isfinite(norms).all())
 
     def __init__(self, impl: str = "native", levels: Optional[int] = None, bits: Optional[int] = None,
                  bucket: int = 512, norm: str = "l2", coding: str = "fixed", seed: int = 0, rank_stream: int = 0):

@@ -9,7 +9,9 @@ the same stream positions, fused layouts, owner requantization, decode), so its 
 residuals and counts are those of :meth:`StepEngine.exchange` with the same partition:
 
 * preamble: one allgather of the engine's agreement digest and non-finite flag
-  (:func:`~horovod_gradcomp.exchange.preamble.bucket_preamble`);
+  (:func:`~horovod_gradcomp.exchange.preamble.bucket_preamble`; the flag from
+  :meth:`StepEngine.bucket_job`'s check, :mod:`horovod_gradcomp.exchange.measure`, whose
+  measured scales the encodes below reuse; QSGD's received norms may still flag the step);
 * allgather pattern: [shared scales: MAX-allreduce] -> encode -> allgather of the fused
   payloads (variable size: allgather of the sizes, then of the parts padded to the largest)
   -> decode of the mean;
@@ -27,17 +29,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Generator, List
 
-import numpy as np
 import torch
 
 from ..exchange.allgather import AllgatherPattern
 from ..exchange.dense_warmup import DensePattern
 from ..exchange.bucket import Bucket, BucketOutcome, result_tensor
-from ..exchange.encoding import StepPositions, local_scales
+from ..exchange.encoding import StepPositions, measured_or_local_scales, with_measured
 from ..exchange.engine import BucketJob, StepEngine
 from ..exchange.fusion import pack_variable, unpack_variable
 from ..exchange.preamble import bucket_preamble
 from ..exchange.stats import allgather_wire_bytes, allreduce_wire_bytes
+from ..exchange.stripes import stripe_key
 from ..exchange.two_phase import TwoPhasePattern, _ChunkWork
 
 
@@ -89,14 +91,14 @@ def _preamble(engine: StepEngine, comm, job: BucketJob) -> Generator[Call, objec
     return bucket_preamble(_Replay(comm.size, every.cpu()), engine.owner, job.signature, job.local_nonfinite, check)
 
 
-def _agree_scales(codec, comm, values: Callable[[], List[torch.Tensor]], count: int, stats, totals
-                  ) -> Generator[Call, object, List[dict]]:
+def _agree_scales(codec, comm, values: Callable[[], List[torch.Tensor]], count: int, stats, totals,
+                  local=None) -> Generator[Call, object, List[dict]]:
     """The asynchronous :func:`~horovod_gradcomp.exchange.encoding.agree_scales`: encode options
-    of ``count`` tensors (shared scale = max over ranks of ``local_scale``, one MAX-allreduce)."""
+    of ``count`` tensors (shared scale = max over ranks of ``local_scale``, one MAX-allreduce;
+    ``local``: the local scales measured before the preamble, or None)."""
     if not getattr(codec, "shared_scale", False) or count == 0:
         return [{} for _ in range(count)]
-    with stats.timed("encode_s"):
-        local = np.array(local_scales(codec, values()), dtype=np.float64)
+    local = measured_or_local_scales(codec, count, values, stats, local)
     if comm.size > 1:
         local = yield Call(comm.allreduce_max_async, (local,), "scales")
         totals.add(sent=allreduce_wire_bytes(8 * local.size, comm.size))
@@ -106,9 +108,11 @@ def _agree_scales(codec, comm, values: Callable[[], List[torch.Tensor]], count: 
 def _allgather(pattern: AllgatherPattern, comm, bucket: Bucket, stats, totals
                ) -> Generator[Call, object, BucketOutcome]:
     """The allgather pattern (see :meth:`AllgatherPattern.exchange`, whole bucket, no chunks)."""
-    codec, names, memory = pattern.codec, bucket.names, bucket.state.memory
+    codec, names, memory, measured = pattern.codec, bucket.names, bucket.state.memory, bucket.measured
     options = yield from _agree_scales(codec, comm, lambda: [memory.compensated(n, bucket.grads[n]) for n in names],
-                                       len(names), stats, totals)
+                                       len(names), stats, totals,
+                                       measured.local_for(names) if measured is not None else None)
+    options = with_measured(options, names, measured)
     pending = pattern.encode_names(bucket, names, dict(zip(names, options)), stats)
     results = {}
     if getattr(codec, "variable_size", False):
@@ -118,9 +122,7 @@ def _allgather(pattern: AllgatherPattern, comm, bucket: Bucket, stats, totals
         parts = yield Call(comm.allgatherv_known_async, (send, sizes), "payload", last=True)
         with stats.timed("decode_s"):
             decoded = [unpack_variable(part, names, pending) for part in parts]
-            means = codec.decode_mean_list_many([[d[n] for d in decoded] for n in names],
-                                                outs=[bucket.outs.get(n) for n in names])
-            results.update(zip(names, means))
+            nonfinite = pattern.decode_lists(decoded, bucket, results)
         payload, extra = send.numel(), 8
     else:
         layout = pattern.layout(names, pending)
@@ -128,9 +130,10 @@ def _allgather(pattern: AllgatherPattern, comm, bucket: Bucket, stats, totals
             send = layout.pack(pending)
         recv = yield Call(comm.allgather_async, (send,), "payload", last=True)
         with stats.timed("decode_s"):
-            pattern.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket, results)
+            nonfinite = pattern.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket,
+                                               results)
         payload, extra = layout.nbytes, 0
-    return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size))
+    return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size), nonfinite=nonfinite)
 
 
 def _two_phase(pattern: TwoPhasePattern, comm, bucket: Bucket, stats, totals
@@ -140,13 +143,15 @@ def _two_phase(pattern: TwoPhasePattern, comm, bucket: Bucket, stats, totals
     plan = pattern.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
     positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
     jobs = pattern._stripe_jobs(plan, bucket, stats)
+    measured, keys = bucket.measured, [stripe_key(j.name, j.stripe.owner) for j in jobs]
     options = yield from _agree_scales(
         pattern.codec, comm,
         lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part for j in jobs],
-        len(jobs), stats, totals)
+        len(jobs), stats, totals, measured.local_for(keys) if measured is not None else None)
+    options = with_measured(options, keys, measured)
     results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
     devices = {n: grads[n].device for n in names}
-    work = _ChunkWork(plan, jobs, options)
+    work = _ChunkWork(plan, jobs, options, check_payloads=bucket.check_payloads)
     work.phase1 = pattern._phase1(comm, work, positions, stats)
     work.recv = yield Call(comm.alltoallv_async, work.phase1, "alltoallv")
     work.phase3 = pattern._phase3(comm, work, bucket, positions, devices, stats)
@@ -154,7 +159,7 @@ def _two_phase(pattern: TwoPhasePattern, comm, bucket: Bucket, stats, totals
     pattern._phase4(work, devices, results, stats)
     info = {"k": k, "payload_bytes_phase1": plan.payload_bytes_phase1,
             "payload_bytes_phase2": plan.payload_bytes_phase2(rank), "sent_bytes": plan.sent_bytes(rank), "chunks": 1}
-    return BucketOutcome(results, plan.payload_bytes_phase1, plan.sent_bytes(rank), info)
+    return BucketOutcome(results, plan.payload_bytes_phase1, plan.sent_bytes(rank), info, nonfinite=work.nonfinite)
 
 
 def _dense(pattern: DensePattern, comm, bucket: Bucket, stats, totals) -> Generator[Call, object, BucketOutcome]:

@@ -19,7 +19,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
-from .encoding import StepPositions, agree_scales
+from .encoding import StepPositions, agree_scales, with_measured
+from .measure import nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
 from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
@@ -64,17 +65,16 @@ class AllgatherPattern:
             payload, extra = send.numel(), 8
             with stats.timed("decode_s"):
                 decoded = [unpack_variable(part, names, pending) for part in parts]
-                means = codec.decode_mean_list_many([[d[n] for d in decoded] for n in names],
-                                                    outs=[bucket.outs.get(n) for n in names])
-                results.update(zip(names, means))
+                nonfinite = self.decode_lists(decoded, bucket, results)
         else:
             layout = self.layout(names, pending)
             with stats.timed("exchange_s"):
                 recv = comm.allgather(layout.pack(pending, comm=comm))
             payload, extra = layout.nbytes, 0
             with stats.timed("decode_s"):
-                self.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket, results)
-        return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size))
+                nonfinite = self.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket,
+                                                results)
+        return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size), nonfinite=nonfinite)
 
     def _exchange_pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats,
                             totals: StepTotals) -> BucketOutcome:
@@ -83,6 +83,7 @@ class AllgatherPattern:
         options = self.agree(comm, bucket, stats, totals)
         wire = wire_communicator(comm)
         results, payload = {}, 0
+        nonfinite = []
         inflight: deque = deque()
 
         def decode(layout: FusedLayout, future) -> None:
@@ -90,7 +91,7 @@ class AllgatherPattern:
                 recv = future.result()
             with stats.timed("decode_s"):
                 devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
-                self.decode_stacked(layout.unpack(recv, devices), bucket, results)
+                nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
 
         try:
             for chunk in chunks:
@@ -108,23 +109,40 @@ class AllgatherPattern:
         except BaseException:
             WireThread.cancel([f for _, f in inflight])
             raise
-        return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size))
+        return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size), nonfinite=any(nonfinite))
 
-    def decode_stacked(self, unpacked, bucket: Bucket, results: Dict[str, object]) -> None:
+    def decode_stacked(self, unpacked, bucket: Bucket, results: Dict[str, object]) -> bool:
         """The mean over ranks of each (name, stacked payloads) of ``unpacked`` into ``results``
-        (one bucket op of the codec where it has one)."""
+        (one bucket op of the codec where it has one). Returns whether a payload showed
+        non-finite input (looked at only where ``bucket.check_payloads``)."""
         unpacked = list(unpacked)
         names = [n for n, _ in unpacked]
-        means = self.codec.decode_mean_stacked_many([s for _, s in unpacked], outs=[bucket.outs.get(n) for n in names])
+        stacked = [s for _, s in unpacked]
+        nonfinite = bucket.check_payloads and nonfinite_payloads(self.codec, stacked)
+        means = self.codec.decode_mean_stacked_many(stacked, outs=[bucket.outs.get(n) for n in names])
         results.update(zip(names, means))
+        return nonfinite
+
+    def decode_lists(self, decoded: List[Dict[str, Payload]], bucket: Bucket, results: Dict[str, object]) -> bool:
+        """The mean over ranks of each name's K variable-size payloads (``decoded``: one dict per
+        rank) into ``results``; returns whether a payload showed non-finite input (as
+        :meth:`decode_stacked`)."""
+        names = bucket.names
+        nonfinite = bucket.check_payloads and any(nonfinite_payloads(self.codec, d.values()) for d in decoded)
+        means = self.codec.decode_mean_list_many([[d[n] for d in decoded] for n in names],
+                                                 outs=[bucket.outs.get(n) for n in names])
+        results.update(zip(names, means))
+        return nonfinite
 
     def agree(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, dict]:
         """name -> encode options: the shared scales agreed over ranks when the codec has them
-        (one collective for the whole bucket), ``{}`` otherwise."""
-        memory, names, grads = bucket.state.memory, bucket.names, bucket.grads
+        (one collective for the whole bucket; the local scales measured before the preamble
+        where they were), ``{}`` otherwise; plus what the bucket's check measured (onebit's
+        scales)."""
+        memory, names, grads, measured = bucket.state.memory, bucket.names, bucket.grads, bucket.measured
         options = agree_scales(self.codec, comm, len(names), lambda: [memory.compensated(n, grads[n]) for n in names],
-                               stats, totals)
-        return dict(zip(names, options))
+                               stats, totals, local=measured.local_for(names) if measured is not None else None)
+        return dict(zip(names, with_measured(options, names, measured)))
 
     def encode_names(self, bucket: Bucket, names: Sequence[str], options: Mapping[str, dict],
                      stats: ExchangeStats) -> Dict[str, Payload]:

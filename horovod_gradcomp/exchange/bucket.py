@@ -21,6 +21,10 @@ class Bucket:
         state: this rank's :class:`~horovod_gradcomp.state.CompressionState` (memory, owner
             memory, step); updated in place through its methods.
         order: name -> index of the name among all parameters, sorted (stream positions).
+        measured: what the bucket's non-finite check measured before the preamble
+            (:class:`~horovod_gradcomp.exchange.measure.Measured`: encode options and local scales
+            the pattern reuses, whether to look at the received payloads); None: nothing (the
+            pattern computes what it needs itself).
     """
 
     names: List[str]
@@ -28,6 +32,12 @@ class Bucket:
     state: CompressionState
     order: Mapping[str, int]
     outs: Mapping[str, Optional[torch.Tensor]] = field(default_factory=dict)
+    measured: Optional[object] = None
+
+    @property
+    def check_payloads(self) -> bool:
+        """True when the pattern must look for non-finite input in the payloads it receives."""
+        return self.measured is not None and self.measured.check_payloads
 
     @property
     def numel(self) -> int:
@@ -41,12 +51,15 @@ class BucketOutcome:
         payload: bytes this rank encoded.
         sent: wire bytes this rank sent (data collectives and shared scales).
         info: pattern-specific details (the two-phase pattern's per-phase bytes).
+        nonfinite: a received payload showed non-finite input (only where the bucket's
+            ``check_payloads``); the same on every rank: the engine skips the step.
     """
 
     results: Dict[str, torch.Tensor]
     payload: int
     sent: float
     info: dict = field(default_factory=dict)
+    nonfinite: bool = False
 
 
 def result_tensor(grad: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tensor:

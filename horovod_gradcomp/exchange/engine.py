@@ -27,7 +27,13 @@ Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encode
 bucket (its memory is untouched) and every result of the step is NaN on every rank, so every
 rank skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left earlier in the
 step are rolled back to the memory they had before it (the engine snapshots a bucket's memory
-before encoding it whenever a step has several buckets).
+before encoding it whenever a step has several buckets). The flag comes from work the encode
+does anyway (:mod:`horovod_gradcomp.exchange.measure`, in :meth:`StepEngine.bucket_job`, before
+the preamble and before any state is written): onebit's column scales and TernGrad's local
+scales are measured there and reused by the encode; QSGD (no state) is flagged by the non-finite
+norms every rank receives, after the exchange; DGC with clipping by its step's norm. Only DGC
+without clipping and a few other cases (non-fused error feedback, onebit's rows mode, the dense
+warm-up) still read every gradient for it (``has_nonfinite``, the breakdown's ``nonfinite``).
 
 Streams (CUDA): gradients and results cross threads through the engine's
 :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``handoff``): each gradient is
@@ -58,7 +64,8 @@ from ..state.error_feedback import ErrorFeedback
 from .allgather import AllgatherPattern
 from .bucket import Bucket, BucketOutcome
 from .buckets import BucketPlan
-from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
+from .measure import Measured, measure_bucket, whole_units
+from .preamble import PREAMBLE_BYTES, bucket_preamble
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 from .stream_handoff import HandoffMark, StreamHandoff
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
@@ -80,7 +87,8 @@ class BucketJob:
     Fields: names (exchange order), grads (name -> this rank's gradient), tag (the bucket's
     label in the agreement check and messages), pattern (chosen identically on every rank),
     signature (what the preamble's digest covers), local_nonfinite (a NaN or Inf here), k,
-    rank, what (the stall watchdog's description of the wait)."""
+    rank, what (the stall watchdog's description of the wait), measured (the check's
+    :class:`~horovod_gradcomp.exchange.measure.Measured`: what the encode reuses)."""
     names: List[str]
     grads: Dict[str, torch.Tensor]
     tag: str
@@ -90,6 +98,7 @@ class BucketJob:
     k: int
     rank: int
     what: str
+    measured: Optional[Measured] = None
 
 
 class StepEngine:
@@ -332,7 +341,8 @@ class StepEngine:
     # -- one bucket, step by step (the synchronous path above; the DDP hook's asynchronous one) --
     def bucket_job(self, names: Sequence[str], grads: Mapping[str, torch.Tensor], tag: str, comm) -> BucketJob:
         """Everything about a bucket decided before its first collective: pattern, the preamble's
-        signature, whether this rank holds a non-finite gradient."""
+        signature, whether this rank holds a non-finite gradient (from the encode's own first
+        pass where the codec has one, :mod:`horovod_gradcomp.exchange.measure`). Writes no state."""
         grads = {n: grads[n].detach() for n in names}
         pattern = self.choose_pattern(grads, comm.size)
         others = [r for r in range(comm.size) if r != comm.rank]
@@ -340,7 +350,16 @@ class StepEngine:
                 f"{comm.rank} waiting for ranks {others}")
         signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
                      f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
-        return BucketJob(list(names), grads, tag, pattern, signature, has_nonfinite(grads), comm.size, comm.rank, what)
+        measured = measure_bucket(self.codec, self.state.memory, pattern, lambda: self._units(pattern, names, grads, comm),
+                                  grads, self.stats)
+        return BucketJob(list(names), grads, tag, pattern, signature, measured.nonfinite, comm.size, comm.rank, what,
+                         measured)
+
+    def _units(self, pattern: str, names: Sequence[str], grads: Mapping[str, torch.Tensor], comm):
+        """The encodes ``pattern`` will run for this bucket (:class:`~horovod_gradcomp.exchange.measure.Unit`)."""
+        if pattern == "two_phase":
+            return self._patterns["two_phase"].units(self.state.memory, names, grads, comm.size)
+        return whole_units(self.state.memory, names, grads)
 
     def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
         """After the preamble (``nonfinite``: some rank flagged one): the :class:`Bucket` for the
@@ -359,7 +378,7 @@ class StepEngine:
             return None
         if snapshot:
             self._snapshots.append(self.state.snapshot(job.names, [stripe_key(n, job.rank) for n in job.names]))
-        return Bucket(job.names, job.grads, self.state, self.order, outs)
+        return Bucket(job.names, job.grads, self.state, self.order, outs, job.measured)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
         """Keep the bucket's results, marked on this thread's streams (:meth:`wait_results`), and
@@ -368,6 +387,8 @@ class StepEngine:
         with self._cv:
             self._results.update(outcome.results)
             self._result_marks.append(mark)
+            if outcome.nonfinite:  # found in the received payloads (measure kind "payloads"): on every rank
+                self._nonfinite = True
         self._totals.add(tensors=len(job.names), payload=outcome.payload,
                          numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent)
         self._totals.k = job.k

@@ -6,6 +6,12 @@ dtype) and one flag byte: "some gradient of this bucket is NaN or Inf here". It 
 any collective whose sizes or meaning depend on those things (shared scales, payloads), so
 ranks that disagree fail on every rank with :class:`ExchangeMismatchError` instead of pairing
 the wrong buffers or hanging, and a non-finite gradient on one rank is known to all.
+
+The flag is this rank's check of the bucket (:mod:`horovod_gradcomp.exchange.measure`): the
+encode's own first pass where the codec has one (onebit's scales, TernGrad's local scales),
+DGC's clipping norm, or :func:`has_nonfinite` (one read of every gradient) where nothing else
+reads them before the preamble. QSGD sends a 0 here and is flagged after its exchange, by the
+non-finite norms every rank receives.
 """
 from __future__ import annotations
 
@@ -22,7 +28,9 @@ PREAMBLE_BYTES = 24  # digest, flag byte, padding to 8
 
 
 def has_nonfinite(grads: Mapping[str, torch.Tensor]) -> bool:
-    """True when any value of any gradient is NaN or +-Inf (one reduction per tensor, one sync).
+    """True when any value of any gradient is NaN or +-Inf (one reduction per tensor, one sync):
+    the check of the cases no encode pass covers (:func:`~horovod_gradcomp.exchange.measure.check_kind`
+    ``"pass"``: DGC without clipping, non-fused error feedback, onebit's rows mode, dense warm-up).
 
     A NaN or Inf makes the tensor's sum non-finite; a sum of finite values overflows only past
     the accumulation type's range (float32 for narrow dtypes), which a gradient does not reach."""

@@ -66,8 +66,9 @@ import torch
 from ..codecs.base import Codec, Payload
 from ..state.error_feedback import ErrorFeedback, encode_with_residual
 from .bucket import Bucket, BucketOutcome, result_tensor
-from .encoding import StepPositions, agree_scales, local_scales
+from .encoding import StepPositions, agree_scales, local_scales, with_measured
 from .fusion import FusedLayout
+from .measure import Unit, nonfinite_payloads, peek_residual
 from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
 from .staging import staging_for
 from .stats import ExchangeStats, StepTotals
@@ -175,6 +176,8 @@ class _ChunkWork:
     parts: Optional[list] = None
     alltoallv: object = None
     allgatherv: object = None
+    check_payloads: bool = False  # look for non-finite input in the owners' payloads (bucket.check_payloads)
+    nonfinite: bool = False       # ... and found some
 
 
 def _one_device(jobs: Sequence["_StripeJob"]) -> torch.device:
@@ -252,14 +255,12 @@ class TwoPhasePattern:
         positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
         jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
         flat = [job for chunk_jobs in jobs for job in chunk_jobs]
-        options = iter(agree_scales(self.codec, comm, len(flat),
-                                    lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part
-                                             for j in flat],
-                                    stats, totals))
+        options = iter(self.job_options(comm, bucket, flat, stats, totals))
         chunk_options = [[next(options) for _ in chunk_jobs] for chunk_jobs in jobs]
         results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
         devices = {n: grads[n].device for n in names}
-        work = [_ChunkWork(plan, chunk_jobs, opts) for plan, chunk_jobs, opts in zip(plans, jobs, chunk_options)]
+        work = [_ChunkWork(plan, chunk_jobs, opts, check_payloads=bucket.check_payloads)
+                for plan, chunk_jobs, opts in zip(plans, jobs, chunk_options)]
         if pipelined:
             self._exchange_chunks(comm, work, bucket, positions, devices, results, stats)
         else:
@@ -274,7 +275,46 @@ class TwoPhasePattern:
         sent = sum(p.sent_bytes(rank) for p in plans)
         info = {"k": k, "payload_bytes_phase1": phase1, "payload_bytes_phase2": phase2, "sent_bytes": sent,
                 "chunks": len(plans)}
-        return BucketOutcome(results, phase1, sent, info)
+        return BucketOutcome(results, phase1, sent, info, nonfinite=any(w.nonfinite for w in work))
+
+    def job_options(self, comm, bucket: Bucket, jobs: Sequence["_StripeJob"], stats: ExchangeStats,
+                    totals: StepTotals) -> List[dict]:
+        """Each stripe job's encode options: the shared scales agreed over ranks (one collective
+        for all; the local scales measured before the preamble where they were) and what the
+        bucket's check measured (onebit's scales of each stripe). Every rank calls it (a collective)."""
+        measured = bucket.measured
+        keys = [stripe_key(j.name, j.stripe.owner) for j in jobs]
+        options = agree_scales(self.codec, comm, len(jobs),
+                               lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part
+                                        for j in jobs],
+                               stats, totals, local=measured.local_for(keys) if measured is not None else None)
+        return with_measured(options, keys, measured)
+
+    def units(self, memory: ErrorFeedback, names: Sequence[str], grads, k: int) -> List[Unit]:
+        """The stripe encodes of a bucket, as :mod:`horovod_gradcomp.exchange.measure` reads them
+        before the preamble (keys ``stripe_key(name, owner)``, the order of :meth:`_stripe_jobs`):
+        column windows encoded in place name their window of the whole tensor; other stripes
+        are taken (a view for rows, a copy for columns). Residuals are read, never created."""
+        plan = self.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
+        units = []
+        for n, _, _ in plan.entries:
+            g = grads[n].detach()
+            r = peek_residual(memory, n, g)
+            for st in plan.stripes[n]:
+                if not st.numel:
+                    continue
+                key = stripe_key(n, st.owner)
+                if self._in_place(g, st):
+                    units.append(Unit(key, g, r, (n, st.start, st.stop)))
+                else:
+                    units.append(Unit(key, st.take(g), None if r is None else st.take(r)))
+        return units
+
+    def _in_place(self, g: torch.Tensor, st: Stripe) -> bool:
+        """True when stripe ``st`` of ``g`` is a column window the codec encodes in place (a shared
+        scale reads the stripe's values: those are taken)."""
+        return (not getattr(self.codec, "shared_scale", False) and not st.is_view
+                and self.codec.encodes_column_windows(g, st.stop - st.start))
 
     def _exchange_chunks(self, comm, work: List["_ChunkWork"], bucket: Bucket, positions: StepPositions,
                          devices, results, stats: ExchangeStats) -> None:
@@ -315,8 +355,7 @@ class TwoPhasePattern:
         """A :class:`_StripeJob` for every non-empty stripe of the plan's tensors: column stripes
         the codec encodes in place (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`)
         take no copies; other stripes are taken (a view for row stripes, a copy for columns)."""
-        memory, codec = bucket.state.memory, self.codec
-        in_place_ok = not getattr(codec, "shared_scale", False)  # a shared scale reads the stripe's values
+        memory = bucket.state.memory
         with stats.timed("encode_s"):
             jobs = []
             for n, _, _ in plan.entries:
@@ -325,7 +364,7 @@ class TwoPhasePattern:
                 for st in plan.stripes[n]:
                     if not st.numel:
                         continue
-                    if in_place_ok and not st.is_view and codec.encodes_column_windows(g, st.stop - st.start):
+                    if self._in_place(g, st):
                         jobs.append(_StripeJob(n, st, g, None, r, None))
                     else:
                         jobs.append(_StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r)))
@@ -356,8 +395,10 @@ class TwoPhasePattern:
         position = [positions(job.name, job.stripe.owner, 0) for job in jobs]
         payloads: List[Optional[Payload]] = [None] * len(jobs)
         windows = [i for i, job in enumerate(jobs) if job.grad_part is None]
+        scales = [w.options[i].get("scales") for i in windows]
         encoded = codec.encode_columns_many([(jobs[i].grad, jobs[i].residual, jobs[i].stripe.start, jobs[i].stripe.stop)
-                                            for i in windows], [position[i] for i in windows])
+                                            for i in windows], [position[i] for i in windows],
+                                            scales=scales if scales and scales[0] is not None else None)
         for i, payload in zip(windows, encoded):
             payloads[i] = payload
         parts = [i for i, job in enumerate(jobs) if job.grad_part is not None]
@@ -386,6 +427,10 @@ class TwoPhasePattern:
         mine = plan.layouts[comm.rank]
         stripe_devices = {key: devices[n] for key, (n, _) in plan.where.items()}
         received = mine.unpack(w.recv.view(k, mine.nbytes), stripe_devices)
+        poison = False
+        if bucket.check_payloads:  # a non-finite input shows in what the owner sends on (NaN means)
+            received = list(received)
+            poison = nonfinite_payloads(self.codec, [stacked for _, stacked in received])
         if plan.exact_sum:
             with stats.timed("encode_s"):
                 owned = {key: plan.owner_codec.encode_stacked(self.codec, stacked) for key, stacked in received}
@@ -393,6 +438,9 @@ class TwoPhasePattern:
             keys = [key for key, _ in received]
             with stats.timed("decode_s"):
                 means = self.codec.decode_mean_stacked_many([stacked for _, stacked in received])
+                if poison:
+                    for mean in means:
+                        mean.fill_(float("nan"))
             with stats.timed("encode_s"):
                 owned = dict(zip(keys, self._requantize(bucket.state.owner_memory, plan, keys, means, positions)))
         with stats.timed("exchange_s"):
@@ -408,6 +456,8 @@ class TwoPhasePattern:
             views, windows, copies = [], [], []
             for layout, buf in zip(plan.owner_layouts, w.parts):
                 for key, stacked in layout.unpack(buf.view(1, layout.nbytes), stripe_devices):
+                    if w.check_payloads and not w.nonfinite:
+                        w.nonfinite = nonfinite_payloads(codec, [stacked])
                     n, st = plan.where[key]
                     if st.is_view:
                         views.append((_first(stacked), st.take(results[n])))

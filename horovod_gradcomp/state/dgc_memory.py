@@ -134,6 +134,8 @@ class DGCMemory:
         self.step = 0
         self.reduction = "mean"
         self._clip_coef = 1.0
+        #: True when this step's gradient norm (:meth:`begin_step`, clipping on) is NaN or Inf.
+        self.step_nonfinite = False
 
     # -- the memory interface the exchange uses ---------------------------------------------
     @property
@@ -146,12 +148,15 @@ class DGCMemory:
         return f"{self!r} momentum={self.momentum} nesterov={self.nesterov} density={self.current_density()!r}"
 
     def begin_step(self, grads: Mapping[str, torch.Tensor], world_size: int) -> None:
-        """Compute this step's clipping coefficient from all of this rank's gradients."""
+        """Compute this step's clipping coefficient from all of this rank's gradients, and
+        :attr:`step_nonfinite` (the exchange's non-finite check with clipping: the norm is a
+        read of every gradient before any exchange anyway)."""
         if self.clip_norm is None:
             return
         sq = sum(float(g.detach().double().pow(2).sum()) for g in grads.values())
+        self.step_nonfinite = not math.isfinite(sq)
         limit = self.clip_limit(world_size)
-        self._clip_coef = min(1.0, limit / (math.sqrt(sq) + 1e-6))
+        self._clip_coef = min(1.0, limit / (math.sqrt(sq) + 1e-6)) if not self.step_nonfinite else 1.0
 
     def set_reduction(self, reduction: str) -> None:
         """"mean" (Horovod's ``op=hvd.Average``) or "sum" (``op=hvd.Sum``): what the clipping
@@ -168,6 +173,7 @@ class DGCMemory:
     def end_step(self) -> None:
         self.step += 1
         self._clip_coef = 1.0
+        self.step_nonfinite = False
 
     def adopt_momentum(self, momentum: float, nesterov: bool) -> None:
         """Take the wrapped optimizer's momentum (``Compression.dgc(momentum=None)``)."""

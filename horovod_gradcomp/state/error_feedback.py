@@ -82,6 +82,11 @@ class ErrorFeedback:
                 f"residual is {tuple(r.shape)}/{r.dtype}/{r.device}; was a checkpoint for another model loaded?")
         return r
 
+    def peek(self, name: str, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """The residual of ``name`` when it exists (checked as :meth:`residual` checks it), else
+        None: creates nothing (the non-finite check reads residuals before any state is written)."""
+        return self.residual(name, like) if name in self.residuals else None
+
     def compensated(self, name: str, grad: torch.Tensor) -> torch.Tensor:
         """``grad + r`` (just ``grad`` when disabled); the residual is not changed."""
         return grad + self.residual(name, grad) if self.enabled else grad

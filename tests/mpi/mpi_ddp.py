@@ -26,6 +26,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
+from horovod_gradcomp.exchange import preamble
 from horovod_gradcomp.exchange.timeline import Timeline
 
 from .mpi_helpers import init
@@ -118,14 +119,29 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
         assert stats[key] == want_stats[key], key
 
 
-def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere():
+NONFINITE_CASES = ["onebit", "onebit-two_phase", "terngrad-two_phase", "qsgd-two_phase", "qsgd-elias", "dgc",
+                   "dgc-clip"]
+
+
+@pytest.mark.parametrize("bad", ["nan", "inf"])
+@pytest.mark.parametrize("case", NONFINITE_CASES)
+def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere(case, bad, monkeypatch):
+    """A NaN or Inf input on the last rank at step 1: every result is NaN on every rank, the
+    memory (residuals, owner residuals, velocities) is bitwise as before the step. Only DGC
+    without clipping reads the gradients for the check (has_nonfinite, patched to raise for the
+    others: onebit, TernGrad and QSGD take it from their encode, DGC with clipping from its norm)."""
+    codec, options = CASES[case]
+    if case != "dgc":
+        def refuse(grads):
+            raise AssertionError(f"{case}: has_nonfinite called")
+        monkeypatch.setattr(preamble, "has_nonfinite", refuse)
     plain = model()
     ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.004)
-    state = hgc.ddp.register(ddp, "onebit")
-    for step in range(2):
+    state = hgc.ddp.register(ddp, codec, **options)
+    for step in range(3):
         x, y = batch(step, RANK)
         if step == 1 and RANK == SIZE - 1:
-            x[0, 0] = float("nan")
+            x[0, 0] = float(bad)
         before = flat_state(state.state_dict())
         ddp.zero_grad()
         F.cross_entropy(ddp(x), y).backward()
@@ -133,6 +149,7 @@ def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere():
         if step == 1:
             assert all(bool(g.isnan().all()) for g in grads), "every result of a skipped step is NaN, on every rank"
             after = flat_state(state.state_dict())
+            assert [k for k, _ in before] == [k for k, _ in after], "the skipped step created state"
             assert all(torch.equal(u, v) for (_, u), (_, v) in zip(before, after)), "memory rolled back"
             assert state.stats()["nonfinite_steps"] == 1
         else:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange import ExchangeMismatchError
+from horovod_gradcomp.exchange import ExchangeMismatchError, preamble
 
 from .mpi_helpers import assert_identical_across_ranks, init, needs_peers
 
@@ -137,21 +137,44 @@ def test_job_state_in_one_file(case, tmp_path_factory):
         os.remove(path)
 
 
-@pytest.mark.parametrize("case", ["onebit", "onebit-buckets", "terngrad-two_phase-buckets", "qsgd-elias",
-                                  "dgc-buckets"])
-def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere(case):
-    """A NaN on the last rank at step 2: every rank gets all-NaN results at step 2, the state
-    after it equals the state before it, and the steps after equal a run without step 2."""
+NONFINITE_CASES = {  # the cases of the non-finite test beyond CASES
+    "onebit-noef-two_phase": ("onebit", {"pattern": "two_phase", "error_feedback": False}),
+    "onebit-two_phase-buckets": ("onebit", {"pattern": "two_phase", "bucket_bytes": 600}),
+    "terngrad-clip": ("terngrad", {"clip": 2.5}),
+    "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 16, "pattern": "two_phase"}),
+    "qsgd-two_phase-buckets": ("qsgd", {"bits": 4, "bucket": 16, "pattern": "two_phase", "bucket_bytes": 600}),
+    "dgc-clip": ("dgc", {"density": 0.1, "momentum": 0.9, "clip_norm": 1.0}),
+}
+#: (tensor, flat index, value) of each kind of bad value (one tensor: the others stay finite)
+BAD = {"nan-inf": [("c.conv", 7, float("nan")), ("e.wide", 3, float("inf"))],
+       "nan-last": [("e.wide", 5, float("nan"))], "+inf": [("a.bias", 2, float("inf"))],
+       "-inf": [("b.weight", 11, float("-inf"))]}
+
+
+@pytest.mark.parametrize("bad", list(BAD))
+@pytest.mark.parametrize("case", ["onebit", "onebit-two_phase", "onebit-buckets", "terngrad-two_phase-buckets",
+                                  "terngrad-ef", "qsgd-fixed", "qsgd-elias", "dgc-buckets"] + list(NONFINITE_CASES))
+def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere(case, bad, monkeypatch):
+    """A NaN or Inf on the last rank at step 2: every rank gets all-NaN results at step 2, the
+    state after it equals the state before it, and the steps after equal a run without step 2.
+    No case but DGC without clipping reads the gradients for the check (has_nonfinite patched
+    to raise: the encode's own first pass, the received QSGD norms, or DGC's norm give it)."""
+    if case in NONFINITE_CASES:
+        CASES.setdefault(case, NONFINITE_CASES[case])
+    if CASES[case][0] != "dgc" or "clip_norm" in CASES[case][1]:
+        def refuse(grads):
+            raise AssertionError(f"{case}: has_nonfinite called")
+        monkeypatch.setattr(preamble, "has_nonfinite", refuse)
     comp, clean = make(case), make(case)
     for t in range(2):
         comp.exchange(grads_for(t))
         clean.exchange(grads_for(t))
     before = comp.state_dict()
-    bad = grads_for(2)
+    bad_grads = grads_for(2)
     if RANK == SIZE - 1:
-        bad["c.conv"].view(-1)[7] = float("nan")
-        bad["e.wide"].view(-1)[3] = float("inf")
-    results = comp.exchange(bad)
+        for name, index, value in BAD[bad]:
+            bad_grads[name].view(-1)[index] = value
+    results = comp.exchange(bad_grads)
     assert all(r.isnan().all() for r in results.values() if r.numel()), "some result of the skipped step is finite"
     after = comp.state_dict()
     assert after["step"] == before["step"] + 1
