@@ -24,6 +24,15 @@ def twin():
     return require_twin()
 
 
+@pytest.fixture(scope="module")
+def D():
+    """The twin with its DGC ops; fails (naming the codecs it has) when they are missing."""
+    twin = require_twin()
+    if "dgc" not in twin.codecs:
+        pytest.fail(f"the twin holds no DGC ops (codecs: {twin.codecs})")
+    return twin
+
+
 @pytest.fixture
 def threads():
     """Runs the body at a given thread count and restores the count afterwards."""

@@ -17,6 +17,7 @@ import torch
 
 from horovod_gradcomp.codecs import dgc as dgc_mod
 from horovod_gradcomp.native import require_native, require_twin
+from device_helpers import D  # noqa: F401 (fixture)
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 THREADS = [1, 2, 4]
@@ -33,14 +34,6 @@ def threads(request):
 @pytest.fixture(scope="module")
 def C():
     return require_native()
-
-
-@pytest.fixture(scope="module")
-def D():
-    twin = require_twin()
-    if "dgc" not in twin.codecs:
-        pytest.fail(f"the twin holds no DGC ops (codecs: {twin.codecs})")
-    return twin
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:

@@ -18,23 +18,15 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs import dgc as dgc_mod
-from horovod_gradcomp.native import require_native, require_twin
+from horovod_gradcomp.native import require_native
 from horovod_gradcomp.state.dgc_memory import DensitySchedule, DGCMemory
 
-from device_helpers import device_calls
+from device_helpers import D, device_calls  # noqa: F401 (fixtures)
 from one_rank import OneRank
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # The sizes, plus one whose payloads need absolute index codes (gaps above 65536).
 SIZES = [0, 1, 7, 31, 32, 33, 8 * 1024 + 1, 200_001]
-
-
-@pytest.fixture(scope="module")
-def D():
-    twin = require_twin()
-    if "dgc" not in twin.codecs:
-        pytest.fail(f"the twin holds no DGC ops (codecs: {twin.codecs})")
-    return twin
 
 
 @pytest.fixture(scope="module")
