@@ -148,14 +148,9 @@ OnebitPayloads encode_sources(const std::vector<EncodeSource>& sources, bool wit
   }
   const auto passes = has_given ? hgc_dev::OnebitPasses::kPack
                                 : (pack ? hgc_dev::OnebitPasses::kBoth : hgc_dev::OnebitPasses::kScales);
-  for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
-    std::vector<hgc_dev::OnebitEncodeItem> group;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (dtypes[i] == t) group.push_back(items[i]);
-    }
-    hgc_dev::onebit_encode_many(hgc_dev::current_ctx(), hgc_dev::dev_dtype(t), group.data(),
-                                static_cast<int64_t>(group.size()), with_residual, passes);
-  }
+  hgc_dev::launch_by_dtype(dtypes, items, [&](hgc_dev::DType dt, const hgc_dev::OnebitEncodeItem* group, int64_t size) {
+    hgc_dev::onebit_encode_many(hgc_dev::current_ctx(), dt, group, size, with_residual, passes);
+  });
   return {bits_out, scales_out};
 }
 
@@ -163,14 +158,9 @@ OnebitPayloads encode_sources(const std::vector<EncodeSource>& sources, bool wit
 void decode_items(const std::vector<hgc_dev::OnebitDecodeItem>& items, const std::vector<at::ScalarType>& dtypes,
                   const at::Device& device, int64_t K, double scale) {
   const hgc_dev::DeviceGuard guard(device);
-  for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
-    std::vector<hgc_dev::OnebitDecodeItem> group;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (dtypes[i] == t) group.push_back(items[i]);
-    }
-    hgc_dev::onebit_decode_sum_many(hgc_dev::current_ctx(), hgc_dev::dev_dtype(t), group.data(),
-                                    static_cast<int64_t>(group.size()), K, scale);
-  }
+  hgc_dev::launch_by_dtype(dtypes, items, [&](hgc_dev::DType dt, const hgc_dev::OnebitDecodeItem* group, int64_t size) {
+    hgc_dev::onebit_decode_sum_many(hgc_dev::current_ctx(), dt, group, size, K, scale);
+  });
 }
 
 // The residual of source i of an optional list (None: none).

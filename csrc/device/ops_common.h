@@ -84,6 +84,19 @@ inline std::vector<at::ScalarType> dtype_groups(const std::vector<at::ScalarType
   return present;
 }
 
+// launch(dtype, items of that dtype, in bucket order) once for every dtype among `dtypes`
+// (dtypes[i] is items[i]'s): a bucket launcher takes tensors of one dtype.
+template <typename Item, typename Launch>
+void launch_by_dtype(const std::vector<at::ScalarType>& dtypes, const std::vector<Item>& items, Launch launch) {
+  for (const at::ScalarType t : dtype_groups(dtypes)) {
+    std::vector<Item> group;
+    for (std::size_t i = 0; i < items.size(); ++i) {
+      if (dtypes[i] == t) group.push_back(items[i]);
+    }
+    launch(dev_dtype(t), group.data(), static_cast<int64_t>(group.size()));
+  }
+}
+
 // The one device of a bucket's tensors (checked: a bucket is on one device); `what` names them.
 inline at::Device bucket_device(const std::vector<at::Tensor>& tensors, const char* op, const char* what) {
   TORCH_CHECK(!tensors.empty(), op, ": no tensors");

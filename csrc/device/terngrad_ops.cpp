@@ -20,19 +20,6 @@ void check_grad(const at::Tensor& grad) {
   HGC_CHECK_FLOATING(grad);
 }
 
-// launch(dtype, items of that dtype, in bucket order) once for every dtype among `dtypes`
-// (dtypes[i] is items[i]'s): a bucket launcher takes tensors of one dtype.
-template <typename Item, typename Launch>
-void launch_by_dtype(const std::vector<at::ScalarType>& dtypes, const std::vector<Item>& items, Launch launch) {
-  for (const at::ScalarType t : hgc_dev::dtype_groups(dtypes)) {
-    std::vector<Item> group;
-    for (std::size_t i = 0; i < items.size(); ++i) {
-      if (dtypes[i] == t) group.push_back(items[i]);
-    }
-    launch(hgc_dev::dev_dtype(t), group.data(), static_cast<int64_t>(group.size()));
-  }
-}
-
 }  // namespace
 
 double terngrad_max_abs_device(const at::Tensor& grad) {
@@ -116,7 +103,7 @@ at::Tensor terngrad_scale_stats_many_device(const std::vector<at::Tensor>& grads
   for (int64_t i = 0; i < count; ++i) {
     items.push_back({grads[i].data_ptr(), grads[i].numel(), max_abs + i, with_sigma ? sigma + i : nullptr});
   }
-  launch_by_dtype(dtypes, items, [](hgc_dev::DType dt, const hgc_dev::TerngradStatsItem* group, int64_t size) {
+  hgc_dev::launch_by_dtype(dtypes, items, [](hgc_dev::DType dt, const hgc_dev::TerngradStatsItem* group, int64_t size) {
     hgc_dev::terngrad_scale_stats_many(hgc_dev::current_ctx(), dt, group, size);
   });
   return stats;
@@ -157,7 +144,7 @@ TerngradPayloads terngrad_encode_many_device(const std::vector<at::Tensor>& grad
                      static_cast<uint32_t>(key1s[i]), codes_out[i].data_ptr<uint8_t>()});
     at_byte += static_cast<std::size_t>(nbytes);
   }
-  launch_by_dtype(dtypes, items, [](hgc_dev::DType dt, const hgc_dev::TerngradEncodeItem* group, int64_t size) {
+  hgc_dev::launch_by_dtype(dtypes, items, [](hgc_dev::DType dt, const hgc_dev::TerngradEncodeItem* group, int64_t size) {
     hgc_dev::terngrad_encode_many(hgc_dev::current_ctx(), dt, group, size);
   });
   return {codes_out, scales_out};
@@ -188,7 +175,7 @@ std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Te
     items.push_back({codes[i].data_ptr<uint8_t>(), codes[i].stride(0), scales[i].data_ptr<float>(),
                      scales[i].stride(0), n[i], results[i].data_ptr()});
   }
-  launch_by_dtype(dtypes, items, [&](hgc_dev::DType dt, const hgc_dev::TerngradDecodeItem* group, int64_t size) {
+  hgc_dev::launch_by_dtype(dtypes, items, [&](hgc_dev::DType dt, const hgc_dev::TerngradDecodeItem* group, int64_t size) {
     hgc_dev::terngrad_decode_sum_many(hgc_dev::current_ctx(), dt, group, size, K, scale);
   });
   return results;
