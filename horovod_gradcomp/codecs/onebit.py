@@ -38,6 +38,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
+from ..exchange.step_ramp import check_ramp_steps
 from ..native import kernels_for
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
@@ -64,17 +65,21 @@ class OneBitCodec(Codec):
     #: (docs/results/README.md, "Column windows").
     default_pattern = "auto"
 
-    def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = "columns"):
+    def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = "columns", ramp_steps: int = 0):
         """``warmup_steps``: the exchange averages the first N steps of a compression at full
         precision (:mod:`horovod_gradcomp.exchange.dense_warmup`; residuals untouched, so error
         feedback starts from zero at step N); this codec's payloads from step N on.
-        ``scales``: "columns" (the spec) or "rows" (see the module doc)."""
+        ``scales``: "columns" (the spec) or "rows" (see the module doc).
+        ``ramp_steps``: the averaged gradients of step t < N are scaled by (t + 1) / N
+        (:mod:`horovod_gradcomp.exchange.step_ramp`: for SGD a learning-rate warm-up; payloads,
+        residuals and bytes unchanged)."""
         super().__init__(impl)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"onebit: warmup_steps must be a non-negative int, got {warmup_steps!r}")
         if scales not in SCALE_GROUPS:
             raise ValueError(f"onebit: scales must be one of {SCALE_GROUPS}, got {scales!r}")
         self.warmup_steps, self.scales = warmup_steps, scales
+        self.ramp_steps = check_ramp_steps("onebit", ramp_steps)
         self._cols_twin: Optional["OneBitCodec"] = None
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
@@ -82,6 +87,7 @@ class OneBitCodec(Codec):
     def __repr__(self) -> str:
         extra = f", warmup_steps={self.warmup_steps}" if self.warmup_steps else ""
         extra += f", scales={self.scales!r}" if self.scales != "columns" else ""
+        extra += f", ramp_steps={self.ramp_steps}" if self.ramp_steps else ""
         return f"{type(self).__name__}(impl={self.impl!r}{extra})"
 
     def _by_rows(self, shape: Sequence[int]) -> bool:

@@ -67,6 +67,7 @@ from .buckets import BucketPlan
 from .measure import Measured, measure_bucket, whole_units
 from .preamble import PREAMBLE_BYTES, bucket_preamble
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
+from .step_ramp import apply_ramp, ramp_factor
 from .stream_handoff import HandoffMark, StreamHandoff
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .stripes import stripe_key
@@ -381,8 +382,9 @@ class StepEngine:
         return Bucket(job.names, job.grads, self.state, self.order, outs, job.measured)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
-        """Keep the bucket's results, marked on this thread's streams (:meth:`wait_results`), and
-        add its counts to the step's totals."""
+        """Keep the bucket's results (scaled by the codec's step ramp, :mod:`.step_ramp`), marked on
+        this thread's streams (:meth:`wait_results`), and add its counts to the step's totals."""
+        apply_ramp(outcome.results.values(), ramp_factor(getattr(self.codec, "ramp_steps", 0), self.state.step))
         mark = self.handoff.record("result", outcome.results.values())
         with self._cv:
             self._results.update(outcome.results)

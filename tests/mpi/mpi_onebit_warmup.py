@@ -100,3 +100,36 @@ def test_rows_mode_trains_to_identical_parameters(pattern):
     payload = sum(codec.payload_nbytes(p.shape, p.dtype) for p in model.parameters())
     if pattern == "allgather":
         assert payload <= comp.stats()["bytes_payload"] / 4 < payload + 8
+
+
+@needs_peers
+@pytest.mark.parametrize("pattern", ["allgather", "two_phase"])
+@pytest.mark.parametrize("scales", ["columns", "rows"])
+def test_ramp_scales_the_results_and_nothing_else(pattern, scales):
+    """Two copies of a model, one compression with ``ramp_steps`` and one without, the same
+    batches and lr 0 (the parameters stay equal): step t's averaged gradients with the ramp are
+    bitwise those without it times (t + 1) / N, on every rank; residuals and bytes the same."""
+    from horovod_gradcomp.exchange.step_ramp import ramp_factor
+    n_ramp, models, comps, opts = 3, [], [], []
+    for tag, options in (("ramped", {"ramp_steps": n_ramp}), ("plain", {})):
+        model = make_model()
+        named = [(f"{tag}.{n}", p) for n, p in model.named_parameters()]
+        comp = hgc.Compression.onebit(named, scales=scales, pattern=pattern, **options)
+        opts.append(hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.0), named_parameters=named,
+                                             compression=comp))
+        models.append(model)
+        comps.append(comp)
+    for step in range(n_ramp + 1):
+        for model, opt in zip(models, opts):
+            local_step(model, opt, step)
+        for (n, p), q in zip(models[0].named_parameters(), models[1].parameters()):
+            assert torch.equal(p.grad, q.grad * ramp_factor(n_ramp, step)), (step, n)
+            every = gather_tensors(p.grad)
+            assert all(torch.equal(every[k], every[0]) for k in range(SIZE)), (step, n)
+        for model, opt in zip(models, opts):
+            with opt.skip_synchronize():
+                opt.step()
+    for (n, r), (m, s) in zip(sorted(comps[0].memory.residuals.items()), sorted(comps[1].memory.residuals.items())):
+        assert n.split(".", 1)[1] == m.split(".", 1)[1] and torch.equal(r, s), n
+    counts = [{k: v for k, v in c.stats().items() if not k.endswith("_s")} for c in comps]
+    assert counts[0] == counts[1]

@@ -1,0 +1,102 @@
+"""K ranks of ``train.py --task charlm`` in one process, exchanging through the onebit codec.
+
+For studying onebit's training dynamics quickly (one process, no MPI; a 4-epoch run takes
+about a minute on one core where the real -np 4 run takes several): every step computes the K
+ranks' gradients on their own shards and batches (``train.py``'s sharding, batch order and
+seeds), encodes each with its own error-feedback residual through the package's codec
+(``hgc.get_codec("onebit", scales=..)``), averages the K decoded payloads as the allgather
+pattern does, applies the step ramp (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
+and steps SGD with momentum. ``--codec none`` averages the exact gradients instead.
+
+It is a model of the exchange, not the exchange: the sum runs in float64 in rank order here,
+so its results match ``train.py``'s to rounding, not bitwise, and its perplexities land within
+a few percent of the real runs' (docs/results/onebit_divergence.md compares them). Use
+``train.py`` under mpirun for figures that claim what the package does.
+
+    .venv/bin/python examples/onebit_sim.py --ranks 4 --scales rows --ramp-steps 300
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+import horovod_gradcomp as hgc
+from horovod_gradcomp.exchange.step_ramp import ramp_factor
+from common import load_text, shard
+from train import CharRNN, lm_loss, next_chars
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", type=int, default=4, help="K, the simulated ranks")
+    p.add_argument("--codec", choices=("onebit", "none"), default="onebit")
+    p.add_argument("--scales", choices=("columns", "rows"), default="columns", help="onebit's scale groups")
+    p.add_argument("--ramp-steps", type=int, default=0, help="onebit's ramp_steps")
+    p.add_argument("--warmup-steps", type=int, default=0, help="the first N steps averaged exactly")
+    p.add_argument("--epochs", type=int, default=4)
+    p.add_argument("--lr", type=float, default=0.5)
+    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=128, help="the GRU's width (train.py's --hidden)")
+    p.add_argument("--stride", type=int, default=16, help="a training window every STRIDE characters")
+    p.add_argument("--threads", type=int, default=1)
+    return p.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    x_tr, y_tr, x_te, y_te, vocab = load_text(32, train_stride=args.stride)
+    k = args.ranks
+    shards = [shard(x_tr, y_tr, r, k, args.batch_size) for r in range(k)]
+    steps = shards[0][2]
+    model = CharRNN(vocab, hidden=args.hidden)
+    params = list(model.named_parameters())
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    codec = hgc.get_codec("onebit", scales=args.scales)
+    residuals = [{n: torch.zeros_like(p) for n, p in params} for _ in range(k)]
+    gens = [torch.Generator().manual_seed(args.seed * 1000 + r) for r in range(k)]
+    t0, losses = time.perf_counter(), []
+    for epoch in range(args.epochs):
+        orders = [torch.randperm(len(x), generator=g) for (x, _, _), g in zip(shards, gens)]
+        total = 0.0
+        for i in range(steps):
+            step = epoch * steps + i
+            summed = {n: torch.zeros_like(p, dtype=torch.float64) for n, p in params}
+            for r, (x, y, _) in enumerate(shards):
+                idx = orders[r][i * args.batch_size:(i + 1) * args.batch_size]
+                model.zero_grad()
+                loss = lm_loss(model, x[idx], y[idx])
+                loss.backward()
+                total += loss.item() / k
+                for n, p in params:
+                    if args.codec == "none" or step < args.warmup_steps:
+                        summed[n] += p.grad
+                    else:
+                        summed[n] += codec.decode(codec.encode(p.grad, residual=residuals[r][n]))
+            factor = ramp_factor(args.ramp_steps, step) if args.codec == "onebit" else 1.0
+            for n, p in params:
+                p.grad = (summed[n] / k * factor).to(p.dtype)
+            opt.step()
+        losses.append(total / steps)
+        print(f"epoch {epoch + 1}: train loss {losses[-1]:.4f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    model.eval()
+    with torch.no_grad():
+        logits = model(x_te)
+        test_loss = F.cross_entropy(logits.reshape(-1, vocab), next_chars(x_te, y_te).reshape(-1)).item()
+    print(json.dumps({"ranks": k, "codec": args.codec, "scales": args.scales, "ramp_steps": args.ramp_steps,
+                      "warmup_steps": args.warmup_steps, "epochs": args.epochs, "steps_per_epoch": steps,
+                      "lr": args.lr, "seed": args.seed, "train_loss": losses, "test_loss": test_loss,
+                      "perplexity": math.exp(min(test_loss, 700.0)), "seconds": time.perf_counter() - t0}))
+
+
+if __name__ == "__main__":
+    main()

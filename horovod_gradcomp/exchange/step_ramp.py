@@ -1,0 +1,44 @@
+"""The step ramp: a codec's averaged gradients scaled up linearly over its first steps.
+
+A codec with ``ramp_steps = N > 0`` (onebit's option) has the results of step ``t`` (the
+compression's own step counter, from 0) multiplied by ``(t + 1) / N`` while ``t < N``, and left
+alone from step ``N - 1`` on. For SGD (with or without momentum) this is a linear learning-rate
+warm-up over N steps, the remedy Goyal et al. and Deep Gradient Compression pair with aggressive
+compression in the first steps; optimizers that normalize the gradient (Adam, Adagrad) hardly
+notice it. Only the results are scaled: the payloads, the residuals and every byte on the wire
+are those of the unramped step, so the error feedback is untouched (docs/results/onebit_divergence.md).
+
+Every rank computes the same factor from the same step and multiplies bitwise the same results,
+so the results stay bitwise the same on every rank.
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+def ramp_factor(ramp_steps: int, step: int) -> float:
+    """The factor of step ``step`` (0-based) under a ramp of ``ramp_steps`` steps: ``(step + 1) /
+    ramp_steps`` before the ramp's end, 1.0 after it and without a ramp (``ramp_steps`` 0)."""
+    if ramp_steps <= 0 or step + 1 >= ramp_steps:
+        return 1.0
+    return (step + 1) / ramp_steps
+
+
+def apply_ramp(results: Iterable[torch.Tensor], factor: float) -> None:
+    """Multiply each of ``results`` in place by ``factor`` (nothing for 1.0)."""
+    if factor == 1.0:
+        return
+    for t in results:
+        t.mul_(factor)
+
+
+def check_ramp_steps(owner: str, ramp_steps) -> int:
+    """``ramp_steps`` when it is a non-negative int; a ValueError naming ``owner`` otherwise."""
+    if isinstance(ramp_steps, bool) or not isinstance(ramp_steps, int) or ramp_steps < 0:
+        raise ValueError(f"{owner}: ramp_steps must be a non-negative int, got {ramp_steps!r}")
+    return ramp_steps
+
+
+__all__ = ["apply_ramp", "check_ramp_steps", "ramp_factor"]

@@ -1,0 +1,43 @@
+"""examples/onebit_sim.py: K ranks in one process model train.py's charlm run under mpirun.
+
+The dense case must land on train.py's own result (same shards, batches, initialization and
+SGD; only the summation order of the mean differs), so that the simulator's onebit figures in
+docs/results/onebit_divergence.md stand for the real exchange's."""
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from launchers import final_json, mpirun, run
+
+ROOT = Path(__file__).resolve().parents[1]
+SIM = ROOT / "examples" / "onebit_sim.py"
+TRAIN = ROOT / "examples" / "train.py"
+SMALL = ["--epochs", "1", "--stride", "256", "--hidden", "32"]  # about 40 steps per rank
+RUN_TIMEOUT = 240
+
+pytestmark = pytest.mark.timeout(2 * RUN_TIMEOUT + 60)
+
+
+def sim(*args: str) -> dict:
+    out = run([sys.executable, str(SIM), *SMALL, *args], RUN_TIMEOUT)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="mpirun is not on PATH")
+def test_dense_simulation_lands_on_train_py():
+    mine = sim("--ranks", "2", "--codec", "none")
+    real = final_json(run(mpirun(2, str(TRAIN), "--task", "charlm", "--codec", "none", "--json", "--no-progress",
+                                 *SMALL), RUN_TIMEOUT))
+    assert mine["steps_per_epoch"] == real["steps_per_epoch"]
+    assert mine["test_loss"] == pytest.approx(real["test_loss"], rel=1e-3), (mine, real)
+
+
+def test_onebit_simulation_runs_with_its_options():
+    r = sim("--ranks", "3", "--scales", "rows", "--ramp-steps", "10", "--warmup-steps", "2")
+    assert (r["ranks"], r["scales"], r["ramp_steps"], r["warmup_steps"]) == (3, "rows", 10, 2)
+    assert 0 < r["test_loss"] < 4.6, r
