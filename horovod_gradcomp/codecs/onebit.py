@@ -95,6 +95,11 @@ class OneBitCodec(Codec):
         ``by_rows`` (rows mode: ``cols`` counts the rows of the ``[d0, -1]`` view)."""
         return self.groups(shape), self._by_rows(shape)
 
+    def _modes(self, shapes: Sequence[Sequence[int]]):
+        """The bucket ops' per-tensor lists: ``(groups, by_rows)`` of tensors of these shapes."""
+        modes = [self._mode(s) for s in shapes]
+        return [g for g, _ in modes], [b for _, b in modes]
+
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
         check_float("onebit", tensor)
@@ -135,15 +140,14 @@ class OneBitCodec(Codec):
         residuals = list(residuals) if residuals is not None else [None] * len(tensors)
         for t, r in zip(tensors, residuals):
             self._check(t, r)
-        groups, rows = zip(*[self._mode(t.shape) for t in tensors]) if tensors else ((), ())
+        groups, rows = self._modes([t.shape for t in tensors])
         flats = [t.reshape(-1).contiguous() for t in tensors]
         res = [None if r is None else r.view(-1) for r in residuals]
         if not self.uses_kernels:
             return [self._reference_scales(f, r, c, b)[2] for f, r, c, b in zip(flats, res, groups, rows)]
         uniform = all(r is None for r in res) or all(r is not None for r in res)
         if uniform and len({t.device for t in tensors}) <= 1:  # one call (device tensors: one bucket op)
-            return list(self._C.onebit_scales_many(flats, None if res and res[0] is None else res, list(groups),
-                                                   list(rows)))
+            return list(self._C.onebit_scales_many(flats, None if res and res[0] is None else res, groups, rows))
         return [self._C.onebit_scales(f, r, c, b) for f, r, c, b in zip(flats, res, groups, rows)]
 
     @staticmethod
@@ -233,8 +237,8 @@ class OneBitCodec(Codec):
         given = self._given_scales(options, len(tensors))
         flats = [t.reshape(-1).contiguous() for t in tensors]
         res = [r.view(-1) for r in residuals] if residuals is not None else None
-        groups, rows = zip(*[self._mode(t.shape) for t in tensors]) if tensors else ((), ())
-        bits, scales = self._C.onebit_encode_many(flats, res, list(groups), given, list(rows))
+        groups, rows = self._modes([t.shape for t in tensors])
+        bits, scales = self._C.onebit_encode_many(flats, res, groups, given, rows)
         return [Payload({"bits": b, "scales": s}, t.shape, t.dtype, t.device) for b, s, t in zip(bits, scales, tensors)]
 
     @staticmethod
@@ -265,10 +269,10 @@ class OneBitCodec(Codec):
             raise ValueError(f"onebit: a bucket's payloads come from one K ranks, got K = {sorted(ks)}")
         scale = 1.0 / ks.pop() if scale is None else scale
         flat_outs = [self.flat_out(o, p) for o, p in zip(outs, stacked)]
-        groups, rows = zip(*[self._mode(p.shape) for p in stacked]) if stacked else ((), ())
+        groups, rows = self._modes([p.shape for p in stacked])
         flats = self._C.onebit_decode_sum_many(
             [p.buffers["bits"] for p in stacked], [p.buffers["scales"] for p in stacked], [p.numel for p in stacked],
-            list(groups), [p.dtype for p in stacked], float(scale), flat_outs, list(rows))
+            groups, [p.dtype for p in stacked], float(scale), flat_outs, rows)
         return [f.view(p.shape) if o is None else o for f, p, o in zip(flats, stacked, outs)]
 
     def decode_many(self, payloads, outs=None) -> List[torch.Tensor]:
