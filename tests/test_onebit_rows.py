@@ -260,3 +260,28 @@ def test_rows_mode_refusals():
         C.onebit_encode(torch.zeros(10), None, 4, None, True)
     with pytest.raises(RuntimeError, match="expected 6 scales"):
         C.onebit_decode(torch.zeros(2, dtype=torch.uint8), torch.zeros(4), 12, 3, torch.float32, None, True)
+
+
+@pytest.mark.requires_cuda
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
+def test_rows_mode_on_cuda_is_the_cpu_kernels(dtype):
+    """impl="native" on CUDA tensors (the device kernels, single tensor and bucket ops): bitwise the
+    CPU kernels' payloads, residuals and decodes."""
+    codec = hgc.get_codec("onebit", scales="rows")
+    shapes = [(4, 17), (6, 3, 3), (2, 1025), (3, 0), (9,), (300, 33)]
+    data = [_data(s, dtype, 5, True) for s in shapes]
+    res_gpu = [r.cuda() for _, r in data]
+    for (g, r), rg in zip(data, res_gpu):
+        pc, pg = codec.encode(g, r.clone()), codec.encode(g.cuda(), rg.clone())
+        for name in ("bits", "scales"):
+            _same(pg.buffers[name].cpu(), pc.buffers[name], f"{tuple(g.shape)} {name}")
+        _same(codec.decode(pg).cpu(), codec.decode(pc), f"{tuple(g.shape)} decode")
+    res_cpu = [r.clone() for _, r in data]
+    many_gpu = codec.encode_many([g.cuda() for g, _ in data], res_gpu)
+    many_cpu = codec.encode_many([g for g, _ in data], res_cpu)
+    for i, (a, b) in enumerate(zip(many_gpu, many_cpu)):
+        for name in ("bits", "scales"):
+            _same(a.buffers[name].cpu(), b.buffers[name], f"bucket tensor {i} {name}")
+        _same(res_gpu[i].cpu(), res_cpu[i], f"bucket tensor {i} residual")
+    for i, (a, b) in enumerate(zip(codec.decode_many(many_gpu), codec.decode_many(many_cpu))):
+        _same(a.cpu(), b, f"bucket tensor {i} decode")

@@ -10,6 +10,9 @@
 //      v - decoded (the error-feedback update).
 // Decode-sum walks the output in blocks small enough to stay in cache, adding each of the
 // K payloads' reconstruction into the block before writing it once.
+// Rows mode (by_rows: a+ and a- per row of the contiguous [rows, n / rows] view) sums each row as
+// a one-column tensor (lane_stats), parallel over rows; its pack and decode walk the same flat
+// order, a byte at once where its 8 values share a row. No copies in either mode.
 #include "onebit_cpu.h"
 
 #include <ATen/Dispatch.h>
