@@ -60,6 +60,8 @@ struct Layout {
   }
 };
 
+// onebit_encode of one tensor laid out as L: the statistics' stages (unless kPack), then the pack
+// (unless kScales).
 template <typename T, bool kRes>
 void encode_typed(Exec& ex, const T* g, T* r, const Layout& L, uint8_t* bits, float* scales, OnebitPasses passes) {
   using A = typename Elem<T>::acc;
