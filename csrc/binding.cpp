@@ -27,15 +27,19 @@
 
 namespace {
 
+// onebit's ops take `by_rows` (the bucket ops: one per tensor, or None): rows mode, where `cols`
+// counts the rows of the [cols, n / cols] view, each with its a+ and a- (csrc/cpu/onebit_cpu.h).
 std::tuple<at::Tensor, at::Tensor> onebit_encode(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
-                                                 int64_t cols, const c10::optional<at::Tensor>& scales) {
-  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_device(grad, residual, cols, scales));
-  return onebit_encode_cpu(grad, residual, cols, scales);
+                                                 int64_t cols, const c10::optional<at::Tensor>& scales,
+                                                 bool by_rows) {
+  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_device(grad, residual, cols, scales, by_rows));
+  return onebit_encode_cpu(grad, residual, cols, scales, by_rows);
 }
 
-at::Tensor onebit_scales(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols) {
-  HGC_ON_CUDA(grad.is_cuda(), onebit_scales_device(grad, residual, cols));
-  return onebit_scales_cpu(grad, residual, cols);
+at::Tensor onebit_scales(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols,
+                         bool by_rows) {
+  HGC_ON_CUDA(grad.is_cuda(), onebit_scales_device(grad, residual, cols, by_rows));
+  return onebit_scales_cpu(grad, residual, cols, by_rows);
 }
 
 // The given scales of tensor i of an optional list (None: none).
@@ -44,10 +48,10 @@ c10::optional<at::Tensor> scales_at(const c10::optional<std::vector<at::Tensor>>
 }
 
 at::Tensor onebit_decode_sum(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
-                             at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out) {
+                             at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out, bool by_rows) {
   TORCH_CHECK(bits.device() == scales.device(), "onebit_decode: bits and scales are on different devices");
-  HGC_ON_CUDA(bits.is_cuda(), onebit_decode_sum_device(bits, scales, n, cols, dtype, scale, out));
-  return onebit_decode_sum_cpu(bits, scales, n, cols, dtype, scale, out);
+  HGC_ON_CUDA(bits.is_cuda(), onebit_decode_sum_device(bits, scales, n, cols, dtype, scale, out, by_rows));
+  return onebit_decode_sum_cpu(bits, scales, n, cols, dtype, scale, out, by_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns(const at::Tensor& full,
@@ -69,17 +73,19 @@ void onebit_decode_columns(const at::Tensor& bits, const at::Tensor& scales, con
 // tensor by tensor through the CPU kernels (one host call each, no launches to save).
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> onebit_encode_many(
     const std::vector<at::Tensor>& grads, const c10::optional<std::vector<at::Tensor>>& residuals,
-    const std::vector<int64_t>& cols, const c10::optional<std::vector<at::Tensor>>& given) {
+    const std::vector<int64_t>& cols, const c10::optional<std::vector<at::Tensor>>& given,
+    const c10::optional<std::vector<bool>>& by_rows) {
   TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()) &&
-                  (!given.has_value() || given->size() == grads.size()),
-              "onebit_encode_many: give one column count (and one residual, or None; one scales, or None) per "
-              "gradient");
-  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_encode_many_device(grads, residuals, cols, given));
+                  (!given.has_value() || given->size() == grads.size()) &&
+                  (!by_rows.has_value() || by_rows->size() == grads.size()),
+              "onebit_encode_many: give one column count (and one residual, or None; one scales, or None; one "
+              "mode, or None) per gradient");
+  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_encode_many_device(grads, residuals, cols, given, by_rows));
   std::vector<at::Tensor> bits, scales;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     c10::optional<at::Tensor> res;
     if (residuals.has_value()) res = (*residuals)[i];
-    auto payload = onebit_encode_cpu(grads[i], res, cols[i], scales_at(given, i));
+    auto payload = onebit_encode_cpu(grads[i], res, cols[i], scales_at(given, i), hgc::by_rows_at(by_rows, i));
     bits.push_back(std::get<0>(payload));
     scales.push_back(std::get<1>(payload));
   }
@@ -89,15 +95,17 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> onebit_encode_many(
 // onebit_scales of a bucket (CUDA: at most 4 device calls per dtype; CPU: tensor by tensor).
 std::vector<at::Tensor> onebit_scales_many(const std::vector<at::Tensor>& grads,
                                            const c10::optional<std::vector<at::Tensor>>& residuals,
-                                           const std::vector<int64_t>& cols) {
-  TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()),
-              "onebit_scales_many: give one column count (and one residual, or None) per gradient");
-  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_scales_many_device(grads, residuals, cols));
+                                           const std::vector<int64_t>& cols,
+                                           const c10::optional<std::vector<bool>>& by_rows) {
+  TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()) &&
+                  (!by_rows.has_value() || by_rows->size() == grads.size()),
+              "onebit_scales_many: give one column count (and one residual, or None; one mode, or None) per gradient");
+  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_scales_many_device(grads, residuals, cols, by_rows));
   std::vector<at::Tensor> scales;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     c10::optional<at::Tensor> res;
     if (residuals.has_value()) res = (*residuals)[i];
-    scales.push_back(onebit_scales_cpu(grads[i], res, cols[i]));
+    scales.push_back(onebit_scales_cpu(grads[i], res, cols[i], hgc::by_rows_at(by_rows, i)));
   }
   return scales;
 }
@@ -105,15 +113,19 @@ std::vector<at::Tensor> onebit_scales_many(const std::vector<at::Tensor>& grads,
 std::vector<at::Tensor> onebit_decode_sum_many(const std::vector<at::Tensor>& bits, const std::vector<at::Tensor>& scales,
                                                const std::vector<int64_t>& n, const std::vector<int64_t>& cols,
                                                const std::vector<at::ScalarType>& dtypes, double scale,
-                                               const std::vector<c10::optional<at::Tensor>>& outs) {
+                                               const std::vector<c10::optional<at::Tensor>>& outs,
+                                               const c10::optional<std::vector<bool>>& by_rows) {
   const std::size_t count = bits.size();
   TORCH_CHECK(scales.size() == count && n.size() == count && cols.size() == count && dtypes.size() == count &&
-                  outs.size() == count,
-              "onebit_decode_sum_many: bits, scales, n, cols, dtypes and outs must have one entry per tensor");
-  HGC_ON_CUDA(count > 0 && bits[0].is_cuda(), onebit_decode_sum_many_device(bits, scales, n, cols, dtypes, scale, outs));
+                  outs.size() == count && (!by_rows.has_value() || by_rows->size() == count),
+              "onebit_decode_sum_many: bits, scales, n, cols, dtypes, outs (and by_rows, or None) must have one "
+              "entry per tensor");
+  HGC_ON_CUDA(count > 0 && bits[0].is_cuda(),
+              onebit_decode_sum_many_device(bits, scales, n, cols, dtypes, scale, outs, by_rows));
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i) {
-    results.push_back(onebit_decode_sum_cpu(bits[i], scales[i], n[i], cols[i], dtypes[i], scale, outs[i]));
+    results.push_back(onebit_decode_sum_cpu(bits[i], scales[i], n[i], cols[i], dtypes[i], scale, outs[i],
+                                            hgc::by_rows_at(by_rows, i)));
   }
   return results;
 }
@@ -159,9 +171,9 @@ void onebit_decode_columns_many(const std::vector<at::Tensor>& bits, const std::
 }
 
 at::Tensor onebit_decode(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
-                         at::ScalarType dtype, const c10::optional<at::Tensor>& out) {
+                         at::ScalarType dtype, const c10::optional<at::Tensor>& out, bool by_rows) {
   TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, "onebit_decode: expected flat bits and scales");
-  return onebit_decode_sum(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out);
+  return onebit_decode_sum(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out, by_rows);
 }
 
 // ---- dispatch by device (the CPU ops check their own arguments) ----
@@ -515,17 +527,18 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("slot"), py::arg("tensors"));
   m.def("onebit_encode", &onebit_encode, HGC_RELEASE_GIL,
         "1-bit encode with fused error feedback -> (bits, scales); given scales (onebit_scales'): the pack alone",
-        py::arg("grad"), py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none());
+        py::arg("grad"), py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none(),
+        py::arg("by_rows") = false);
   m.def("onebit_scales", &onebit_scales, HGC_RELEASE_GIL, "the 1-bit encode's scales alone (read-only)",
-        py::arg("grad"), py::arg("residual"), py::arg("cols"));
+        py::arg("grad"), py::arg("residual"), py::arg("cols"), py::arg("by_rows") = false);
   m.def("onebit_scales_many", &onebit_scales_many, HGC_RELEASE_GIL,
         "onebit_scales of a bucket (CUDA: a fixed number of device calls)", py::arg("grads"), py::arg("residuals"),
-        py::arg("cols"));
+        py::arg("cols"), py::arg("by_rows") = py::none());
   m.def("onebit_decode", &onebit_decode, HGC_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"), py::arg("scales"),
-        py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none());
+        py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none(), py::arg("by_rows") = false);
   m.def("onebit_decode_sum", &onebit_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
         py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
-        py::arg("out") = py::none());
+        py::arg("out") = py::none(), py::arg("by_rows") = false);
   m.def("onebit_encode_columns", &onebit_encode_columns, HGC_RELEASE_GIL,
         "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
         py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"),
@@ -535,10 +548,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
   m.def("onebit_encode_many", &onebit_encode_many, HGC_RELEASE_GIL,
         "onebit_encode of a bucket (CUDA: a fixed number of device calls) -> (bits list, scales list)",
-        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none());
+        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none(),
+        py::arg("by_rows") = py::none());
   m.def("onebit_decode_sum_many", &onebit_decode_sum_many, HGC_RELEASE_GIL,
         "onebit_decode_sum of a bucket (CUDA: one device call)", py::arg("bits"), py::arg("scales"), py::arg("n"),
-        py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+        py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"), py::arg("by_rows") = py::none());
   m.def("onebit_encode_columns_many", &onebit_encode_columns_many, HGC_RELEASE_GIL,
         "onebit_encode_columns of many column windows (CUDA: a fixed number of device calls)", py::arg("fulls"),
         py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"), py::arg("scales") = py::none());

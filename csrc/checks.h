@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #define HGC_CHECK_CPU(x) TORCH_CHECK(!(x).is_cuda(), #x " must be a CPU tensor")
 #define HGC_CHECK_CUDA(x) TORCH_CHECK((x).is_cuda(), #x " must be a CUDA tensor")
@@ -42,14 +43,16 @@ inline void check_device_type(const at::Tensor& t, at::DeviceType device_type, c
 
 // onebit_encode: grad (contiguous, floating) of n = rows * cols values on `device_type`, and the
 // optional residual (same device, dtype and size).
+// by_rows (rows mode): `cols` counts the rows of the [cols, n / cols] view instead.
 inline void check_onebit_encode_args(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols,
-                                     at::DeviceType device_type) {
+                                     at::DeviceType device_type, bool by_rows = false) {
   check_device_type(grad, device_type, "grad");
   HGC_CHECK_CONTIGUOUS(grad);
   HGC_CHECK_FLOATING(grad);
   const int64_t n = grad.numel();
   TORCH_CHECK(cols >= 0 && (n == 0 || (cols > 0 && n % cols == 0)),
-              "onebit_encode: ", n, " values do not split into columns of ", cols);
+              "onebit_encode: ", n, " values do not split into ", by_rows ? "" : "columns of ", cols,
+              by_rows ? " rows" : "");
   if (residual.has_value() && residual->defined()) {
     check_device_type(*residual, device_type, "*residual");
     HGC_CHECK_CONTIGUOUS(*residual);
@@ -59,6 +62,11 @@ inline void check_onebit_encode_args(const at::Tensor& grad, const c10::optional
                 residual->scalar_type(), " differs from gradient dtype ", grad.scalar_type());
     TORCH_CHECK(residual->numel() == n, "onebit_encode: residual has ", residual->numel(), " values, gradient ", n);
   }
+}
+
+// Tensor i's mode in a bucket op's optional per-tensor `by_rows` list (None: columns mode for all).
+inline bool by_rows_at(const c10::optional<std::vector<bool>>& by_rows, std::size_t i) {
+  return by_rows.has_value() && (*by_rows)[i];
 }
 
 // Scales given to a pack-only encode (onebit_scales' result for this matrix): float32, contiguous,

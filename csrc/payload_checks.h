@@ -73,9 +73,9 @@ inline int64_t check_same_k(const at::Tensor& a, const at::Tensor& b, const char
 // ---- the decoders' checks (CPU and CUDA entry points) --------------------------------------
 
 // onebit_decode_sum: K >= 1 stacked payloads, bits uint8 [K, >= ceil(n/8)], scales float32
-// [K, 2*cols], n split into columns of cols. Returns K.
+// [K, 2*cols], n split into columns of cols (by_rows, rows mode: into `cols` rows). Returns K.
 inline int64_t check_onebit_decode_args(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
-                                        at::ScalarType dtype, at::DeviceType device_type) {
+                                        at::ScalarType dtype, at::DeviceType device_type, bool by_rows = false) {
   constexpr const char* op = "onebit_decode";
   check_decode_count(n, op);
   check_decode_count(cols, op, "the column count");
@@ -84,7 +84,8 @@ inline int64_t check_onebit_decode_args(const at::Tensor& bits, const at::Tensor
   check_stacked_buffer(scales, at::kFloat, device_type, op, "scales");
   check_same_device(bits, scales, op, "bits", "scales");
   const int64_t K = check_same_k(bits, scales, op, "bits", "scales");
-  TORCH_CHECK(n == 0 || (cols > 0 && n % cols == 0), op, ": ", n, " values do not split into columns of ", cols);
+  TORCH_CHECK(n == 0 || (cols > 0 && n % cols == 0), op, ": ", n, " values do not split into ",
+              by_rows ? "" : "columns of ", cols, by_rows ? " rows" : "");
   TORCH_CHECK(bits.size(1) >= (n + 7) / 8, op, ": ", bits.size(1), " bytes of bits cannot hold ", n, " values");
   TORCH_CHECK(scales.size(1) == 2 * cols, op, ": expected ", 2 * cols, " scales, got ", scales.size(1));
   return K;

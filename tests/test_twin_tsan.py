@@ -5,7 +5,7 @@ torch) is built by clang++ with ``-fsanitize=thread`` and LLVM's libomp, whose A
 TSan OpenMP's synchronization (g++'s libgomp is not instrumented: TSan reports false races in
 Thrust's OpenMP scan there, which is why torch, linked with libgomp, stays out of this process).
 This test writes the cases: random fp32 inputs and the outputs of the native CPU kernels for
-them (onebit encode and decode-sum, also as bucket ops over three tensors, TernGrad encode and
+them (onebit encode and decode-sum in both modes, also as bucket ops over five tensors, TernGrad encode and
 decode-sum, DGC selection and scatter-sum, QSGD fixed-width encode); the driver runs each at 1, 2 and 4 OpenMP threads and
 compares with those bytes. Any TSan report or mismatch fails. A second run of the driver with a
 deliberately racy functor (every index adds into one word) must be reported by TSan: the
@@ -85,34 +85,37 @@ def _cases(base: Path) -> list:
     gen = torch.Generator().manual_seed(7)
     f32 = torch.float32
     cases = []
-    for rows, cols in ((40, 25), (70001, 1), (13, 296)):
-        n = rows * cols
+    # (rows, cols, rows mode): `cols` below is the kernels' group count (rows mode: the rows)
+    for rows, cols, by_rows in ((40, 25, 0), (70001, 1, 0), (13, 296, 0), (40, 25, 1), (13, 2049, 1)):
+        n, groups = rows * cols, rows if by_rows else cols
         g = torch.randn(n, generator=gen)
         r = torch.randn(n, generator=gen) * 0.1
         r_cpu = r.clone()
-        bits, scales = C.onebit_encode(g, r_cpu, cols)
-        cases.append(_write(base / f"onebit_encode_{n}_{cols}", "onebit_encode", {"n": n, "cols": cols},
-                            {"grad.bin": g, "residual.bin": r},
+        bits, scales = C.onebit_encode(g, r_cpu, groups, None, bool(by_rows))
+        cases.append(_write(base / f"onebit_encode_{n}_{cols}_{by_rows}", "onebit_encode",
+                            {"n": n, "cols": groups, "by_rows": by_rows}, {"grad.bin": g, "residual.bin": r},
                             {"bits": bits, "scales": scales, "residual": r_cpu}))
-        pays = [C.onebit_encode(torch.randn(n, generator=gen), None, cols) for _ in range(3)]
+        pays = [C.onebit_encode(torch.randn(n, generator=gen), None, groups, None, bool(by_rows)) for _ in range(3)]
         b3, s3 = torch.stack([p[0] for p in pays]), torch.stack([p[1] for p in pays])
-        cases.append(_write(base / f"onebit_decode_{n}_{cols}", "onebit_decode_sum",
-                            {"n": n, "cols": cols, "K": 3, "scale": repr(1 / 3)}, {"bits.bin": b3, "scales.bin": s3},
-                            {"out": C.onebit_decode_sum(b3, s3, n, cols, f32, 1 / 3, None)}))
-    # onebit's bucket ops: three tensors (a matrix, a one-column tensor, a wide window's shape) per call
-    shapes = ((40, 25), (70001, 1), (13, 296))
-    params, ins, expect, dec_ins, dec_expect = {"count": 3}, {}, {}, {}, {}
-    for t, (rows, cols) in enumerate(shapes):
-        n = rows * cols
-        params[f"n{t}"], params[f"cols{t}"] = n, cols
+        cases.append(_write(base / f"onebit_decode_{n}_{cols}_{by_rows}", "onebit_decode_sum",
+                            {"n": n, "cols": groups, "K": 3, "scale": repr(1 / 3), "by_rows": by_rows},
+                            {"bits.bin": b3, "scales.bin": s3},
+                            {"out": C.onebit_decode_sum(b3, s3, n, groups, f32, 1 / 3, None, bool(by_rows))}))
+    # onebit's bucket ops: a matrix, a one-column tensor, a wide window's shape and two rows-mode
+    # tensors per call
+    shapes = ((40, 25, 0), (70001, 1, 0), (13, 296, 0), (40, 25, 1), (13, 2049, 1))
+    params, ins, expect, dec_ins, dec_expect = {"count": len(shapes)}, {}, {}, {}, {}
+    for t, (rows, cols, by_rows) in enumerate(shapes):
+        n, groups = rows * cols, rows if by_rows else cols
+        params[f"n{t}"], params[f"cols{t}"], params[f"by_rows{t}"] = n, groups, by_rows
         g, r = torch.randn(n, generator=gen), torch.randn(n, generator=gen) * 0.1
         r_cpu = r.clone()
-        expect[f"bits{t}"], expect[f"scales{t}"] = C.onebit_encode(g, r_cpu, cols)
+        expect[f"bits{t}"], expect[f"scales{t}"] = C.onebit_encode(g, r_cpu, groups, None, bool(by_rows))
         ins[f"grad{t}.bin"], ins[f"residual{t}.bin"], expect[f"residual{t}"] = g, r, r_cpu
-        pays = [C.onebit_encode(torch.randn(n, generator=gen), None, cols) for _ in range(3)]
+        pays = [C.onebit_encode(torch.randn(n, generator=gen), None, groups, None, bool(by_rows)) for _ in range(3)]
         b3, s3 = torch.stack([p[0] for p in pays]), torch.stack([p[1] for p in pays])
         dec_ins[f"bits{t}.bin"], dec_ins[f"scales{t}.bin"] = b3, s3
-        dec_expect[f"out{t}"] = C.onebit_decode_sum(b3, s3, n, cols, f32, 1 / 3, None)
+        dec_expect[f"out{t}"] = C.onebit_decode_sum(b3, s3, n, groups, f32, 1 / 3, None, bool(by_rows))
     cases.append(_write(base / "onebit_encode_many", "onebit_encode_many", params, ins, expect))
     cases.append(_write(base / "onebit_decode_sum_many", "onebit_decode_sum_many",
                         dict(params, K=3, scale=repr(1 / 3)), dec_ins, dec_expect))

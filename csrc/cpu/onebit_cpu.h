@@ -8,22 +8,27 @@
 // quantization error. Returns (bits uint8[ceil(n/8)], scales float32[2*cols]). With `scales`
 // (onebit_scales_cpu of the same grad and residual) only the second pass runs: the same bits
 // and residual, and the returned scales are `scales` itself.
+// by_rows (rows mode; every op below that takes it): `cols` counts the ROWS of the [cols, n / cols]
+// view, each with its a+ and a- (scales: a+ of every row, then a-; row r's are bitwise those of
+// encoding row r alone as a one-column tensor); bits in the same flat order.
 std::tuple<at::Tensor, at::Tensor> onebit_encode_cpu(const at::Tensor& grad,
                                                      const c10::optional<at::Tensor>& residual,
                                                      int64_t cols,
-                                                     const c10::optional<at::Tensor>& scales = c10::nullopt);
+                                                     const c10::optional<at::Tensor>& scales = c10::nullopt,
+                                                     bool by_rows = false);
 
 // The encode's first pass alone, read-only: the scales float32[2*cols] that onebit_encode_cpu
 // would put in the payload (a NaN or Inf in a column of v = g + r makes that column's a+ or a-
 // non-finite). Neither grad nor residual is written.
-at::Tensor onebit_scales_cpu(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols);
+at::Tensor onebit_scales_cpu(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols,
+                             bool by_rows = false);
 
 // scale * sum_k decode(bits[k], scales[k]) as a flat tensor of n values of `dtype`.
 // bits: uint8 [K, >= ceil(n/8)] (rows may be strided), scales: float32 [K, 2*cols].
 // Written into `out` (contiguous, n values of dtype) when given, else into a new tensor.
 at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n,
                                  int64_t cols, at::ScalarType dtype, double scale,
-                                 const c10::optional<at::Tensor>& out);
+                                 const c10::optional<at::Tensor>& out, bool by_rows = false);
 
 // Column window [col0, col1) of the contiguous tensor `full` viewed as [n / full_cols, full_cols]
 // (2 <= col1 - col0): encodes that [rows, col1 - col0] matrix exactly as onebit_encode_cpu

@@ -1,7 +1,7 @@
 // 1-bit codec, device source: Thrust algorithms (for_each over the functors of
 // onebit_functors.h) for CUDA (nvcc) and the OpenMP twin (g++). Calls per op: encode 3 for a
-// matrix (block sums, column finish, pack), 4 for a one-column tensor (block sums, lane totals,
-// lane finish, pack), 0 for n == 0 (the scales alone: all but the pack; the pack alone: 1);
+// matrix (block sums, column finish, pack), 4 for a one-column tensor or rows mode (block sums,
+// lane totals, lane finish, pack), 0 for n == 0 (the scales alone: all but the pack; the pack alone: 1);
 // decode-sum 1 (0 for n == 0). A bucket of tensors of one dtype (the *_many launchers): encode at
 // most 5 (scales alone 4, pack alone 1), decode-sum 1, whatever its tensor count.
 #include <type_traits>
@@ -18,33 +18,65 @@ using namespace onebit;
 
 namespace {
 
+// One encode's layout: the matrix (cols columns, rows `ld` apart), its groups of scales and the
+// statistics' segments: one matrix of cols >= 2 columns (FinishColumns), or one-column segments
+// (lanes: a one-column tensor is one segment of n values, rows mode `groups` segments of a row
+// each: LaneTotals, FinishLanes). Builds the functors of every stage.
+struct Layout {
+  int64_t n, groups, cols, ld;
+  bool by_rows, lanes;
+  int64_t segs, seg_len, scols, sld, srows, blocks, cells;
+
+  Layout(int64_t n_, int64_t groups_, int64_t ld_, bool by_rows_) : n(n_), groups(groups_), by_rows(by_rows_) {
+    cols = by_rows ? (groups > 0 ? n / groups : 0) : groups;
+    ld = by_rows ? cols : ld_;
+    lanes = by_rows || cols == 1;
+    segs = by_rows ? groups : 1;
+    seg_len = by_rows ? cols : n;
+    scols = lanes ? kLanes : cols;
+    sld = lanes ? kLanes : ld;
+    srows = seg_len > 0 ? (seg_len + scols - 1) / scols : 0;
+    blocks = (srows + kRowBlock - 1) / kRowBlock;
+    cells = blocks * scols;
+  }
+  int64_t partials() const { return 3 * segs * cells; }  // BlockSums' outputs (sp, sn, sc)
+  int64_t sum_count() const { return segs * cells; }
+  int64_t lane_totals() const { return lanes ? 3 * kLanes * segs : 0; }
+  int64_t bytes() const { return (n + 7) / 8; }
+
+  template <typename T, bool kRes, typename A>
+  BlockSums<T, kRes> sums(const T* g, const T* r, A* sp) const {
+    return {g, r, srows, scols, sld, seg_len, cells, seg_len, sp, sp + sum_count(), sp + 2 * sum_count()};
+  }
+  template <typename A> LaneTotals<A> lane_stage(const A* sp, double* totals) const {
+    return {sp, sp + sum_count(), sp + 2 * sum_count(), blocks, totals};
+  }
+  FinishLanes finish_lanes(const double* totals, float* scales) const { return {totals, seg_len, segs, scales}; }
+  template <typename A> FinishColumns<A> finish_columns(const A* sp, float* scales) const {
+    return {sp, sp + sum_count(), sp + 2 * sum_count(), blocks, cols, srows, scales};
+  }
+  template <typename T, bool kRes> Pack<T, kRes> pack(const T* g, T* r, const float* scales, uint8_t* bits) const {
+    return {g, r, n, cols > 0 ? cols : 1, ld, groups, by_rows, scales, bits};
+  }
+};
+
+// onebit_encode of one tensor laid out as L: the statistics' stages (unless kPack), then the pack
+// (unless kScales).
 template <typename T, bool kRes>
-void encode_typed(Exec& ex, const T* g, T* r, int64_t n, int64_t cols, int64_t ld, uint8_t* bits, float* scales,
-                  OnebitPasses passes) {
+void encode_typed(Exec& ex, const T* g, T* r, const Layout& L, uint8_t* bits, float* scales, OnebitPasses passes) {
   using A = typename Elem<T>::acc;
-  if (passes == OnebitPasses::kPack) {
-    ex.for_each_index((n + 7) / 8, Pack<T, kRes>{g, r, n, cols, ld, scales, bits});
-    return;
+  if (passes != OnebitPasses::kPack) {
+    Scratch<A> part(ex, L.partials());
+    ex.for_each_index(L.sum_count(), L.sums<T, kRes>(g, r, part.get()));
+    if (L.lanes) {
+      Scratch<double> totals(ex, L.lane_totals());
+      ex.for_each_index(L.segs * kLanes, L.lane_stage<A>(part.get(), totals.get()));
+      ex.for_each_index(L.segs, L.finish_lanes(totals.get(), scales));
+    } else {
+      ex.for_each_index(L.cols, L.finish_columns<A>(part.get(), scales));
+    }
   }
-  // The column sums' matrix: the tensor itself, or a one-column tensor's [ceil(n / kLanes), kLanes] view.
-  const bool one_col = cols == 1;
-  const int64_t scols = one_col ? kLanes : cols;
-  const int64_t sld = one_col ? kLanes : ld;
-  const int64_t rows = (n + scols - 1) / scols;
-  const int64_t blocks = (rows + kRowBlock - 1) / kRowBlock;
-  Scratch<A> part(ex, 3 * blocks * scols);
-  A* sp = part.get();
-  A* sn = sp + blocks * scols;
-  A* sc = sn + blocks * scols;
-  ex.for_each_index(blocks * scols, BlockSums<T, kRes>{g, r, rows, scols, sld, n, sp, sn, sc});
-  if (one_col) {
-    Scratch<double> totals(ex, 3 * kLanes);
-    ex.for_each_index(kLanes, LaneTotals<A>{sp, sn, sc, blocks, totals.get()});
-    ex.for_each_index(1, FinishLanes{totals.get(), n, scales});
-  } else {
-    ex.for_each_index(cols, FinishColumns<A>{sp, sn, sc, blocks, cols, rows, scales});
-  }
-  if (passes == OnebitPasses::kBoth) ex.for_each_index((n + 7) / 8, Pack<T, kRes>{g, r, n, cols, ld, scales, bits});
+  if (passes != OnebitPasses::kScales) ex.for_each_index(L.bytes(), L.pack<T, kRes>(g, r, scales, bits));
 }
 
 // The bucket version of encode_typed: the same functors per tensor, each stage one call for all.
@@ -52,21 +84,13 @@ template <typename T, bool kRes>
 void encode_many_typed(Exec& ex, const OnebitEncodeItem* items, int64_t count, OnebitPasses passes) {
   const bool stats = passes != OnebitPasses::kPack, pack = passes != OnebitPasses::kScales;
   using A = typename Elem<T>::acc;
-  struct Shape {
-    int64_t scols, sld, rows, blocks;
-  };
-  std::vector<Shape> shapes(static_cast<std::size_t>(count));
+  std::vector<Layout> layouts;
   int64_t partials = 0, lane_totals = 0;
   for (int64_t t = 0; t < count; ++t) {
     const OnebitEncodeItem& it = items[t];
-    const bool one_col = it.cols == 1;
-    Shape& s = shapes[static_cast<std::size_t>(t)];
-    s.scols = one_col ? kLanes : it.cols;
-    s.sld = one_col ? kLanes : it.ld;
-    s.rows = it.n > 0 ? (it.n + s.scols - 1) / s.scols : 0;
-    s.blocks = stats ? (s.rows + kRowBlock - 1) / kRowBlock : 0;
-    partials += 3 * s.blocks * s.scols;
-    if (one_col && stats) lane_totals += 3 * kLanes;
+    layouts.emplace_back(it.n, it.cols, it.ld, it.by_rows);
+    partials += stats ? layouts.back().partials() : 0;
+    lane_totals += stats ? layouts.back().lane_totals() : 0;
   }
   Scratch<A> part(ex, partials);
   Scratch<double> totals(ex, lane_totals);
@@ -79,26 +103,21 @@ void encode_many_typed(Exec& ex, const OnebitEncodeItem* items, int64_t count, O
   double* tot = totals.get();
   for (int64_t t = 0; t < count; ++t) {
     const OnebitEncodeItem& it = items[t];
-    const Shape& s = shapes[static_cast<std::size_t>(t)];
+    const Layout& L = layouts[static_cast<std::size_t>(t)];
     const T* g = static_cast<const T*>(it.grad);
     T* r = static_cast<T*>(it.residual);
-    const int64_t cells = s.blocks * s.scols;
-    A* sn = sp + cells;
-    A* sc = sn + cells;
     if (stats) {
-      sums.add(BlockSums<T, kRes>{g, r, s.rows, s.scols, s.sld, it.n, sp, sn, sc}, cells);
-      if (it.cols == 1) {
-        lanes.add(LaneTotals<A>{sp, sn, sc, s.blocks, tot}, kLanes);
-        finish_lanes.add(FinishLanes{tot, it.n, it.scales}, 1);
-        tot += 3 * kLanes;
+      sums.add(L.sums<T, kRes>(g, r, sp), L.sum_count());
+      if (L.lanes) {
+        lanes.add(L.lane_stage<A>(sp, tot), L.segs * kLanes);
+        finish_lanes.add(L.finish_lanes(tot, it.scales), L.segs);
+        tot += L.lane_totals();
       } else {
-        finish_columns.add(FinishColumns<A>{sp, sn, sc, s.blocks, it.cols, s.rows, it.scales}, it.cols);
+        finish_columns.add(L.finish_columns<A>(sp, it.scales), L.cols);
       }
-      sp = sc + cells;
+      sp += L.partials();
     }
-    if (pack) {
-      pack_stage.add(Pack<T, kRes>{g, r, it.n, it.cols > 0 ? it.cols : 1, it.ld, it.scales, it.bits}, (it.n + 7) / 8);
-    }
+    if (pack) pack_stage.add(L.pack<T, kRes>(g, r, it.scales, it.bits), L.bytes());
   }
   TableSet tables(ex);
   tables.put(sums);
@@ -112,6 +131,15 @@ void encode_many_typed(Exec& ex, const OnebitEncodeItem* items, int64_t count, O
   tables.run(lanes);
   tables.run(finish_lanes);
   tables.run(pack_stage);
+}
+
+// The decode-sum functor of an n-value matrix in `groups` groups (see onebit_decode_sum).
+template <typename T>
+DecodeSum<T> decode_functor(const uint8_t* bits, int64_t bits_stride, const float* scales, int64_t scales_stride,
+                            int64_t K, int64_t n, int64_t groups, int64_t ld, bool by_rows, double scale, void* out) {
+  const Layout L(n, groups, ld, by_rows);
+  return {bits, bits_stride, scales, scales_stride, K, n, L.cols > 0 ? L.cols : 1, L.ld, groups, by_rows,
+          static_cast<typename Elem<T>::acc>(scale), static_cast<T*>(out)};
 }
 
 }  // namespace
@@ -136,12 +164,11 @@ void onebit_decode_sum_many(const Ctx& ctx, DType dtype, const OnebitDecodeItem*
   Exec ex(ctx);
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    using A = typename Elem<T>::acc;
     Stage<DecodeSum<T>> decode;
     for (int64_t t = 0; t < count; ++t) {
       const OnebitDecodeItem& it = items[t];
-      decode.add(DecodeSum<T>{it.bits, it.bits_stride, it.scales, it.scales_stride, K, it.n, it.cols > 0 ? it.cols : 1,
-                              it.ld, static_cast<A>(scale), static_cast<T*>(it.out)},
+      decode.add(decode_functor<T>(it.bits, it.bits_stride, it.scales, it.scales_stride, K, it.n, it.cols, it.ld,
+                                   it.by_rows, scale, it.out),
                  (it.n + 7) / 8);
     }
     TableSet tables(ex);
@@ -152,31 +179,31 @@ void onebit_decode_sum_many(const Ctx& ctx, DType dtype, const OnebitDecodeItem*
 }
 
 void onebit_encode(const Ctx& ctx, DType dtype, const void* grad, void* residual, int64_t n, int64_t cols,
-                   int64_t ld, uint8_t* bits, float* scales, OnebitPasses passes) {
+                   int64_t ld, uint8_t* bits, float* scales, OnebitPasses passes, bool by_rows) {
   if (n <= 0) return;  // the caller's scales are zeros
   Exec ex(ctx);
+  const Layout L(n, cols, ld, by_rows);
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* g = static_cast<const T*>(grad);
     T* r = static_cast<T*>(residual);
     if (r) {
-      encode_typed<T, true>(ex, g, r, n, cols, ld, bits, scales, passes);
+      encode_typed<T, true>(ex, g, r, L, bits, scales, passes);
     } else {
-      encode_typed<T, false>(ex, g, nullptr, n, cols, ld, bits, scales, passes);
+      encode_typed<T, false>(ex, g, nullptr, L, bits, scales, passes);
     }
   });
 }
 
 void onebit_decode_sum(const Ctx& ctx, DType dtype, const uint8_t* bits, int64_t bits_stride, const float* scales,
                        int64_t scales_stride, int64_t K, int64_t n, int64_t cols, int64_t ld, double scale,
-                       void* out) {
+                       void* out, bool by_rows) {
   if (n <= 0) return;
   Exec ex(ctx);
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    using A = typename Elem<T>::acc;
-    ex.for_each_index((n + 7) / 8, DecodeSum<T>{bits, bits_stride, scales, scales_stride, K, n, cols, ld,
-                                                 static_cast<A>(scale), static_cast<T*>(out)});
+    ex.for_each_index((n + 7) / 8, decode_functor<T>(bits, bits_stride, scales, scales_stride, K, n, cols, ld,
+                                                      by_rows, scale, out));
   });
 }
 

@@ -20,15 +20,20 @@ enum class OnebitPasses { kBoth, kScales, kPack };
 // i % 8) and scales[2 * cols] (a+ of every column, then a-); the residual, when given, becomes
 // v - decoded in place. ld == cols: contiguous; ld > cols: a column window (cols >= 2). n == 0:
 // every scale 0. `passes`: see OnebitPasses (kScales: bits unused; kPack: scales read).
+// by_rows (rows mode): `cols` counts the ROWS of the contiguous [cols, n / cols] matrix (ld
+// unused), each row with its a+ and a- (scales[2 * rows]), summed as a one-column tensor of the
+// row's values; the bits in the same flat order.
 void onebit_encode(const Ctx& ctx, DType dtype, const void* grad, void* residual, int64_t n, int64_t cols,
-                   int64_t ld, uint8_t* bits, float* scales, OnebitPasses passes = OnebitPasses::kBoth);
+                   int64_t ld, uint8_t* bits, float* scales, OnebitPasses passes = OnebitPasses::kBoth,
+                   bool by_rows = false);
 
 // out = scale * the sum of K payloads (payload k's bits at bits + k * bits_stride, its scales at
 // scales + k * scales_stride) of an n-value matrix of `cols` columns, row i written from element
 // i * ld of `out` (ld == cols: contiguous; the other columns of a window are left as they are).
+// by_rows: as in onebit_encode.
 void onebit_decode_sum(const Ctx& ctx, DType dtype, const uint8_t* bits, int64_t bits_stride, const float* scales,
                        int64_t scales_stride, int64_t K, int64_t n, int64_t cols, int64_t ld, double scale,
-                       void* out);
+                       void* out, bool by_rows = false);
 
 // One tensor of a bucket encode: the arguments of onebit_encode (all of a bucket's tensors have
 // one dtype, and a residual each or none).
@@ -38,6 +43,7 @@ struct OnebitEncodeItem {
   int64_t n, cols, ld;
   uint8_t* bits;
   float* scales;
+  bool by_rows = false;
 };
 
 // onebit_encode of every item, bitwise the same outputs, in a fixed number of device algorithm
@@ -55,6 +61,7 @@ struct OnebitDecodeItem {
   const float* scales;
   int64_t scales_stride, n, cols, ld;
   void* out;
+  bool by_rows = false;
 };
 
 // onebit_decode_sum of every item with the bucket's K and scale, bitwise the same outputs: one

@@ -19,13 +19,14 @@ void* at_element(const at::Tensor& t, int64_t offset) {
 bool given(const c10::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
 
 // The encode of the n-value matrix of `cols` columns from element `offset` of `src` (and of the
-// residual), rows `ld` elements apart (arguments checked by the callers). With `scales` given
-// (checked here) the pack alone, with them (the payload's scales are `scales` itself); `pack`
-// false: the scales alone (bits empty).
+// residual), rows `ld` elements apart (arguments checked by the callers); by_rows: of the
+// contiguous matrix of `cols` rows, a+ and a- per row. With `scales` given (checked here) the pack
+// alone, with them (the payload's scales are `scales` itself); `pack` false: the scales alone (bits
+// empty).
 std::tuple<at::Tensor, at::Tensor> encode_matrix(const at::Tensor& src, const c10::optional<at::Tensor>& residual,
                                                  int64_t n, int64_t cols, int64_t ld, int64_t offset,
                                                  const c10::optional<at::Tensor>& given_scales = c10::nullopt,
-                                                 bool pack = true) {
+                                                 bool pack = true, bool by_rows = false) {
   const hgc_dev::DeviceGuard guard(src.device());
   const bool has_res = residual.has_value() && residual->defined();
   const bool has_given = given(given_scales);
@@ -37,39 +38,42 @@ std::tuple<at::Tensor, at::Tensor> encode_matrix(const at::Tensor& src, const c1
                                 : (pack ? hgc_dev::OnebitPasses::kBoth : hgc_dev::OnebitPasses::kScales);
   hgc_dev::onebit_encode(hgc_dev::current_ctx(), hgc_dev::dev_dtype(src.scalar_type()), at_element(src, offset),
                          has_res ? at_element(*residual, offset) : nullptr, n, cols, ld, bits.data_ptr<uint8_t>(),
-                         scales.data_ptr<float>(), passes);
+                         scales.data_ptr<float>(), passes, by_rows);
   return {bits, scales};
 }
 
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
-                                                        int64_t cols, const c10::optional<at::Tensor>& scales) {
-  hgc::check_onebit_encode_args(grad, residual, cols, hgc_dev::kDeviceType);
-  return encode_matrix(grad, residual, grad.numel(), cols, cols, 0, scales);
+                                                        int64_t cols, const c10::optional<at::Tensor>& scales,
+                                                        bool by_rows) {
+  hgc::check_onebit_encode_args(grad, residual, cols, hgc_dev::kDeviceType, by_rows);
+  return encode_matrix(grad, residual, grad.numel(), cols, cols, 0, scales, true, by_rows);
 }
 
-at::Tensor onebit_scales_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols) {
-  hgc::check_onebit_encode_args(grad, residual, cols, hgc_dev::kDeviceType);
-  return std::get<1>(encode_matrix(grad, residual, grad.numel(), cols, cols, 0, c10::nullopt, false));
+at::Tensor onebit_scales_device(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols,
+                                bool by_rows) {
+  hgc::check_onebit_encode_args(grad, residual, cols, hgc_dev::kDeviceType, by_rows);
+  return std::get<1>(encode_matrix(grad, residual, grad.numel(), cols, cols, 0, c10::nullopt, false, by_rows));
 }
 
 at::Tensor onebit_decode_sum_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
-                                    at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt) {
+                                    at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt,
+                                    bool by_rows) {
   TORCH_CHECK(bits.device() == scales.device(), "onebit_decode: bits and scales are on different devices");
-  const int64_t K = hgc::check_onebit_decode_args(bits, scales, n, cols, dtype, hgc_dev::kDeviceType);
+  const int64_t K = hgc::check_onebit_decode_args(bits, scales, n, cols, dtype, hgc_dev::kDeviceType, by_rows);
   const hgc_dev::DeviceGuard guard(bits.device());
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
   hgc_dev::onebit_decode_sum(hgc_dev::current_ctx(), hgc_dev::dev_dtype(dtype), bits.data_ptr<uint8_t>(),
                              bits.stride(0), scales.data_ptr<float>(), scales.stride(0), K, n, cols, cols, scale,
-                             out.data_ptr());
+                             out.data_ptr(), by_rows);
   return out;
 }
 
 at::Tensor onebit_decode_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
-                                at::ScalarType dtype, const c10::optional<at::Tensor>& out) {
+                                at::ScalarType dtype, const c10::optional<at::Tensor>& out, bool by_rows) {
   TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, "onebit_decode: expected flat bits and scales");
-  return onebit_decode_sum_device(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out);
+  return onebit_decode_sum_device(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out, by_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor& full,
@@ -103,11 +107,13 @@ void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scal
 namespace {
 
 // One matrix of a bucket encode: n values in `cols` columns from element `offset` of `src` (and
-// of `residual`), rows `ld` elements apart (arguments checked by the callers).
+// of `residual`), rows `ld` elements apart (by_rows: in `cols` contiguous rows, a+ and a- per row;
+// arguments checked by the callers).
 struct EncodeSource {
   at::Tensor src;
   c10::optional<at::Tensor> residual;
   int64_t n, cols, ld, offset;
+  bool by_rows = false;
 };
 
 // The payloads of every source (bits and scales: views into one buffer each), one launch
@@ -142,7 +148,7 @@ OnebitPayloads encode_sources(const std::vector<EncodeSource>& sources, bool wit
     bits_out.push_back(bits.narrow(0, static_cast<int64_t>(b), nb));
     scales_out.push_back(has_given ? (*given_scales)[i] : scales.narrow(0, static_cast<int64_t>(c), 2 * s.cols));
     items.push_back({at_element(s.src, s.offset), with_residual ? at_element(*s.residual, s.offset) : nullptr, s.n,
-                     s.cols, s.ld, bits_out[i].data_ptr<uint8_t>(), scales_out[i].data_ptr<float>()});
+                     s.cols, s.ld, bits_out[i].data_ptr<uint8_t>(), scales_out[i].data_ptr<float>(), s.by_rows});
     b += static_cast<std::size_t>(nb);
     c += static_cast<std::size_t>(has_given ? 0 : 2 * s.cols);
   }
@@ -173,19 +179,24 @@ c10::optional<at::Tensor> residual_at(const c10::optional<std::vector<at::Tensor
 namespace {
 
 // The checked sources of a bucket encode of whole tensors (onebit_encode_many, onebit_scales_many).
+// by_rows: each tensor's mode (None: columns mode for all).
 std::vector<EncodeSource> whole_sources(const std::vector<at::Tensor>& grads,
                                         const c10::optional<std::vector<at::Tensor>>& residuals,
-                                        const std::vector<int64_t>& cols, const char* op) {
+                                        const std::vector<int64_t>& cols,
+                                        const c10::optional<std::vector<bool>>& by_rows, const char* op) {
   const std::size_t count = grads.size();
   TORCH_CHECK(cols.size() == count, op, ": ", count, " gradients but ", cols.size(), " column counts");
+  TORCH_CHECK(!by_rows.has_value() || by_rows->size() == count, op, ": ", count, " gradients but ",
+              by_rows.has_value() ? by_rows->size() : 0, " modes (give one per gradient, or None)");
   TORCH_CHECK(!residuals.has_value() || residuals->size() == count, op, ": ", count, " gradients but ",
               residuals.has_value() ? residuals->size() : 0, " residuals (give one per gradient, or None)");
   if (count > 0) hgc_dev::bucket_device(grads, op, "gradient");
   std::vector<EncodeSource> sources;
   for (std::size_t i = 0; i < count; ++i) {
     const auto res = residual_at(residuals, i);
-    hgc::check_onebit_encode_args(grads[i], res, cols[i], hgc_dev::kDeviceType);
-    sources.push_back({grads[i], res, grads[i].numel(), cols[i], cols[i], 0});
+    const bool rows = hgc::by_rows_at(by_rows, i);
+    hgc::check_onebit_encode_args(grads[i], res, cols[i], hgc_dev::kDeviceType, rows);
+    sources.push_back({grads[i], res, grads[i].numel(), cols[i], cols[i], 0, rows});
   }
   return sources;
 }
@@ -195,14 +206,17 @@ std::vector<EncodeSource> whole_sources(const std::vector<at::Tensor>& grads,
 OnebitPayloads onebit_encode_many_device(const std::vector<at::Tensor>& grads,
                                          const c10::optional<std::vector<at::Tensor>>& residuals,
                                          const std::vector<int64_t>& cols,
-                                         const c10::optional<std::vector<at::Tensor>>& scales) {
-  return encode_sources(whole_sources(grads, residuals, cols, "onebit_encode_many"), residuals.has_value(), scales);
+                                         const c10::optional<std::vector<at::Tensor>>& scales,
+                                         const c10::optional<std::vector<bool>>& by_rows) {
+  return encode_sources(whole_sources(grads, residuals, cols, by_rows, "onebit_encode_many"), residuals.has_value(),
+                        scales);
 }
 
 std::vector<at::Tensor> onebit_scales_many_device(const std::vector<at::Tensor>& grads,
                                                   const c10::optional<std::vector<at::Tensor>>& residuals,
-                                                  const std::vector<int64_t>& cols) {
-  return std::get<1>(encode_sources(whole_sources(grads, residuals, cols, "onebit_scales_many"),
+                                                  const std::vector<int64_t>& cols,
+                                                  const c10::optional<std::vector<bool>>& by_rows) {
+  return std::get<1>(encode_sources(whole_sources(grads, residuals, cols, by_rows, "onebit_scales_many"),
                                     residuals.has_value(), c10::nullopt, false));
 }
 
@@ -233,26 +247,30 @@ std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tens
                                                       const std::vector<at::Tensor>& scales,
                                                       const std::vector<int64_t>& n, const std::vector<int64_t>& cols,
                                                       const std::vector<at::ScalarType>& dtypes, double scale,
-                                                      const std::vector<c10::optional<at::Tensor>>& outs) {
+                                                      const std::vector<c10::optional<at::Tensor>>& outs,
+                                                      const c10::optional<std::vector<bool>>& by_rows) {
   constexpr const char* op = "onebit_decode_sum_many";
   const std::size_t count = bits.size();
   TORCH_CHECK(scales.size() == count && n.size() == count && cols.size() == count && dtypes.size() == count &&
-                  outs.size() == count,
+                  outs.size() == count && (!by_rows.has_value() || by_rows->size() == count),
               op, ": bits, scales, n, cols, dtypes and outs must have one entry per tensor (got ", count, ", ",
-              scales.size(), ", ", n.size(), ", ", cols.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+              scales.size(), ", ", n.size(), ", ", cols.size(), ", ", dtypes.size(), ", ", outs.size(),
+              "; by_rows: one per tensor, or None)");
   std::vector<at::Tensor> results;
   if (count == 0) return results;
   const at::Device device = hgc_dev::bucket_device(bits, op, "bits");
   int64_t K = -1;
   std::vector<hgc_dev::OnebitDecodeItem> items;
   for (std::size_t i = 0; i < count; ++i) {
-    const int64_t k = hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType);
+    const bool rows = hgc::by_rows_at(by_rows, i);
+    const int64_t k =
+        hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType, rows);
     TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
                 " (a bucket's tensors come from the same K ranks)");
     K = k;
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, op));
     items.push_back({bits[i].data_ptr<uint8_t>(), bits[i].stride(0), scales[i].data_ptr<float>(), scales[i].stride(0),
-                     n[i], cols[i], cols[i], results[i].data_ptr()});
+                     n[i], cols[i], cols[i], results[i].data_ptr(), rows});
   }
   decode_items(items, dtypes, device, K, scale);
   return results;
@@ -295,17 +313,19 @@ void register_onebit_ops(pybind11::module& m) {
   namespace py = pybind11;
   m.def("onebit_encode", &onebit_encode_device, HGC_DEV_RELEASE_GIL,
         "1-bit encode with fused error feedback -> (bits, scales); given scales: the pack alone", py::arg("grad"),
-        py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none());
+        py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none(), py::arg("by_rows") = false);
   m.def("onebit_scales", &onebit_scales_device, HGC_DEV_RELEASE_GIL,
-        "the 1-bit encode's scales alone (read-only)", py::arg("grad"), py::arg("residual"), py::arg("cols"));
+        "the 1-bit encode's scales alone (read-only)", py::arg("grad"), py::arg("residual"), py::arg("cols"),
+        py::arg("by_rows") = false);
   m.def("onebit_scales_many", &onebit_scales_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_scales of a bucket of tensors in a fixed number of device calls", py::arg("grads"),
-        py::arg("residuals"), py::arg("cols"));
+        py::arg("residuals"), py::arg("cols"), py::arg("by_rows") = py::none());
   m.def("onebit_decode", &onebit_decode_device, HGC_DEV_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"),
-        py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none());
+        py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none(),
+        py::arg("by_rows") = false);
   m.def("onebit_decode_sum", &onebit_decode_sum_device, HGC_DEV_RELEASE_GIL,
         "scale * sum of K decoded 1-bit payloads", py::arg("bits"), py::arg("scales"), py::arg("n"), py::arg("cols"),
-        py::arg("dtype"), py::arg("scale"), py::arg("out") = py::none());
+        py::arg("dtype"), py::arg("scale"), py::arg("out") = py::none(), py::arg("by_rows") = false);
   m.def("onebit_encode_columns", &onebit_encode_columns_device, HGC_DEV_RELEASE_GIL,
         "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
         py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"),
@@ -315,10 +335,12 @@ void register_onebit_ops(pybind11::module& m) {
         py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
   m.def("onebit_encode_many", &onebit_encode_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_encode of a bucket of tensors in a fixed number of device calls -> (bits list, scales list)",
-        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none());
+        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none(),
+        py::arg("by_rows") = py::none());
   m.def("onebit_decode_sum_many", &onebit_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_decode_sum of a bucket of tensors in one device call", py::arg("bits"), py::arg("scales"),
-        py::arg("n"), py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+        py::arg("n"), py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"),
+        py::arg("by_rows") = py::none());
   m.def("onebit_encode_columns_many", &onebit_encode_columns_many_device, HGC_DEV_RELEASE_GIL,
         "onebit_encode_columns of many column windows in a fixed number of device calls", py::arg("fulls"),
         py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"), py::arg("scales") = py::none());

@@ -56,6 +56,7 @@ struct Case {
   std::string dir, op;
   std::map<std::string, std::string> p;
   int64_t i(const std::string& k) const { return std::stoll(p.at(k)); }
+  bool flag(const std::string& k) const { return p.count(k) && i(k) != 0; }  // absent: false
   double d(const char* k) const { return std::stod(p.at(k)); }
   Bytes in(const std::string& name) const { return read_file(dir + "/" + name); }
 };
@@ -82,7 +83,7 @@ std::map<std::string, Bytes> run(const Case& c) {
     Bytes g = c.in("grad.bin"), r = c.in("residual.bin");
     Bytes bits((n + 7) / 8), scales(8 * cols, 0);
     hgc_dev::onebit_encode(ctx, f32, g.data(), r.data(), n, cols, cols, bits.data(),
-                           reinterpret_cast<float*>(scales.data()));
+                           reinterpret_cast<float*>(scales.data()), hgc_dev::OnebitPasses::kBoth, c.flag("by_rows"));
     out["bits"] = bits;
     out["scales"] = scales;
     out["residual"] = r;
@@ -90,7 +91,7 @@ std::map<std::string, Bytes> run(const Case& c) {
     const int64_t n = c.i("n"), cols = c.i("cols"), K = c.i("K");
     Bytes bits = c.in("bits.bin"), scales = c.in("scales.bin"), o(4 * n);
     hgc_dev::onebit_decode_sum(ctx, f32, bits.data(), (n + 7) / 8, reinterpret_cast<const float*>(scales.data()),
-                               2 * cols, K, n, cols, cols, c.d("scale"), o.data());
+                               2 * cols, K, n, cols, cols, c.d("scale"), o.data(), c.flag("by_rows"));
     out["out"] = o;
   } else if (c.op == "onebit_encode_many") {  // a bucket: every stage one call over all tensors
     const int64_t count = c.i("count");
@@ -103,7 +104,8 @@ std::map<std::string, Bytes> run(const Case& c) {
       r[t] = c.in("residual" + k + ".bin");
       bits[t].assign((n + 7) / 8, 0);
       scales[t].assign(8 * cols, 0);
-      items[t] = {g[t].data(), r[t].data(), n, cols, cols, bits[t].data(), reinterpret_cast<float*>(scales[t].data())};
+      items[t] = {g[t].data(), r[t].data(), n, cols, cols, bits[t].data(), reinterpret_cast<float*>(scales[t].data()),
+                  c.flag("by_rows" + k)};
     }
     hgc_dev::onebit_encode_many(ctx, f32, items.data(), count, true);
     for (int64_t t = 0; t < count; ++t) {
@@ -123,7 +125,7 @@ std::map<std::string, Bytes> run(const Case& c) {
       scales[t] = c.in("scales" + k + ".bin");
       o[t].assign(4 * n, 0);
       items[t] = {bits[t].data(), (n + 7) / 8, reinterpret_cast<const float*>(scales[t].data()), 2 * cols, n, cols,
-                  cols, o[t].data()};
+                  cols, o[t].data(), c.flag("by_rows" + k)};
     }
     hgc_dev::onebit_decode_sum_many(ctx, f32, items.data(), count, K, c.d("scale"));
     for (int64_t t = 0; t < count; ++t) out["out" + std::to_string(t)] = o[t];

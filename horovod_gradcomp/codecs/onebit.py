@@ -19,17 +19,16 @@ So ``nbytes = ceil(n/8) + 8*cols``. Scales are float32 whatever the gradient dty
 arithmetic runs in float32 (float64 for fp64 gradients).
 
 ``scales="rows"`` (an option; the spec's per-column values are the default) ties the two
-values to each row of ``G`` instead (>= 2-D tensors; 1-D and 0-d stay one group). It is the
-columns mode applied to the transposed view ``G.t()`` (same kernels, one transposed copy of the
-gradient and residual in, the residual and the decoded tensor transposed back out): ``bits``
-in the order of ``G.t()`` (element ``(i, j)`` of ``G`` at flat position ``j*d0 + i``),
-``scales`` float32[2*d0] (``a+`` of every row, then ``a-``). Why: where the rows of a column
-differ in scale (PyTorch stacks an RNN's gates along dim 0; an output layer's rows are
-characters of very different frequency), a column's two means carry a small part of the
-column's energy, the residual grows to many times the gradient and training at a large step
-diverges (docs/results/onebit_divergence.md). Its two-phase stripes are rows (views). Cost: the
-transposed copies (no per-row kernel yet) make it far slower than columns mode on large
-tensors (measured about 150x on a 512x4608 view), negligible on small models.
+values to each row of ``G`` instead (>= 2-D tensors; 1-D and 0-d stay one group). Wire format:
+``bits`` as above (the natural flat order), ``scales`` float32[2*d0] (``a+`` of every row, then
+``a-``), so ``nbytes = ceil(n/8) + 8*d0``. Row r's values are summed exactly as a one-column
+tensor of its ``prod(shape[1:])`` values is (bitwise the scales of encoding ``G[r]`` alone). Why:
+where the rows of a column differ in scale (PyTorch stacks an RNN's gates along dim 0; an output
+layer's rows are characters of very different frequency), a column's two means carry a small part
+of the column's energy, the residual grows to many times the gradient and training at a large step
+diverges (docs/results/onebit_divergence.md). Its two-phase stripes are rows (views). Cost: about
+that of columns mode (the kernels read and write the tensor in place, in order, parallel over rows;
+no copies); the bucket ops and :meth:`OneBitCodec.measure` apply as in columns mode.
 """
 from __future__ import annotations
 
@@ -80,7 +79,6 @@ class OneBitCodec(Codec):
             raise ValueError(f"onebit: scales must be one of {SCALE_GROUPS}, got {scales!r}")
         self.warmup_steps, self.scales = warmup_steps, scales
         self.ramp_steps = check_ramp_steps("onebit", ramp_steps)
-        self._cols_twin: Optional["OneBitCodec"] = None
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
 
@@ -94,15 +92,19 @@ class OneBitCodec(Codec):
         """True where this codec ties its values to rows (rows mode, >= 2-D)."""
         return self.scales == "rows" and len(shape) >= 2
 
-    def _columns(self, payload: Payload) -> "OneBitCodec":
-        """This codec in columns mode for ``payload`` (rows mode decodes G.t() through it)."""
-        if self._cols_twin is None:
-            self._cols_twin = OneBitCodec(self.impl)
-        return self._cols_twin
-
     def groups(self, shape: Sequence[int]) -> int:
         """Number of (a+, a-) pairs of a tensor of this shape: columns, or rows in rows mode."""
         return int(shape[0]) if self._by_rows(shape) else onebit_columns(shape)
+
+    def _mode(self, shape: Sequence[int]):
+        """``(groups, by_rows)`` of a tensor of this shape: what the kernels take as ``cols`` and
+        ``by_rows`` (rows mode: ``cols`` counts the rows of the ``[d0, -1]`` view)."""
+        return self.groups(shape), self._by_rows(shape)
+
+    def _modes(self, shapes: Sequence[Sequence[int]]):
+        """The bucket ops' per-tensor lists: ``(groups, by_rows)`` of tensors of these shapes."""
+        modes = [self._mode(s) for s in shapes]
+        return [g for g, _ in modes], [b for _, b in modes]
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor, residual: Optional[torch.Tensor]) -> None:
@@ -122,39 +124,37 @@ class OneBitCodec(Codec):
     # -- measure: the encode's first pass alone ------------------------------------
     @property
     def measures(self) -> bool:
-        """True when :meth:`measure` runs (columns mode): the exchange then takes its non-finite
-        check from the scales before its preamble and encodes with them after it."""
-        return self.scales == "columns"
+        """True: :meth:`measure` runs (either mode); the exchange then takes its non-finite check
+        from the scales before its preamble and encodes with them after it."""
+        return True
 
     def measure(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The scales (float32[2*cols]) that ``encode(tensor, residual)`` puts in its payload, from
+        """The scales (float32[2*groups]) that ``encode(tensor, residual)`` puts in its payload, from
         the encode's first pass alone: nothing is written (the residual is read). ``encode(...,
         scales=measure(...))`` then gives bitwise the payload and residual of ``encode(...)``.
 
-        Non-finite input shows in them: a NaN in column j of ``v = g + r`` makes ``a-_j`` NaN (a
-        NaN counts as negative), a +Inf makes ``a+_j`` +Inf, a -Inf ``a-_j`` -Inf; a finite ``v``
-        gives a non-finite scale only past float32's range. Columns mode only."""
+        Non-finite input shows in them: a NaN in column j (rows mode: row j) of ``v = g + r`` makes
+        ``a-_j`` NaN (a NaN counts as negative), a +Inf makes ``a+_j`` +Inf, a -Inf ``a-_j`` -Inf; a
+        finite ``v`` gives a non-finite scale only past float32's range."""
         return self.measure_many([tensor], None if residual is None else [residual])[0]
 
     def measure_many(self, tensors: Sequence[torch.Tensor],
                      residuals: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
         """:meth:`measure` of each tensor (``residuals[i]`` None: no residual); one bucket op
         (at most 4 device calls per dtype) where :meth:`bucket_ops` accepts the tensors."""
-        if not self.measures:
-            raise ValueError("onebit: measure runs in columns mode only (scales='columns')")
         tensors = list(tensors)
         residuals = list(residuals) if residuals is not None else [None] * len(tensors)
         for t, r in zip(tensors, residuals):
             self._check(t, r)
-        cols = [onebit_columns(t.shape) for t in tensors]
+        groups, rows = self._modes([t.shape for t in tensors])
         flats = [t.reshape(-1).contiguous() for t in tensors]
         res = [None if r is None else r.view(-1) for r in residuals]
         if not self.uses_kernels:
-            return [self._reference_scales(f, r, c)[2] for f, r, c in zip(flats, res, cols)]
+            return [self._reference_scales(f, r, c, b)[2] for f, r, c, b in zip(flats, res, groups, rows)]
         uniform = all(r is None for r in res) or all(r is not None for r in res)
         if uniform and len({t.device for t in tensors}) <= 1:  # one call (device tensors: one bucket op)
-            return list(self._C.onebit_scales_many(flats, None if res and res[0] is None else res, cols))
-        return [self._C.onebit_scales(f, r, c) for f, r, c in zip(flats, res, cols)]
+            return list(self._C.onebit_scales_many(flats, None if res and res[0] is None else res, groups, rows))
+        return [self._C.onebit_scales(f, r, c, b) for f, r, c, b in zip(flats, res, groups, rows)]
 
     @staticmethod
     def window_scales(scales: torch.Tensor, cols: int, start: int, stop: int) -> torch.Tensor:
@@ -167,77 +167,71 @@ class OneBitCodec(Codec):
     def encode(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None,
                scales: Optional[torch.Tensor] = None) -> Payload:
         """Encode ``tensor`` (+ ``residual``, updated in place to the new quantization error).
-        ``scales``: :meth:`measure` of the same tensor and residual (columns mode): the second
-        pass alone, bitwise the same payload and residual (the payload holds ``scales`` itself)."""
+        ``scales``: :meth:`measure` of the same tensor and residual: the second pass alone, bitwise
+        the same payload and residual (the payload holds ``scales`` itself)."""
         self._check(tensor, residual)
-        if scales is not None:
-            if not self.measures:
-                raise ValueError("onebit: given scales need columns mode (scales='columns')")
-            bits, scales = self._encode_flat(tensor.reshape(-1), residual, onebit_columns(tensor.shape), scales)
-            return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
-        if self._by_rows(tensor.shape):  # columns mode of G.t(), the residual transposed back
-            rows, cols = self._grid(tensor.shape)
-            res_t = residual.view(rows, cols).t().contiguous() if residual is not None else None
-            bits, scales = self._encode_flat(tensor.reshape(rows, cols).t().contiguous().view(-1), res_t, rows)
-            if residual is not None:
-                residual.view(rows, cols).copy_(res_t.t())
+        groups, by_rows = self._mode(tensor.shape)
+        flat = tensor.reshape(-1)
+        if self.uses_kernels:
+            res = residual.view(-1) if residual is not None else None
+            bits, scales = self._C.onebit_encode(flat.contiguous(), res, groups, scales, by_rows)
         else:
-            bits, scales = self._encode_flat(tensor.reshape(-1), residual, onebit_columns(tensor.shape))
+            bits, scales = self._reference_encode(flat, residual, groups, by_rows, scales)
         return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
 
     @staticmethod
-    def _grid(shape: Sequence[int]):
-        """``(d0, prod(shape[1:]))``: the 2-D view's rows and columns (>= 2-D shapes)."""
-        return int(shape[0]), math.prod(shape[1:])
+    def _grid(values: torch.Tensor, groups: int, by_rows: bool) -> torch.Tensor:
+        """The flat ``values`` as the 2-D view whose columns (``by_rows``: rows) are the ``groups``."""
+        other = values.numel() // groups if groups else 0
+        return values.view(groups, other) if by_rows else values.view(other, groups)
 
-    def _encode_flat(self, flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int,
-                     scales: Optional[torch.Tensor] = None):
-        """Columns mode of ``flat`` viewed as ``[-1, cols]``; ``residual`` (contiguous) updated;
-        ``scales`` given: the second pass alone."""
-        if self.uses_kernels:
-            res = residual.view(-1) if residual is not None else None
-            return self._C.onebit_encode(flat.contiguous(), res, cols, scales)
-        return self._reference_encode(flat, residual, cols, scales)
-
-    @staticmethod
-    def _reference_scales(flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int):
-        """``(grid, pos, scales)``: ``v = flat (+ residual)`` as ``[rows, cols]`` in the arithmetic
-        dtype, its signs, and the columns' float32 scales (the reference's first pass)."""
+    @classmethod
+    def _reference_scales(cls, flat: torch.Tensor, residual: Optional[torch.Tensor], groups: int,
+                          by_rows: bool = False):
+        """``(grid, pos, scales)``: ``v = flat (+ residual)`` as the 2-D view (:meth:`_grid`) in the
+        arithmetic dtype, its signs, and the groups' float32 scales (the reference's first pass)."""
         acc = accumulation_dtype(flat.dtype)
         v = flat.to(acc)
         if residual is not None:
             v = v + residual.reshape(-1).to(acc)
-        rows = v.numel() // cols if cols else 0
-        grid = v.view(rows, cols)
+        grid = cls._grid(v, groups, by_rows)
+        dim = 1 if by_rows else 0  # the axis each group sums over
         pos = grid >= 0
-        n_pos = pos.sum(0).to(acc)
-        n_neg = rows - n_pos
+        n_pos = pos.sum(dim).to(acc)
+        n_neg = grid.shape[dim] - n_pos
         zero = torch.zeros((), dtype=acc, device=v.device)
-        a_pos = torch.where(n_pos > 0, torch.where(pos, grid, zero).sum(0) / n_pos.clamp(min=1), zero)
-        a_neg = torch.where(n_neg > 0, torch.where(pos, zero, grid).sum(0) / n_neg.clamp(min=1), zero)
+        a_pos = torch.where(n_pos > 0, torch.where(pos, grid, zero).sum(dim) / n_pos.clamp(min=1), zero)
+        a_neg = torch.where(n_neg > 0, torch.where(pos, zero, grid).sum(dim) / n_neg.clamp(min=1), zero)
         return grid, pos, torch.cat([a_pos, a_neg]).to(torch.float32)
 
+    @staticmethod
+    def _reference_values(pos: torch.Tensor, scales: torch.Tensor, groups: int, by_rows: bool,
+                          dtype: torch.dtype) -> torch.Tensor:
+        """``a+`` or ``a-`` of each value's group per the signs ``pos`` (the :meth:`_grid` view), in ``dtype``."""
+        sent = scales.to(dtype).view(2, groups)
+        if by_rows:
+            sent = sent.unsqueeze(2)
+        return torch.where(pos, sent[0], sent[1])
+
     @classmethod
-    def _reference_encode(cls, flat: torch.Tensor, residual: Optional[torch.Tensor], cols: int,
-                          given: Optional[torch.Tensor] = None):
+    def _reference_encode(cls, flat: torch.Tensor, residual: Optional[torch.Tensor], groups: int,
+                          by_rows: bool = False, given: Optional[torch.Tensor] = None):
         acc = accumulation_dtype(flat.dtype)
-        grid, pos, scales = cls._reference_scales(flat, residual, cols)
+        grid, pos, scales = cls._reference_scales(flat, residual, groups, by_rows)
         if given is not None:
-            if given.dtype != torch.float32 or given.numel() != 2 * cols or given.device != flat.device:
-                raise ValueError(f"onebit_encode: the given scales must be a float32 tensor of 2 * {cols} values "
+            if given.dtype != torch.float32 or given.numel() != 2 * groups or given.device != flat.device:
+                raise ValueError(f"onebit_encode: the given scales must be a float32 tensor of 2 * {groups} values "
                                  f"on {flat.device}, got {given.numel()} {given.dtype} values on {given.device}")
             scales = given
         if residual is not None:
-            sent = scales.to(acc).view(2, cols)
-            decoded = torch.where(pos, sent[0], sent[1])
-            residual.copy_((grid - decoded).view(residual.shape))
+            residual.copy_((grid - cls._reference_values(pos, scales, groups, by_rows, acc)).view(residual.shape))
         return pack_bits(pos), scales
 
     # -- a bucket at once ----------------------------------------------------------
     def bucket_ops(self, devices: Sequence[torch.device]) -> bool:
         """The device kernels' bucket ops (``onebit_encode_many``, ``onebit_decode_sum_many``:
-        at most 5 and 1 device calls per dtype) in columns mode; rows mode goes tensor by tensor."""
-        return self.scales == "columns" and self.on_device_kernels(devices)
+        at most 5 and 1 device calls per dtype), in either mode."""
+        return self.on_device_kernels(devices)
 
     def encode_many(self, tensors, residuals=None, options=None, positions=None) -> List[Payload]:
         """See :meth:`Codec.encode_many` (onebit is deterministic: positions are not used);
@@ -249,7 +243,8 @@ class OneBitCodec(Codec):
         given = self._given_scales(options, len(tensors))
         flats = [t.reshape(-1).contiguous() for t in tensors]
         res = [r.view(-1) for r in residuals] if residuals is not None else None
-        bits, scales = self._C.onebit_encode_many(flats, res, [onebit_columns(t.shape) for t in tensors], given)
+        groups, rows = self._modes([t.shape for t in tensors])
+        bits, scales = self._C.onebit_encode_many(flats, res, groups, given, rows)
         return [Payload({"bits": b, "scales": s}, t.shape, t.dtype, t.device) for b, s, t in zip(bits, scales, tensors)]
 
     @staticmethod
@@ -280,9 +275,10 @@ class OneBitCodec(Codec):
             raise ValueError(f"onebit: a bucket's payloads come from one K ranks, got K = {sorted(ks)}")
         scale = 1.0 / ks.pop() if scale is None else scale
         flat_outs = [self.flat_out(o, p) for o, p in zip(outs, stacked)]
+        groups, rows = self._modes([p.shape for p in stacked])
         flats = self._C.onebit_decode_sum_many(
             [p.buffers["bits"] for p in stacked], [p.buffers["scales"] for p in stacked], [p.numel for p in stacked],
-            [onebit_columns(p.shape) for p in stacked], [p.dtype for p in stacked], float(scale), flat_outs)
+            groups, [p.dtype for p in stacked], float(scale), flat_outs, rows)
         return [f.view(p.shape) if o is None else o for f, p, o in zip(flats, stacked, outs)]
 
     def decode_many(self, payloads, outs=None) -> List[torch.Tensor]:
@@ -372,29 +368,19 @@ class OneBitCodec(Codec):
 
     # -- decode -------------------------------------------------------------------
     def decode(self, payload: Payload, out: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits
-        (written into ``out`` when given: contiguous, same shape and dtype)."""
+        """Tensor of the payload's shape and dtype holding a+_j / a-_j per the bits (j: the value's
+        column, or row in rows mode; written into ``out`` when given: contiguous, same shape and dtype)."""
         check_fixed(self, payload)
-        if self._by_rows(payload.shape):  # decode G.t(), transposed back
-            rows, cols = self._grid(payload.shape)
-            self.check_out(out, payload)
-            flat_t = Payload(payload.buffers, torch.Size((cols, rows)), payload.dtype, payload.device)
-            decoded_t = self._columns(flat_t).decode(flat_t)
-            result = out if out is not None else torch.empty(payload.shape, dtype=payload.dtype, device=payload.device)
-            result.view(rows, cols).copy_(decoded_t.t())
-            return result
-        n, cols = payload.numel, onebit_columns(payload.shape)
+        n, (groups, by_rows) = payload.numel, self._mode(payload.shape)
         bits, scales = payload.buffers["bits"], payload.buffers["scales"]
         if self.uses_kernels:
-            flat = self._C.onebit_decode(bits, scales, n, cols, payload.dtype, self.flat_out(out, payload))
+            flat = self._C.onebit_decode(bits, scales, n, groups, payload.dtype, self.flat_out(out, payload), by_rows)
             return flat.view(payload.shape) if out is None else out
-        else:
-            self.check_out(out, payload)
-            sent = scales.view(2, cols).to(accumulation_dtype(payload.dtype))
-            pos = unpack_bits(bits, n).view(-1, cols) if cols else torch.zeros(0, 0, dtype=torch.bool)
-            flat = torch.where(pos, sent[0], sent[1]).to(payload.dtype)
-            if out is not None:
-                return out.copy_(flat.view(payload.shape))
+        self.check_out(out, payload)
+        pos = self._grid(unpack_bits(bits, n), groups, by_rows)
+        flat = self._reference_values(pos, scales, groups, by_rows, accumulation_dtype(payload.dtype)).to(payload.dtype)
+        if out is not None:
+            return out.copy_(flat.view(payload.shape))
         return flat.view(payload.shape)
 
     def decode_mean_stacked(self, stacked: Payload, scale: float | None = None,
@@ -402,18 +388,11 @@ class OneBitCodec(Codec):
         """``scale * sum_k decode(payload_k)`` in one pass over the K payloads (no K dense
         intermediates); ``scale`` defaults to 1/K. Written into ``out`` when given."""
         k = check_fixed(self, stacked, stacked=True)
-        if self._by_rows(stacked.shape):  # the mean of G.t(), transposed back
-            rows, cols = self._grid(stacked.shape)
-            self.check_out(out, stacked)
-            stacked_t = Payload(stacked.buffers, torch.Size((cols, rows)), stacked.dtype, stacked.device)
-            mean_t = self._columns(stacked_t).decode_mean_stacked(stacked_t, scale)
-            result = out if out is not None else torch.empty(stacked.shape, dtype=stacked.dtype, device=stacked.device)
-            result.view(rows, cols).copy_(mean_t.t())
-            return result
         if not self.uses_kernels:
             return super().decode_mean_stacked(stacked, scale, out)
         bits, scales = stacked.buffers["bits"], stacked.buffers["scales"]
         scale = 1.0 / k if scale is None else scale
-        flat = self._C.onebit_decode_sum(bits, scales, stacked.numel, onebit_columns(stacked.shape),
-                                         stacked.dtype, float(scale), self.flat_out(out, stacked))
+        groups, by_rows = self._mode(stacked.shape)
+        flat = self._C.onebit_decode_sum(bits, scales, stacked.numel, groups, stacked.dtype, float(scale),
+                                         self.flat_out(out, stacked), by_rows)
         return flat.view(stacked.shape) if out is None else out

@@ -29,10 +29,10 @@ rank skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left ea
 step are rolled back to the memory they had before it (the engine snapshots a bucket's memory
 before encoding it whenever a step has several buckets). The flag comes from work the encode
 does anyway (:mod:`horovod_gradcomp.exchange.measure`, in :meth:`StepEngine.bucket_job`, before
-the preamble and before any state is written): onebit's column scales and TernGrad's local
+the preamble and before any state is written): onebit's scales and TernGrad's local
 scales are measured there and reused by the encode; QSGD (no state) is flagged by the non-finite
 norms every rank receives, after the exchange; DGC with clipping by its step's norm. Only DGC
-without clipping and a few other cases (non-fused error feedback, onebit's rows mode, the dense
+without clipping and a few other cases (non-fused error feedback, the dense
 warm-up) still read every gradient for it (``has_nonfinite``, the breakdown's ``nonfinite``).
 
 Streams (CUDA): gradients and results cross threads through the engine's

@@ -7,8 +7,8 @@ velocities and owner residuals as they were. The flag used to come from
 (about 4 ms of a ResNet-50 step on one core). :func:`measure_bucket` takes it, per codec and
 memory (:func:`check_kind`), from:
 
-* ``"measure"`` (onebit in columns mode, error feedback on or off): the encode's first pass,
-  the column scales of ``v = g + r`` (read-only: :meth:`~horovod_gradcomp.codecs.onebit.OneBitCodec.measure`),
+* ``"measure"`` (onebit in either mode, error feedback on or off): the encode's first pass,
+  the column (rows mode: row) scales of ``v = g + r`` (read-only: :meth:`~horovod_gradcomp.codecs.onebit.OneBitCodec.measure`),
   runs before the preamble; the flag is "some scale is NaN or Inf" (a NaN or Inf anywhere in a
   column makes its ``a+`` or ``a-`` non-finite); after the preamble the encode packs with those
   scales, bitwise the payload and residual of the whole encode. Two-phase: a column window's
@@ -36,7 +36,7 @@ memory (:func:`check_kind`), from:
 * ``"pass"``: :func:`~horovod_gradcomp.exchange.preamble.has_nonfinite` as before, timed as the
   breakdown's ``nonfinite`` phase: DGC without clipping (its momentum correction writes the
   velocities before it selects), codecs with error feedback they do not fuse and no shared
-  scale (QSGD with ``error_feedback=True``), onebit's rows mode, the dense warm-up pattern and
+  scale (QSGD with ``error_feedback=True``), the dense warm-up pattern and
   any other codec.
 """
 from __future__ import annotations
