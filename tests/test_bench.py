@@ -36,18 +36,21 @@ def test_resnet50_shapes_match_torchvision_totals():
 
 # -- ratios from the layout alone -------------------------------------------------------
 
-def test_onebit_ratio_on_resnet50_from_layout():
-    codec = hgc.get_codec("onebit", impl="reference")
+@pytest.mark.parametrize("scales", ["rows", "columns"])
+def test_onebit_ratio_on_resnet50_from_layout(scales):
+    codec = hgc.get_codec("onebit", impl="reference", scales=scales)
     shapes = resnet50_shapes()
     ratio = codecs_bench.layout_ratio(codec, shapes)
     bits = sum((math.prod(s) + 7) // 8 for s in shapes)
-    scales = sum(codec.payload_nbytes(s, torch.float32) for s in shapes) - bits
-    # Two float32 reconstruction values per column of the [shape[0], -1] view (Seide et al.,
-    # per-column reconstruction) cost 440,304 bytes on ResNet-50, on top of 3,194,629 bytes of bits: 28.1x, not 32x.
-    assert scales == 8 * sum(1 if len(s) <= 1 else math.prod(s[1:]) for s in shapes) == 440_304
+    scales_bytes = sum(codec.payload_nbytes(s, torch.float32) for s in shapes) - bits
     assert bits == 3_194_629
-    assert ratio == pytest.approx(4 * 25_557_032 / (bits + scales))
-    assert ratio > 28.1, f"onebit compresses ResNet-50 gradients only {ratio:.2f}x"
+    assert ratio == pytest.approx(4 * 25_557_032 / (bits + scales_bytes))
+    if scales == "rows":  # two float32 values per row of the [shape[0], -1] view (per output channel): 29.9x
+        assert scales_bytes == 8 * sum(s[0] if len(s) >= 2 else 1 for s in shapes) == 221_336
+        assert ratio > 29.9, f"onebit compresses ResNet-50 gradients only {ratio:.2f}x"
+    else:  # per column (Seide et al.): 440,304 bytes on top of the bits, 28.1x, not 32x
+        assert scales_bytes == 8 * sum(1 if len(s) <= 1 else math.prod(s[1:]) for s in shapes) == 440_304
+        assert ratio > 28.1, f"onebit compresses ResNet-50 gradients only {ratio:.2f}x"
 
 
 def test_layout_matches_real_payload_bytes():
@@ -71,8 +74,9 @@ def test_json_rows_cover_every_codec_and_impl(capsys):
     assert {(r["codec"], r["impl"]) for r in rows} == expected
     calls = {(r["codec"], r["impl"]): r.get("device_calls") for r in rows if r["impl"].startswith("twin")}
     assert all(c is not None and len(c) == 2 for c in calls.values()), calls
-    # ResNet-50's first 4 tensors (a convolution, batch-norm vectors): the 5 stages of a bucket, one decode
-    assert calls[("onebit", "twin-bucket")] == [5, 1], calls
+    # ResNet-50's first 4 tensors (a convolution, batch-norm vectors): the 4 stages of a bucket in rows
+    # mode (onebit's default; columns mode adds its column finish), one decode
+    assert calls[("onebit", "twin-bucket")] == [4, 1], calls
     assert calls[("onebit", "twin")][0] > 5, calls
     numel = total_numel(resnet50_shapes()[:4])
     for r in rows:

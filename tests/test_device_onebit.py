@@ -201,10 +201,11 @@ def test_column_window_refusals_match_cpu(tw, cpu):
 
 
 def test_codec_twin_uses_column_windows(tw):
-    codec, native = hgc.get_codec("onebit", impl="twin"), hgc.get_codec("onebit")
+    codec, native = hgc.get_codec("onebit", impl="twin", scales="columns"), hgc.get_codec("onebit", scales="columns")
     g = _grad((300, 33), torch.float32, seed=6)
     assert codec.encodes_column_windows(g, 9) and native.encodes_column_windows(g, 9)
-    assert not hgc.get_codec("onebit", impl="reference").encodes_column_windows(g, 9)
+    assert not hgc.get_codec("onebit", impl="reference", scales="columns").encodes_column_windows(g, 9)
+    assert not hgc.get_codec("onebit", impl="twin").encodes_column_windows(g, 9)  # rows mode: no column windows
     r1, r2 = torch.zeros_like(g), torch.zeros_like(g)
     p_tw, p_cpu = codec.encode_columns(g, r1, 9, 18), native.encode_columns(g, r2, 9, 18)
     for name in p_cpu.buffers:

@@ -166,18 +166,20 @@ def test_codec_encode_many_and_decode_many(with_residual):
         _same(a, b, "mean")
 
 
-def test_a_one_rank_exchange_through_the_bucket_ops_matches_native(tw):
+@pytest.mark.parametrize("scales, encode_calls", [("rows", 4), ("columns", 5)])
+def test_a_one_rank_exchange_through_the_bucket_ops_matches_native(tw, scales, encode_calls):
     """A whole step through the engine (preamble, allgather pattern, memory.encode_many, bucket
     decode): impl="twin" gives the native CPU kernels' results bitwise, over three steps, in one
-    bucket encode (5 device calls) and one bucket decode (1)."""
+    bucket encode (4 device calls in rows mode, 5 in columns mode: its column finish) and one
+    bucket decode (1)."""
     shapes = {"a": (300, 40), "b": (77,), "c": (16, 3, 3, 3), "d": (1,)}
     named = [(n, torch.nn.Parameter(torch.zeros(s))) for n, s in shapes.items()]
-    comps = {impl: hgc.Compression.codec("onebit", named, communicator=OneRank(), impl=impl, pattern="allgather")
-             for impl in ("twin", "native")}
+    comps = {impl: hgc.Compression.codec("onebit", named, communicator=OneRank(), impl=impl, pattern="allgather",
+                                         scales=scales) for impl in ("twin", "native")}
     for step in range(3):
         grads = {n: g for n, g in zip(shapes, _grads(list(shapes.values()), [torch.float32] * 4, seed=20 + step))}
         out = {"native": comps["native"].exchange({n: g.clone() for n, g in grads.items()})}
         calls = device_calls(tw, lambda: out.__setitem__("twin", comps["twin"].exchange(dict(grads))))
-        assert calls == 5 + 1, calls
+        assert calls == encode_calls + 1, calls
         for n in shapes:
             _same(out["twin"][n], out["native"][n], f"step {step} {n}")

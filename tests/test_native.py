@@ -37,8 +37,9 @@ def _shape_id(s):
 
 
 def codecs():
-    native = hgc.get_codec("onebit", impl="native")
-    reference = hgc.get_codec("onebit", impl="reference")
+    """onebit's native and reference codecs in columns mode (rows mode: tests/test_onebit_rows.py)."""
+    native = hgc.get_codec("onebit", impl="native", scales="columns")
+    reference = hgc.get_codec("onebit", impl="reference", scales="columns")
     return native, reference
 
 

@@ -41,6 +41,10 @@ def _same(a, b, what):
 
 
 def _codec(impl, name="onebit", **options):
+    """The codec on ``impl``; onebit in columns mode unless ``options`` say otherwise (its column
+    windows and the call counts below are columns mode's; rows mode has cases of its own)."""
+    if name == "onebit":
+        options.setdefault("scales", "columns")
     if impl == "native":
         require_native()
     elif impl == "twin":

@@ -1,4 +1,5 @@
-"""The onebit codec's contract, for both implementations (native and reference).
+"""The onebit codec's contract in columns mode (the paper's grouping; rows mode, the default, is in
+tests/test_onebit_rows.py), for both implementations (native and reference).
 
 Expected values are computed independently here (numpy, hand-built bytes), never with the
 library's own helpers.
@@ -38,7 +39,7 @@ def _np_grid(t: torch.Tensor) -> np.ndarray:
 # -- error feedback identity ----------------------------------------------------------------
 
 def test_error_feedback_identity(shape, dtype, device, impl, make_grad, assert_feedback_identity):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=1)
     r = make_grad(shape, dtype, device, seed=2, scale=0.5)
     r_old = r.clone()
@@ -51,7 +52,7 @@ def test_error_feedback_identity(shape, dtype, device, impl, make_grad, assert_f
 
 def test_error_feedback_identity_over_steps_float64(impl, device, make_grad):
     """T steps: sum of gradients == sum of what was sent + the final residual (float64)."""
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     shape = (16, 3, 3, 3)
     r = torch.zeros(shape, dtype=torch.float64, device=device)
     sent = torch.zeros_like(r)
@@ -64,7 +65,7 @@ def test_error_feedback_identity_over_steps_float64(impl, device, make_grad):
 
 
 def test_encode_without_residual_changes_nothing(shape, dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=3)
     before = g.clone()
     p1 = codec.encode(g)
@@ -81,7 +82,7 @@ def test_encode_without_residual_changes_nothing(shape, dtype, device, impl, mak
 
 
 def test_encode_with_residual_leaves_gradient_alone(dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad((9, 13), dtype, device, seed=4)
     before = g.clone()
     codec.encode(g, residual=make_grad((9, 13), dtype, device, seed=5))
@@ -91,7 +92,7 @@ def test_encode_with_residual_leaves_gradient_alone(dtype, device, impl, make_gr
 # -- payload size -------------------------------------------------------------------------
 
 def test_payload_nbytes(shape, dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=6)
     payload = codec.encode(g)
     n, cols = math.prod(shape), _columns(shape)
@@ -114,7 +115,7 @@ def _column_sse(grid: np.ndarray, pos: np.ndarray, a_pos: np.ndarray, a_neg: np.
 
 @pytest.mark.parametrize("with_residual", [False, True], ids=["plain", "residual"])
 def test_scales_are_the_conditional_means(shape, dtype, device, impl, make_grad, with_residual):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=7, shift=0.3)
     r = make_grad(shape, dtype, device, seed=8, scale=0.4) if with_residual else None
     v = g.double() + (r.double() if with_residual else 0)
@@ -157,7 +158,7 @@ HAND_VALUES = [1.0, -1.0, 0.0, -0.5, 2.0, 3.0, -2.0, -3.0, 0.5, -0.25]
 
 
 def test_bit_layout_hand_built_1d(dtype, device, impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = torch.tensor(HAND_VALUES, dtype=dtype, device=device)
     payload = codec.encode(g)
     assert payload.buffers["bits"].cpu().tolist() == [0b00110101, 0b00000001]
@@ -165,7 +166,7 @@ def test_bit_layout_hand_built_1d(dtype, device, impl):
 
 
 def test_bit_layout_hand_built_2d(dtype, device, impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = torch.tensor([[1.0, -2.0, 3.0],
                       [-4.0, 5.0, 6.0],
                       [-0.0, -1.0, 0.5]], dtype=dtype, device=device)
@@ -181,7 +182,7 @@ def test_bit_layout_hand_built_2d(dtype, device, impl):
 
 @pytest.mark.parametrize("n", [1, 7, 8, 9, 15, 16, 8 * 37 + 1])
 def test_pad_bits_are_zero(n, dtype, device, impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     bits = codec.encode(torch.ones(n, dtype=dtype, device=device)).buffers["bits"].cpu().tolist()
     assert bits == [0xFF] * (n // 8) + ([(1 << (n % 8)) - 1] if n % 8 else [])
     bits = codec.encode(-torch.ones(n, dtype=dtype, device=device)).buffers["bits"].cpu().tolist()
@@ -190,14 +191,14 @@ def test_pad_bits_are_zero(n, dtype, device, impl):
 
 @pytest.mark.parametrize("shape", [(7,), (8 * 37 + 1,), (5, 7), (6, 24), (16, 3, 3, 3)], ids=_shape_id)
 def test_bits_match_numpy_packbits(shape, dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=9)
     expected = np.packbits(g.cpu().double().numpy().reshape(-1) >= 0, bitorder="little")
     np.testing.assert_array_equal(codec.encode(g).buffers["bits"].cpu().numpy(), expected)
 
 
 def test_nan_is_encoded_as_negative(dtype, device, impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     nan = float("nan")
     g = torch.tensor([1.0, nan, -1.0, 2.0], dtype=dtype, device=device)
     assert codec.encode(g).buffers["bits"].cpu().tolist() == [0b1001]
@@ -210,7 +211,7 @@ def test_nan_is_encoded_as_negative(dtype, device, impl):
 
 
 def test_all_positive_and_all_negative_columns(dtype, device, impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = torch.tensor([[1.0, -1.0, 0.0, 2.0],
                       [3.0, -2.0, 0.0, -2.0],
                       [2.0, -6.0, 0.0, 4.0]], dtype=dtype, device=device)
@@ -226,7 +227,7 @@ def test_all_positive_and_all_negative_columns(dtype, device, impl):
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
 @pytest.mark.parametrize("shape", [(1,), (7,), (8 * 37 + 1,), (13, 1), (5, 8), (4, 3, 2)], ids=_shape_id)
 def test_one_sided_tensor(shape, sign, dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = (make_grad(shape, torch.float64, device, seed=10).abs() + 0.1).mul(sign).to(dtype)
     payload = codec.encode(g)
     cols = _columns(shape)
@@ -241,7 +242,7 @@ def test_one_sided_tensor(shape, sign, dtype, device, impl, make_grad):
 # -- decode -----------------------------------------------------------------------------
 
 def test_decode_shape_dtype_device(shape, dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=11)
     payload = codec.encode(g)
     d = codec.decode(payload)
@@ -257,7 +258,7 @@ def test_decode_shape_dtype_device(shape, dtype, device, impl, make_grad):
 
 
 def test_decode_into_out(shape, dtype, device, impl, make_grad):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     g = make_grad(shape, dtype, device, seed=12)
     payload = codec.encode(g)
     out = torch.full(shape, 99.0, dtype=dtype, device=device)
@@ -279,7 +280,7 @@ BAD_OUTS = {
 def test_decode_out_must_match(device, impl, bad_out):
     """``out`` must be a contiguous tensor of the payload's shape and dtype (no broadcasting,
     no silent cast), whichever the implementation; a clear ValueError otherwise."""
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     payload = codec.encode(torch.randn(4, 6, generator=torch.Generator().manual_seed(0)).to(device))
     stacked = Payload({k: v.unsqueeze(0).expand(2, -1) for k, v in payload.buffers.items()}, payload.shape,
                       payload.dtype, payload.device)
@@ -292,7 +293,7 @@ def test_decode_out_must_match(device, impl, bad_out):
 @pytest.mark.parametrize("k", [1, 2, 3, 5])
 @pytest.mark.parametrize("shape", [(1,), (8 * 37 + 1,), (5, 7), (6, 24), (4, 0, 3, 3), (8, 16, 1, 1)], ids=_shape_id)
 def test_decode_mean(shape, k, dtype, device, impl, make_grad, stack_payloads):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     payloads = [codec.encode(make_grad(shape, dtype, device, seed=20 + i, shift=0.1 * i)) for i in range(k)]
     stacked = stack_payloads(payloads)
     decodes = torch.stack([codec.decode(p).double() for p in payloads])
@@ -327,14 +328,14 @@ def test_bad_impl_is_a_value_error():
 
 
 def test_get_codec_builds_the_asked_impl(impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     assert codec.name == "onebit" and codec.impl == impl and codec.fuses_feedback
 
 
 # -- bad inputs, both implementations -----------------------------------------------------------
 
 def test_bad_inputs(device, impl):
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     with pytest.raises(TypeError):
         codec.encode(torch.ones(4, 3, dtype=torch.int32, device=device))
     g = torch.randn(4, 3, generator=torch.Generator().manual_seed(0)).to(device)
@@ -348,7 +349,7 @@ def test_bad_inputs(device, impl):
 
 def test_encode_of_an_expanded_gradient(device, impl):
     """A gradient with zero strides (expand) encodes like its materialized copy."""
-    codec = hgc.get_codec("onebit", impl=impl)
+    codec = hgc.get_codec("onebit", impl=impl, scales="columns")
     row = torch.tensor([1.0, -2.0, 3.0, -4.0, 0.5], device=device)
     g = row.expand(6, 5)
     p1, p2 = codec.encode(g), codec.encode(g.contiguous())

@@ -43,7 +43,7 @@ def _grad(shape, dtype, seed):
 
 @pytest.fixture
 def codec():
-    return hgc.get_codec("onebit", impl="native")
+    return hgc.get_codec("onebit", impl="native", scales="columns")
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -107,7 +107,7 @@ def test_which_tensors_have_windows(codec):
     assert not codec.encodes_column_windows(g, 1), "one column has its own contiguous path"
     assert not codec.encodes_column_windows(torch.zeros(24), 2), "1-D tensors are one column"
     assert not codec.encodes_column_windows(torch.zeros(6, 4).t(), 2), "not contiguous"
-    assert not hgc.get_codec("onebit", impl="reference").encodes_column_windows(g, 2)
+    assert not hgc.get_codec("onebit", impl="reference", scales="columns").encodes_column_windows(g, 2)
     assert not hgc.get_codec("terngrad").encodes_column_windows(g, 2), "the base class has none"
 
 

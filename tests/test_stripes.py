@@ -167,7 +167,9 @@ def test_sent_bytes_formula():
 
 
 def test_onebit_stripes_by_columns_where_rows_would_repeat_the_scales():
-    onebit, tern = hgc.get_codec("onebit"), hgc.get_codec("terngrad")
+    onebit, tern = hgc.get_codec("onebit", scales="columns"), hgc.get_codec("terngrad")
+    # rows mode (the default): a stripe of rows carries its own rows' scales, never repeated
+    assert choose_axis(hgc.get_codec("onebit"), (64, 3, 3, 3), torch.float32, 4) == "rows"
     assert choose_axis(onebit, (64, 3, 3, 3), torch.float32, 4) == "columns"
     assert choose_axis(onebit, (64,), torch.float32, 4) == "rows"
     assert choose_axis(onebit, (64, 3), torch.float32, 4) == "rows"  # fewer columns than owners

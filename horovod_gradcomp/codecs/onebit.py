@@ -1,34 +1,43 @@
-"""1-bit quantization with per-column reconstruction values (Seide et al., 2014).
+"""1-bit quantization with two reconstruction values per row or per column (Seide et al., 2014).
 
 For a tensor of shape ``[d0, d1, ...]`` viewed as ``G = v.view(d0, -1)`` (1-D and 0-d
-tensors are one column), with ``v = g + r`` when an error-feedback residual ``r`` is given:
+tensors are one group), with ``v = g + r`` when an error-feedback residual ``r`` is given:
 
 * bit ``b_i = 1`` where ``v_i >= 0`` (a NaN is encoded as negative);
-* column j gets two reconstruction values, ``a+_j = mean(G[:, j] | G >= 0)`` and
-  ``a-_j = mean(G[:, j] | G < 0)`` (0 for an empty side): the values that minimize the
-  column's squared quantization error given the bits;
+* each group j (a row of ``G``, the default, or a column with ``scales="columns"``) gets two
+  reconstruction values, ``a+_j`` = the mean of its entries ``>= 0`` and ``a-_j`` = the mean of
+  its negative entries (0 for an empty side): the values that minimize the group's squared
+  quantization error given the bits;
 * decoding puts ``a+_j`` or ``a-_j`` back; the residual becomes ``v - decode(payload)``.
 
 Wire format (what ``Payload.buffers`` holds, in this order):
 
 * ``bits``: uint8[ceil(n/8)], flat row-major element i -> byte i//8, bit i%8, LSB first;
-* ``scales``: float32[2*cols], ``a+`` for all columns, then ``a-`` for all columns.
+* ``scales``: float32[2*groups], ``a+`` of every group, then ``a-`` of every group.
 
-So ``nbytes = ceil(n/8) + 8*cols``. Scales are float32 whatever the gradient dtype
-(fp16/bf16/fp32/fp64 are accepted); the residual is kept in the gradient's dtype and the
-arithmetic runs in float32 (float64 for fp64 gradients).
+So ``nbytes = ceil(n/8) + 8*groups`` (groups: ``d0`` rows, or ``prod(shape[1:])`` columns).
+Scales are float32 whatever the gradient dtype (fp16/bf16/fp32/fp64 are accepted); the residual
+is kept in the gradient's dtype and the arithmetic runs in float32 (float64 for fp64 gradients).
 
-``scales="rows"`` (an option; the spec's per-column values are the default) ties the two
-values to each row of ``G`` instead (>= 2-D tensors; 1-D and 0-d stay one group). Wire format:
-``bits`` as above (the natural flat order), ``scales`` float32[2*d0] (``a+`` of every row, then
-``a-``), so ``nbytes = ceil(n/8) + 8*d0``. Row r's values are summed exactly as a one-column
-tensor of its ``prod(shape[1:])`` values is (bitwise the scales of encoding ``G[r]`` alone). Why:
-where the rows of a column differ in scale (PyTorch stacks an RNN's gates along dim 0; an output
-layer's rows are characters of very different frequency), a column's two means carry a small part
-of the column's energy, the residual grows to many times the gradient and training at a large step
-diverges (docs/results/onebit_divergence.md). Its two-phase stripes are rows (views). Cost: about
-that of columns mode (the kernels read and write the tensor in place, in order, parallel over rows;
-no copies); the bucket ops and :meth:`OneBitCodec.measure` apply as in columns mode.
+Groups (``scales``):
+
+* ``"rows"`` (the default): the two values tied to each row of ``G`` (an output unit's fan-in;
+  a convolution's output channel; an embedding's token). Row r's values are summed exactly as
+  a one-column tensor of its ``prod(shape[1:])`` values is (bitwise the scales of encoding
+  ``G[r]`` alone). Its two-phase stripes are rows (views).
+* ``"columns"``: the paper's grouping, per column of the weight matrix (the spec,
+  ALGORITHMS.md section 1). Where the rows of a column differ in scale (PyTorch stacks an RNN's
+  gates along dim 0; an output layer's rows are characters of very different frequency), a
+  column's two means carry a small part of its energy, the residual grows to many times the
+  gradient and training at a large step diverges: why rows are the default
+  (docs/results/onebit_divergence.md). Its two-phase stripes are column windows.
+
+Both run the same kernels at about the same cost (read and written in place, in order; no
+copies); the bucket ops and :meth:`OneBitCodec.measure` apply to both.
+
+The step ramp (``ramp_steps``, default 300): the exchange scales the averaged gradients of
+step t < N by (t + 1) / N (:mod:`horovod_gradcomp.exchange.step_ramp`; for SGD a learning-rate
+warm-up). ``scales="columns", ramp_steps=0`` is the paper's method exactly.
 """
 from __future__ import annotations
 
@@ -50,13 +59,19 @@ def onebit_columns(shape: Sequence[int]) -> int:
     return 1 if len(shape) <= 1 else math.prod(shape[1:])
 
 
-#: Where onebit's reconstruction values are tied: per column (the spec) or per row of the 2-D view.
-SCALE_GROUPS = ("columns", "rows")
+#: Where onebit's reconstruction values are tied: per row of the 2-D view (the default) or per
+#: column (the spec).
+SCALE_GROUPS = ("rows", "columns")
+
+#: The defaults of :class:`OneBitCodec`'s ``scales`` and ``ramp_steps``: they train the char model
+#: of examples/train.py at its learning rate within 5% of dense (docs/results/onebit_divergence.md).
+DEFAULT_SCALES, DEFAULT_RAMP_STEPS = "rows", 300
 
 
 @register_codec("onebit")
 class OneBitCodec(Codec):
-    """1-bit sign quantizer with per-column means; fuses the error-feedback update."""
+    """1-bit sign quantizer with two means per row (default) or per column; fuses the
+    error-feedback update."""
 
     fuses_feedback = True
     #: Two-phase from K = 3 (it sends fewer bytes): with the column windows it costs about the
@@ -64,14 +79,18 @@ class OneBitCodec(Codec):
     #: (docs/results/README.md, "Column windows").
     default_pattern = "auto"
 
-    def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = "columns", ramp_steps: int = 0):
+    def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = DEFAULT_SCALES,
+                 ramp_steps: int = DEFAULT_RAMP_STEPS):
         """``warmup_steps``: the exchange averages the first N steps of a compression at full
         precision (:mod:`horovod_gradcomp.exchange.dense_warmup`; residuals untouched, so error
         feedback starts from zero at step N); this codec's payloads from step N on.
-        ``scales``: "columns" (the spec) or "rows" (see the module doc).
+        ``scales``: "rows" (the default) or "columns" (the spec; see the module doc).
         ``ramp_steps``: the averaged gradients of step t < N are scaled by (t + 1) / N
         (:mod:`horovod_gradcomp.exchange.step_ramp`: for SGD a learning-rate warm-up; payloads,
-        residuals and bytes unchanged)."""
+        residuals and bytes unchanged); 0: none.
+        The repr names ``scales`` and ``ramp_steps`` where they differ from the paper's method
+        (columns, no ramp), so checkpoints written before rows and the ramp were the defaults
+        name exactly the compression that resumes them."""
         super().__init__(impl)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"onebit: warmup_steps must be a non-negative int, got {warmup_steps!r}")

@@ -156,7 +156,10 @@ class CodecCompression:
                              f"is rank {comm.rank}. The state is per rank: load each rank's own file, or use "
                              "hgc.save_job_state / hgc.load_job_state for one file per job")
         if state.get("codec") != repr(self.codec):
-            raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}")
+            raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}: "
+                             "build the compression with the checkpoint's options to resume it (a repr names every "
+                             "option that differs from the codec's paper method, e.g. onebit's scales and "
+                             "ramp_steps: OneBitCodec(impl='native') is scales='columns', ramp_steps=0)")
         self.state.load_state_dict(state)
 
     def __repr__(self) -> str:

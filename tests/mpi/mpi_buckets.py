@@ -60,7 +60,7 @@ def train(factory, steps=STEPS):
 
 
 CODECS = {
-    "onebit": lambda named, **kw: hgc.Compression.onebit(named, **kw),
+    "onebit": lambda named, **kw: hgc.Compression.onebit(named, **{"ramp_steps": 0, **kw}),  # no step ramp
     "terngrad": lambda named, **kw: hgc.Compression.terngrad(named, **kw),
     "qsgd": lambda named, **kw: hgc.Compression.qsgd(named, bits=4, bucket=64, **kw),
     "dgc": lambda named, **kw: hgc.Compression.dgc(named, density=0.05, **kw),

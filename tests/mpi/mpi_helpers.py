@@ -74,3 +74,10 @@ def assert_alltoallv_uneven(comm) -> None:
     expect = torch.cat([torch.full((c,), 10 * j + rank, dtype=torch.uint8) for j, c in enumerate(recv_counts)])
     assert torch.equal(recv, expect)
 
+
+
+def onebit_unramped(named_parameters, **options):
+    """``hgc.Compression.onebit`` without its step ramp (``ramp_steps=0``): the exchange's own
+    arithmetic, for tests that check it against the reference codec step by step (the ramp is
+    tested on its own in mpi_onebit_warmup.py)."""
+    return hgc.Compression.onebit(named_parameters, ramp_steps=0, **options)

@@ -16,7 +16,8 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.preamble import PREAMBLE_BYTES
 from horovod_gradcomp.exchange.communicator import ExchangeMismatchError
 
-from .mpi_helpers import (assert_identical_across_ranks, init, needs_peers, reference_mean_of_decoded)
+from .mpi_helpers import (assert_identical_across_ranks, init, needs_peers, onebit_unramped,
+                          reference_mean_of_decoded)
 
 RANK, SIZE = init()
 
@@ -61,7 +62,7 @@ def check_steps_against_reference(model, comp, opt, forward_backward, steps):
 @needs_peers
 def test_grads_equal_mean_of_every_ranks_decoded_payload():
     model = make_model()
-    comp = hgc.Compression.onebit(model.named_parameters())
+    comp = onebit_unramped(model.named_parameters())
     opt = distributed(model, comp)
 
     def forward_backward(step):
@@ -75,7 +76,7 @@ def test_grads_equal_mean_of_every_ranks_decoded_payload():
 @pytest.mark.parametrize("error_feedback", [True, False])
 def test_parameters_identical_after_20_steps_with_grads_set_to_none(error_feedback):
     model = make_model()
-    opt = distributed(model, hgc.Compression.onebit(model.named_parameters(), error_feedback=error_feedback))
+    opt = distributed(model, onebit_unramped(model.named_parameters(), error_feedback=error_feedback))
     before = copy.deepcopy(model.state_dict())
     for step in range(20):
         opt.zero_grad()  # torch 2.x default: set_to_none=True
@@ -111,7 +112,7 @@ class TwoBranches(torch.nn.Module):
 @needs_peers
 def test_hook_order_differs_across_ranks_and_a_parameter_without_gradient():
     model = TwoBranches()
-    comp = hgc.Compression.onebit(model.named_parameters())
+    comp = onebit_unramped(model.named_parameters())
     opt = distributed(model, comp)
 
     def forward_backward(step):
@@ -129,7 +130,7 @@ def test_op_sum_gives_the_sum_and_backward_passes_per_step():
     results = {}
     for op in (hvd.Average, hvd.Sum):
         model = make_model()
-        opt = distributed(model, hgc.Compression.onebit(model.named_parameters()), op=op,
+        opt = distributed(model, onebit_unramped(model.named_parameters()), op=op,
                           backward_passes_per_step=2)
         opt.zero_grad()
         for micro in range(2):
@@ -144,7 +145,7 @@ def test_op_sum_gives_the_sum_and_backward_passes_per_step():
 @needs_peers
 def test_stats_count_what_was_sent():
     model = make_model()
-    comp = hgc.Compression.onebit(model.named_parameters())
+    comp = onebit_unramped(model.named_parameters())
     opt = distributed(model, comp)
     for step in range(3):
         opt.zero_grad()
@@ -166,7 +167,7 @@ def test_direct_compress_decompress_any_size():
     """The adapter without Horovod's hooks (also at -np 1): the mean over ranks of the decoded
     payloads, against the reference codec."""
     params = [("w", torch.nn.Parameter(torch.zeros(6, 5))), ("b", torch.nn.Parameter(torch.zeros(5)))]
-    comp = hgc.Compression.onebit(params)
+    comp = onebit_unramped(params)
     ref = hgc.get_codec("onebit", impl="reference")
     gen = torch.Generator().manual_seed(RANK + 7)
     ctxs, grads = [], {}
@@ -184,7 +185,7 @@ def test_mismatched_tensors_raise_on_every_rank():
     """Ranks that disagree on a tensor's shape get a clear error on every rank, no hang."""
     shape = (3 + RANK,) if SIZE > 1 else (3,)
     p = torch.nn.Parameter(torch.zeros(shape))
-    comp = hgc.Compression.onebit([("p", p)])
+    comp = onebit_unramped([("p", p)])
     p.grad = torch.ones(shape)
     _, ctx = comp.compress(p.grad)
     if SIZE == 1:
@@ -195,7 +196,7 @@ def test_mismatched_tensors_raise_on_every_rank():
 
 
 def test_unknown_tensor_is_a_clear_error():
-    comp = hgc.Compression.onebit([("p", torch.nn.Parameter(torch.zeros(3)))])
+    comp = onebit_unramped([("p", torch.nn.Parameter(torch.zeros(3)))])
     with pytest.raises(LookupError, match="not the .grad of any parameter"):
         comp.compress(torch.ones(3))
 
@@ -210,7 +211,7 @@ def test_state_dict_round_trip_continues_identically():
             opt.step()
 
     model = make_model()
-    comp = hgc.Compression.onebit(model.named_parameters())
+    comp = onebit_unramped(model.named_parameters())
     opt = distributed(model, comp)
     run(3, comp, model, opt, 0)
     buf = io.BytesIO()
@@ -222,7 +223,7 @@ def test_state_dict_round_trip_continues_identically():
     saved = torch.load(buf)
     model2 = make_model(seed=5)
     model2.load_state_dict(saved["model"])
-    comp2 = hgc.Compression.onebit(model2.named_parameters())
+    comp2 = onebit_unramped(model2.named_parameters())
     comp2.load_state_dict(saved["comp"])
     opt2 = distributed(model2, comp2)
     run(3, comp2, model2, opt2, 3)

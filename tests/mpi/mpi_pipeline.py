@@ -23,7 +23,7 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.communicator import MPICommunicator
 from horovod_gradcomp.exchange.polling import PollingCommunicator
 
-from .mpi_helpers import assert_identical_across_ranks, init
+from .mpi_helpers import assert_identical_across_ranks, init, onebit_unramped
 
 RANK, SIZE = init()
 DT = torch.float64
@@ -198,7 +198,7 @@ def test_off_is_the_synchronous_step():
 def test_onebit_matches_delayed_reference_with_reference_decode(opt, polling):
     make_opt, ref_opt = OPTIMIZERS[opt]
     comm = PollingCommunicator() if polling else None
-    seen = run_pipeline(make_opt, lambda m: hgc.Compression.onebit(m.named_parameters(), communicator=comm))
+    seen = run_pipeline(make_opt, lambda m: onebit_unramped(m.named_parameters(), communicator=comm))
     # observed: equal to float64 rounding; the margin allows a float32 scale to round differently
     check_against(seen, reference(initial(), ref_opt(), mean=RefOnebit().mean), rtol=1e-9, atol=1e-12)
 
@@ -206,7 +206,7 @@ def test_onebit_matches_delayed_reference_with_reference_decode(opt, polling):
 def test_same_number_of_updates_on_every_rank():
     model = make_model()
     step = hgc.DoubleBufferedStep(model.named_parameters(), torch.optim.SGD(model.parameters(), lr=LR),
-                                  hgc.Compression.onebit(model.named_parameters()), double_buffering=True)
+                                  onebit_unramped(model.named_parameters()), double_buffering=True)
     for t in range(3):
         step.step(loss_fn_of(model), data(t, RANK))
         assert step.pending and step.updates == 2 * t + 1

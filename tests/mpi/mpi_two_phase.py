@@ -27,7 +27,7 @@ ORDER = {n: i for i, n in enumerate(NAMES)}
 STEPS = 3
 
 CASES = {  # id: (codec, options, error feedback, axis)
-    "onebit-ef": ("onebit", {}, True, "auto"),
+    "onebit-ef": ("onebit", {"scales": "columns"}, True, "auto"),
     "onebit-ef-rows": ("onebit", {}, True, "rows"),
     "terngrad": ("terngrad", {"seed": 3}, False, "auto"),
     "terngrad-clip-ef": ("terngrad", {"seed": 4, "clip": 2.5}, True, "auto"),
