@@ -141,8 +141,8 @@ class Fuzzer:
     # -- codec targets --------------------------------------------------------------------------
     def codec_options(self, r: random.Random):
         """(codec name, options) of this target, options drawn at random."""
-        if self.target == "onebit":
-            return "onebit", {}
+        if self.target == "onebit":  # both groupings: rows (the default) and the paper's columns
+            return "onebit", {"scales": r.choice(["rows", "columns"])}
         if self.target == "terngrad":
             return "terngrad", {"seed": r.randint(0, 99)}
         if self.target.startswith("qsgd"):
