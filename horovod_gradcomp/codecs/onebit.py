@@ -46,7 +46,6 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from ..exchange.step_ramp import check_ramp_steps
 from ..native import kernels_for
 from .base import BufferSpec, Codec, Payload
 from .bitpack import pack_bits, unpack_bits
@@ -66,6 +65,13 @@ SCALE_GROUPS = ("rows", "columns")
 #: The defaults of :class:`OneBitCodec`'s ``scales`` and ``ramp_steps``: they train the char model
 #: of examples/train.py at its learning rate within 5% of dense (docs/results/onebit_divergence.md).
 DEFAULT_SCALES, DEFAULT_RAMP_STEPS = "rows", 300
+
+
+def _step_count(option: str, value) -> int:
+    """``value`` when it is a non-negative int (a count of steps); a ValueError naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"onebit: {option} must be a non-negative int, got {value!r}")
+    return value
 
 
 @register_codec("onebit")
@@ -92,12 +98,10 @@ class OneBitCodec(Codec):
         (columns, no ramp), so checkpoints written before rows and the ramp were the defaults
         name exactly the compression that resumes them."""
         super().__init__(impl)
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
-            raise ValueError(f"onebit: warmup_steps must be a non-negative int, got {warmup_steps!r}")
         if scales not in SCALE_GROUPS:
             raise ValueError(f"onebit: scales must be one of {SCALE_GROUPS}, got {scales!r}")
-        self.warmup_steps, self.scales = warmup_steps, scales
-        self.ramp_steps = check_ramp_steps("onebit", ramp_steps)
+        self.warmup_steps, self.scales = _step_count("warmup_steps", warmup_steps), scales
+        self.ramp_steps = _step_count("ramp_steps", ramp_steps)
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
 

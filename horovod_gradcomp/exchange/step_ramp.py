@@ -34,11 +34,4 @@ def apply_ramp(results: Iterable[torch.Tensor], factor: float) -> None:
         t.mul_(factor)
 
 
-def check_ramp_steps(owner: str, ramp_steps) -> int:
-    """``ramp_steps`` when it is a non-negative int; a ValueError naming ``owner`` otherwise."""
-    if isinstance(ramp_steps, bool) or not isinstance(ramp_steps, int) or ramp_steps < 0:
-        raise ValueError(f"{owner}: ramp_steps must be a non-negative int, got {ramp_steps!r}")
-    return ramp_steps
-
-
-__all__ = ["apply_ramp", "check_ramp_steps", "ramp_factor"]
+__all__ = ["apply_ramp", "ramp_factor"]

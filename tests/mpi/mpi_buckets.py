@@ -16,7 +16,8 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.two_phase import TwoPhasePattern
 
-from .mpi_helpers import assert_identical_across_ranks, fresh_state, init, needs_peers, two_phase_exchange
+from .mpi_helpers import (assert_identical_across_ranks, fresh_state, init, needs_peers, onebit_unramped,
+                          two_phase_exchange)
 
 RANK, SIZE = init()
 STEPS = 5
@@ -60,7 +61,7 @@ def train(factory, steps=STEPS):
 
 
 CODECS = {
-    "onebit": lambda named, **kw: hgc.Compression.onebit(named, **{"ramp_steps": 0, **kw}),  # no step ramp
+    "onebit": onebit_unramped,
     "terngrad": lambda named, **kw: hgc.Compression.terngrad(named, **kw),
     "qsgd": lambda named, **kw: hgc.Compression.qsgd(named, bits=4, bucket=64, **kw),
     "dgc": lambda named, **kw: hgc.Compression.dgc(named, density=0.05, **kw),
