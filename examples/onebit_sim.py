@@ -5,7 +5,7 @@ about a minute on one core where the real -np 4 run takes several): every step c
 ranks' gradients on their own shards and batches (``train.py``'s sharding, batch order and
 seeds), encodes each with its own error-feedback residual through the package's codec
 (``hgc.get_codec("onebit", scales=..)``), averages the K decoded payloads as the allgather
-pattern does, applies the step ramp (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
+pattern does, applies the opt-in gradient warm-up (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
 and steps SGD with momentum. ``--codec none`` averages the exact gradients instead.
 
 It is a model of the exchange, not the exchange: the sum runs in float64 in rank order here,
@@ -13,7 +13,7 @@ so its results match ``train.py``'s to rounding, not bitwise, and its perplexiti
 a few percent of the real runs' (docs/results/onebit_divergence.md compares them). Use
 ``train.py`` under mpirun for figures that claim what the package does.
 
-    .venv/bin/python examples/onebit_sim.py --ranks 4 --scales rows --ramp-steps 300
+    .venv/bin/python examples/onebit_sim.py --ranks 4 --scales rows --lr-warmup-steps 300
 """
 from __future__ import annotations
 
@@ -37,7 +37,8 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=int, default=4, help="K, the simulated ranks")
     p.add_argument("--codec", choices=("onebit", "none"), default="onebit")
     p.add_argument("--scales", choices=("columns", "rows"), default="columns", help="onebit's scale groups")
-    p.add_argument("--ramp-steps", type=int, default=0, help="onebit's ramp_steps")
+    p.add_argument("--lr-warmup-steps", type=int, default=0, help="onebit's lr_warmup_steps (the averaged "
+                   "gradient of step t < N times (t + 1) / N)")
     p.add_argument("--warmup-steps", type=int, default=0, help="the first N steps averaged exactly")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.5)
@@ -82,7 +83,7 @@ def main(argv=None):
                         summed[n] += p.grad
                     else:
                         summed[n] += codec.decode(codec.encode(p.grad, residual=residuals[r][n]))
-            factor = ramp_factor(args.ramp_steps, step) if args.codec == "onebit" else 1.0
+            factor = ramp_factor(args.lr_warmup_steps, step) if args.codec == "onebit" else 1.0
             for n, p in params:
                 p.grad = (summed[n] / k * factor).to(p.dtype)
             opt.step()
@@ -92,7 +93,7 @@ def main(argv=None):
     with torch.no_grad():
         logits = model(x_te)
         test_loss = F.cross_entropy(logits.reshape(-1, vocab), next_chars(x_te, y_te).reshape(-1)).item()
-    print(json.dumps({"ranks": k, "codec": args.codec, "scales": args.scales, "ramp_steps": args.ramp_steps,
+    print(json.dumps({"ranks": k, "codec": args.codec, "scales": args.scales, "lr_warmup_steps": args.lr_warmup_steps,
                       "warmup_steps": args.warmup_steps, "epochs": args.epochs, "steps_per_epoch": steps,
                       "lr": args.lr, "seed": args.seed, "train_loss": losses, "test_loss": test_loss,
                       "perplexity": math.exp(min(test_loss, 700.0)), "seconds": time.perf_counter() - t0}))
