@@ -484,7 +484,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
     it over (default; DGC always exchanges once per step); False: once per step. The buckets
     are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set``
-    are not taken. DGC's momentum lives in the compression: use SGD with momentum 0. Call it on
+    are not taken. DGC's momentum lives in the compression (an SGD's is taken over; under Adam/AdamW DGC runs
+    without it: :mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on
     every rank at the same point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
