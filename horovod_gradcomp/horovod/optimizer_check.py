@@ -19,6 +19,7 @@ param groups are inspected. Every rank runs the same ``step()``, so every rank r
 same error. What cannot be detected: an optimizer whose step is never called through
 ``torch.optim.Optimizer`` (a hand-written update loop); such a loop must itself apply
 ``w <- w - lr * grad``.
+"""
 from __future__ import annotations
 
 import logging
