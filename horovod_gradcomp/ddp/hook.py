@@ -63,7 +63,9 @@ Sparse gradients. DDP gives a sparse gradient (``nn.Embedding(sparse=True)``) a 
 own; the hook exchanges it uncompressed, as DDP's default hook does (the mean of the ranks'
 sparse tensors, through allgathers of their indices and values), in its turn among the buckets
 (:mod:`horovod_gradcomp.ddp.sparse_exchange`). Its bytes count in ``stats()``; its values do not
-enter DGC's clipping norm.
+enter DGC's clipping norm. ``sparse_as_dense=True`` (Horovod's option of that name) compresses
+the dense copy instead, as one more bucket of the codec, and writes the mean back into the
+parameter's sparse gradient (every row then holds values).
 
 Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
 error) fails the step with a :class:`DDPExchangeError` naming the step, the bucket and the rank
@@ -155,6 +157,7 @@ class _Step:
         #: otherwise each future raises it from wait()
         self.raises_from_backward = raises_from_backward
         self.sparse_results: List[torch.Tensor] = []   # the sparse buckets' means (the buffers)
+        self.densified: List[Tuple[torch.Tensor, torch.Tensor]] = []   # sparse_as_dense: (dense copy, buffer)
         self._lock = threading.Lock()
         self._futures: List[Tuple[torch.futures.Future, torch.Tensor]] = []
         self._settled = False
@@ -253,8 +256,9 @@ class DDPCompressionState:
             ``bucket_ready`` interval on the calling thread, and the engine's timed blocks.
     """
 
-    def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True):
+    def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True, sparse_as_dense: bool = False):
         self.compression = compression
+        self.sparse_as_dense = bool(sparse_as_dense)
         self.engine = compression.engine
         self.handoff = self.engine.handoff
         self.communicator = compression.communicator
@@ -309,6 +313,11 @@ class DDPCompressionState:
         if None in names:
             self._post(self._fail, step, tag, KeyError("a bucket holds a parameter that is not in the module given "
                                                        "to hgc.ddp.register()"))
+        elif is_sparse(buffer) and self.sparse_as_dense:   # its dense copy through the codec, written back at close
+            dense = buffer.to_dense()
+            step.densified.append((dense, buffer))
+            mark = self.handoff.record("grad", (dense,))
+            self._post(self._hand_over, step, tag, names, {names[0]: dense}, last, mark)
         elif is_sparse(buffer):   # DDP's bucket of one sparse gradient: the buffer is the gradient
             mark = self.handoff.record("grad", (buffer._values(),))
             self._post(self._hand_over, step, tag, names, {names[0]: buffer}, last, mark, True)
@@ -465,6 +474,9 @@ class DDPCompressionState:
             if skipped:   # every result of the step NaN, the sparse means too
                 for t in step.sparse_results:
                     t._values().fill_(float("nan"))
+            with torch.no_grad():
+                for dense, buffer in step.densified:   # sparse_as_dense: the mean back into the sparse gradient
+                    buffer.copy_(dense.to_sparse(buffer.sparse_dim()))
         except BaseException as exc:  # noqa: BLE001
             self._fail(step, "close", exc)
             return
@@ -542,7 +554,7 @@ def _hook_group(ddp_model, group):
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = "onebit", *, group=None,
              communicator: Optional[TorchDistributedCommunicator] = None, per_bucket: bool = True,
-             **options) -> DDPCompressionState:
+             sparse_as_dense: bool = False, **options) -> DDPCompressionState:
     """Register the compressed exchange on ``ddp_model`` and return its state.
 
     ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
@@ -550,10 +562,13 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``.
     ``group``: the process group of the hook's collectives (None: DDP's own; see the module
     doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
-    it over (default; DGC always exchanges once per step); False: once per step. The buckets
+    it over (default; DGC always exchanges once per step); False: once per step.
+    ``sparse_as_dense``: a sparse gradient's bucket is exchanged uncompressed as DDP's default does
+    (False, the default) or its dense copy compressed by the codec (True, as Horovod's option of
+    that name). The buckets
     are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set``
-    are not taken. DGC's momentum lives in the compression (an SGD's is taken over; under Adam/AdamW DGC runs
-    without it: :mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on
+    are not taken. DGC's momentum lives in the compression (an SGD's is taken over; under
+    Adam/AdamW DGC runs without it: :mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on
     every rank at the same point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
@@ -568,7 +583,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
     comm = communicator if communicator is not None else TorchDistributedCommunicator(_hook_group(ddp_model, group))
     compression = factory(named, communicator=comm, **options)
-    state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket)
+    state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket,
+                                sparse_as_dense=sparse_as_dense)
     ddp_model.register_comm_hook(state, _hook)
     hold_backward_context(ddp_model)   # PyTorch 2.13's abort at exit on gloo: see gloo_exit.py
     return state

@@ -93,6 +93,39 @@ def test_sparse_embedding_and_dense_layers_train_with_every_codec(codec, kind):
     assert all(len(b) and "emb.weight" not in " ".join(b) for b in state.last_partition)
 
 
+@pytest.mark.parametrize("codec", sorted(hgc.available_codecs()))
+def test_sparse_as_dense_compresses_the_dense_copy(codec):
+    """``sparse_as_dense=True``: the embedding's dense copy goes through the codec as one more
+    bucket (in the partition, bitwise what the engine makes of the same buckets), and the mean
+    comes back into its sparse gradient."""
+    torch.manual_seed(1)
+    plain = Mixed()
+    ddp = nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.001)
+    state = hgc.ddp.register(ddp, codec, sparse_as_dense=True)
+    extra = {"check_optimizer": False, "momentum": 0.0} if codec == "dgc" else {}   # the hook's DGC: no optimizer, 0
+    by_engine = getattr(hgc.Compression, codec)(list(plain.named_parameters()), transport="mpi", **extra)
+    for step in range(2):
+        idx, y = _batch(step, RANK)
+        ddp.zero_grad()
+        F.cross_entropy(ddp(idx), y).backward()
+        plain.zero_grad()
+        F.cross_entropy(plain(idx), y).backward()
+        partition = state.last_partition
+        assert any("emb.weight" in n for b in partition for n in b), partition
+        local = {n: (p.grad.to_dense() if p.grad.is_sparse else p.grad).clone() for n, p in plain.named_parameters()}
+        want = by_engine.engine.exchange(local, partition=partition)
+        by_engine.index.end_step()
+        for n, p in ddp.module.named_parameters():
+            got = p.grad.to_dense() if p.grad.is_sparse else p.grad
+            assert torch.equal(got, want[n]), f"{codec} step {step}: {n}"
+        assert ddp.module.emb.weight.grad.is_sparse
+        with torch.no_grad():
+            for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
+                p -= 0.1 * want[n]
+                q -= 0.1 * want[n]
+    assert_identical_across_ranks(ddp.module)
+
+
 def test_sparse_nonfinite_skips_the_step_everywhere():
     """A NaN in one rank's embedding gradient: every result of the step is NaN on every rank
     (the sparse mean and the codec's results alike), as for a dense bucket."""
