@@ -68,8 +68,8 @@ def _load(compression, comm, path: str) -> None:
     if rank == 0:
         try:  # a failure here must reach every rank, not leave them waiting in the collective
             job = load_data(path, f"load_job_state({path!r})")
-            if (not isinstance(job, dict) or not isinstance(job.get("world_size"), int)
-                    or not isinstance(job.get("ranks"), list) or len(job["ranks"]) != job["world_size"]):
+            if not isinstance(job, dict) or not isinstance(job.get("world_size"), int) or not isinstance(
+                    job.get("ranks"), list) or (job["world_size"] == k and len(job["ranks"]) != k):
                 raise ValueError("the file is not a job's compression state ({'world_size': K, 'ranks': [K states]})")
             header[0] = job["world_size"]
             if job["world_size"] == k:
@@ -87,7 +87,8 @@ def _load(compression, comm, path: str) -> None:
                                     "than tensors, numbers, strings and plain containers (a compression state is "
                                     "data, not code: read with torch.load(weights_only=True) only)")
     if int(header[0]) == -1:
-        raise RuntimeError(f"load_job_state({path!r}): rank 0 could not read the file: {failure}")
+        raise RuntimeError(f"load_job_state({path!r}): rank 0 could not read the file: "
+                           + (f"{type(failure).__name__}: {failure}" if failure is not None else "see rank 0's error"))
     if int(header[0]) != k:
         raise ValueError(f"load_job_state({path!r}): the file holds the compression state of {int(header[0])} ranks; "
                          f"this job has {k}. The state cannot be redistributed to another number of ranks")
