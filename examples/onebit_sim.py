@@ -5,15 +5,19 @@ about a minute on one core where the real -np 4 run takes several): every step c
 ranks' gradients on their own shards and batches (``train.py``'s sharding, batch order and
 seeds), encodes each with its own error-feedback residual through the package's codec
 (``hgc.get_codec("onebit", scales=..)``), averages the K decoded payloads as the allgather
-pattern does, applies the step ramp (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
+pattern does, applies the opt-in gradient warm-up (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
 and steps SGD with momentum. ``--codec none`` averages the exact gradients instead.
+``--optimizer-warmup N`` is the script's own learning-rate schedule (the same for every codec);
+``--residual-cap C`` is onebit's ``residual_cap`` option (``--cap-groups tensor``: a per-tensor
+cap applied here instead, as ``--residual-decay``, remedies tried outside the codec). A run whose
+last 50 steps average a train loss above ``--abort-loss`` stops early as diverged.
 
 It is a model of the exchange, not the exchange: the sum runs in float64 in rank order here,
 so its results match ``train.py``'s to rounding, not bitwise, and its perplexities land within
 a few percent of the real runs' (docs/results/onebit_divergence.md compares them). Use
 ``train.py`` under mpirun for figures that claim what the package does.
 
-    .venv/bin/python examples/onebit_sim.py --ranks 4 --scales rows --ramp-steps 300
+    .venv/bin/python examples/onebit_sim.py --ranks 4 --scales rows --lr-warmup-steps 300
 """
 from __future__ import annotations
 
@@ -37,10 +41,11 @@ def parse_args(argv=None):
     p.add_argument("--ranks", type=int, default=4, help="K, the simulated ranks")
     p.add_argument("--codec", choices=("onebit", "none"), default="onebit")
     p.add_argument("--scales", choices=("columns", "rows"), default="columns", help="onebit's scale groups")
-    p.add_argument("--ramp-steps", type=int, default=0, help="onebit's ramp_steps")
+    p.add_argument("--lr-warmup-steps", type=int, default=0, help="onebit's lr_warmup_steps (the averaged "
+                   "gradient of step t < N times (t + 1) / N)")
     p.add_argument("--warmup-steps", type=int, default=0, help="the first N steps averaged exactly")
-    p.add_argument("--lr-warmup", type=int, default=0,
-                   help="a linear learning-rate warm-up over N steps (lr * (t + 1) / N), for every codec")
+    p.add_argument("--optimizer-warmup", type=int, default=0,
+                   help="the script's own learning-rate schedule: lr * (t + 1) / N for t < N, for every codec")
     p.add_argument("--residual-cap", type=float, default=0.0,
                    help="after each encode, scale a residual down to at most C times its gradient's norm")
     p.add_argument("--cap-groups", choices=("codec", "tensor"), default="codec",
@@ -112,12 +117,12 @@ def main(argv=None):
                         summed[n] += codec.decode(codec.encode(p.grad, residual=residuals[r][n]))
                         limit_residual(residuals[r][n], p.grad, 0.0 if in_codec else args.residual_cap,
                                        args.residual_decay)
-            factor = ramp_factor(args.ramp_steps, step) if args.codec == "onebit" else 1.0
+            factor = ramp_factor(args.lr_warmup_steps, step) if args.codec == "onebit" else 1.0
             for n, p in params:
                 p.grad = (summed[n] / k * factor).to(p.dtype)
-            if args.lr_warmup:
+            if args.optimizer_warmup:
                 for group in opt.param_groups:
-                    group["lr"] = args.lr * min(1.0, (step + 1) / args.lr_warmup)
+                    group["lr"] = args.lr * min(1.0, (step + 1) / args.optimizer_warmup)
             opt.step()
             recent = (recent + [step_loss])[-50:]
             if not math.isfinite(step_loss) or (len(recent) == 50 and sum(recent) / 50 > args.abort_loss):
@@ -131,10 +136,10 @@ def main(argv=None):
     with torch.no_grad():
         logits = model(x_te)
         test_loss = F.cross_entropy(logits.reshape(-1, vocab), next_chars(x_te, y_te).reshape(-1)).item()
-    result = {"ranks": k, "codec": args.codec, "scales": args.scales, "ramp_steps": args.ramp_steps,
-              "warmup_steps": args.warmup_steps, "lr_warmup": args.lr_warmup, "residual_cap": args.residual_cap,
-              "cap_groups": args.cap_groups, "residual_decay": args.residual_decay, "epochs": args.epochs,
-              "steps_per_epoch": steps, "lr": args.lr, "seed": args.seed, "train_loss": losses,
+    result = {"ranks": k, "codec": args.codec, "scales": args.scales, "lr_warmup_steps": args.lr_warmup_steps,
+              "warmup_steps": args.warmup_steps, "optimizer_warmup": args.optimizer_warmup,
+              "residual_cap": args.residual_cap, "cap_groups": args.cap_groups, "residual_decay": args.residual_decay,
+              "epochs": args.epochs, "steps_per_epoch": steps, "lr": args.lr, "seed": args.seed, "train_loss": losses,
               "diverged": diverged, "test_loss": test_loss if not diverged else math.inf,
               "perplexity": math.exp(min(test_loss, 700.0)) if not diverged else math.inf,
               "seconds": time.perf_counter() - t0}

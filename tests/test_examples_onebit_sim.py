@@ -38,6 +38,6 @@ def test_dense_simulation_lands_on_train_py():
 
 
 def test_onebit_simulation_runs_with_its_options():
-    r = sim("--ranks", "3", "--scales", "rows", "--ramp-steps", "10", "--warmup-steps", "2")
-    assert (r["ranks"], r["scales"], r["ramp_steps"], r["warmup_steps"]) == (3, "rows", 10, 2)
+    r = sim("--ranks", "3", "--scales", "rows", "--lr-warmup-steps", "10", "--warmup-steps", "2")
+    assert (r["ranks"], r["scales"], r["lr_warmup_steps"], r["warmup_steps"]) == (3, "rows", 10, 2)
     assert 0 < r["test_loss"] < 4.6, r

@@ -382,9 +382,10 @@ class StepEngine:
         return Bucket(job.names, job.grads, self.state, self.order, outs, job.measured)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
-        """Keep the bucket's results (scaled by the codec's step ramp, :mod:`.step_ramp`), marked on
-        this thread's streams (:meth:`wait_results`), and add its counts to the step's totals."""
-        apply_ramp(outcome.results.values(), ramp_factor(getattr(self.codec, "ramp_steps", 0), self.state.step))
+        """Keep the bucket's results (scaled only where the codec was given an ``lr_warmup_steps``
+        opt-in, :mod:`.step_ramp`), marked on this thread's streams (:meth:`wait_results`), and add
+        its counts to the step's totals."""
+        apply_ramp(outcome.results.values(), ramp_factor(getattr(self.codec, "lr_warmup_steps", 0), self.state.step))
         mark = self.handoff.record("result", outcome.results.values())
         with self._cv:
             self._results.update(outcome.results)

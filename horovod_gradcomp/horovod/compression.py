@@ -26,6 +26,7 @@ from typing import Dict, Optional
 import torch
 
 from ..codecs.base import Codec
+from ..codecs.onebit import saved_codec_repr
 from ..exchange.communicator import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
@@ -155,11 +156,18 @@ class CodecCompression:
             raise ValueError(f"Compression.{self.codec.name}: this checkpoint holds rank {state['rank']}'s state; this "
                              f"is rank {comm.rank}. The state is per rank: load each rank's own file, or use "
                              "hgc.save_job_state / hgc.load_job_state for one file per job")
-        if state.get("codec") != repr(self.codec):
+        saved = saved_codec_repr(state.get("codec"))
+        if saved != repr(self.codec):
+            hint = ""
+            if "lr_warmup_steps=" in str(saved) and "lr_warmup_steps=" not in repr(self.codec):
+                hint = (" This checkpoint's onebit scales the averaged gradient over its first steps (ramp_steps, "
+                        "onebit's default until issue 30, is lr_warmup_steps now, default 0): pass the same "
+                        "lr_warmup_steps to resume it as it ran.")
             raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}: "
                              "build the compression with the checkpoint's options to resume it (a repr names every "
                              "option that differs from the codec's paper method, e.g. onebit's scales and "
-                             "ramp_steps: OneBitCodec(impl='native') is scales='columns', ramp_steps=0)")
+                             "lr_warmup_steps: OneBitCodec(impl='native') is scales='columns', lr_warmup_steps=0)."
+                             + hint)
         self.state.load_state_dict(state)
 
     def __repr__(self) -> str:

@@ -41,7 +41,7 @@ CASES = {  # id: (codec, options)
     "onebit-one_exchange": ("onebit", {"per_bucket": False}),
     "onebit-find_unused": ("onebit", {"find_unused_parameters": True}),
     "onebit-warmup": ("onebit", {"warmup_steps": 2}),   # two dense steps, then onebit
-    "onebit-ramp": ("onebit", {"ramp_steps": 3, "scales": "rows"}),   # results scaled by 1/3, 2/3, 1
+    "onebit-lr_warmup": ("onebit", {"lr_warmup_steps": 3, "scales": "rows"}),   # opt-in: results scaled by 1/3, 2/3, 1
     "terngrad": ("terngrad", {"seed": 1}),
     "terngrad-two_phase": ("terngrad", {"seed": 1, "pattern": "two_phase"}),
     "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 32, "seed": 2, "pattern": "two_phase"}),
