@@ -6,7 +6,8 @@ ranks' gradients on their own shards and batches (``train.py``'s sharding, batch
 seeds), encodes each with its own error-feedback residual through the package's codec
 (``hgc.get_codec("onebit", scales=..)``), averages the K decoded payloads as the allgather
 pattern does, applies the opt-in gradient warm-up (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
-and steps SGD with momentum. ``--codec none`` averages the exact gradients instead.
+and steps the optimizer (SGD with momentum, or ``--optimizer``). ``--codec none`` averages the
+exact gradients instead.
 ``--optimizer-warmup N`` is the script's own learning-rate schedule (the same for every codec);
 ``--residual-cap C`` is onebit's ``residual_cap`` option (``--cap-groups tensor``: a per-tensor
 cap applied here instead, as ``--residual-decay``, remedies tried outside the codec). A run whose
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.step_ramp import ramp_factor
 from common import load_text, shard
-from train import CharRNN, lm_loss, next_chars
+from train import CharRNN, lm_loss, make_optimizer, next_chars
 
 
 def parse_args(argv=None):
@@ -57,6 +58,8 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd", help="as train.py's --optimizer")
+    p.add_argument("--weight-decay", type=float, default=0.0)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=128, help="the GRU's width (train.py's --hidden)")
@@ -87,7 +90,7 @@ def main(argv=None):
     steps = shards[0][2]
     model = CharRNN(vocab, hidden=args.hidden)
     params = list(model.named_parameters())
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
+    opt = make_optimizer(args.optimizer, model.parameters(), args.lr, args.momentum, args.weight_decay)
     in_codec = args.cap_groups == "codec"
     codec = hgc.get_codec("onebit", impl=args.impl, scales=args.scales,
                           residual_cap=args.residual_cap if in_codec else 0.0)
@@ -139,7 +142,8 @@ def main(argv=None):
     result = {"ranks": k, "codec": args.codec, "scales": args.scales, "lr_warmup_steps": args.lr_warmup_steps,
               "warmup_steps": args.warmup_steps, "optimizer_warmup": args.optimizer_warmup,
               "residual_cap": args.residual_cap, "cap_groups": args.cap_groups, "residual_decay": args.residual_decay,
-              "epochs": args.epochs, "steps_per_epoch": steps, "lr": args.lr, "seed": args.seed, "train_loss": losses,
+              "epochs": args.epochs, "steps_per_epoch": steps, "lr": args.lr, "optimizer": args.optimizer,
+              "weight_decay": args.weight_decay, "seed": args.seed, "train_loss": losses,
               "diverged": diverged, "test_loss": test_loss if not diverged else math.inf,
               "perplexity": math.exp(min(test_loss, 700.0)) if not diverged else math.inf,
               "seconds": time.perf_counter() - t0}
