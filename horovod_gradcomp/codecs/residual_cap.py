@@ -33,9 +33,7 @@ def cap_grid(residual: torch.Tensor, grad: torch.Tensor, cap: float, dim: int) -
     acc = torch.float32 if residual.dtype in (torch.float16, torch.bfloat16) else residual.dtype
     r, g = residual.to(acc), grad.detach().to(acc)
     r_norm, limit = r.norm(dim=dim, keepdim=True), cap * g.norm(dim=dim, keepdim=True)
-    over = r_norm > limit
-    if not bool(over.any()):
-        return
+    over = r_norm > limit  # no host read-back: no device sync on CUDA tensors
     factor = torch.where(over, limit / torch.where(over, r_norm, torch.ones_like(r_norm)), torch.ones_like(r_norm))
     residual.copy_(torch.where(over, r * factor, r).to(residual.dtype))
 
