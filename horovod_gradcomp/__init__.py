@@ -6,7 +6,7 @@ from ._version import __version__
 from .native import (NativeUnavailableError, native_available, native_cuda_status, native_error,
                      native_has_cuda, twin_available)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
-from .state import DensitySchedule, DGCMemory
+from .state import DensitySchedule, DGCMemory, UnsafeCheckpointError
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
 from .horovod.checkpoint import load_job_state, save_job_state
 from .training import DoubleBufferedStep, double_buffering_pays
@@ -18,4 +18,5 @@ __all__ = [
     "EASGD", "ModelAveraging", "NativeUnavailableError", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
     "native_cuda_status", "native_error", "native_has_cuda", "twin_available", "register_codec", "save_job_state",
+    "UnsafeCheckpointError",
 ]

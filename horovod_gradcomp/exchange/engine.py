@@ -396,6 +396,22 @@ class StepEngine:
                          numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent)
         self._totals.k = job.k
 
+    def record_sparse(self, *, numel: int, payload: int, sent: float, k: int, nonfinite: bool) -> None:
+        """A sparse DDP bucket that the hook exchanged uncompressed
+        (:mod:`horovod_gradcomp.ddp.sparse_exchange`): its counts go into the step's totals, and a
+        non-finite mean (the same on every rank) skips the whole step as a dense bucket's would."""
+        with self._cv:
+            if nonfinite:
+                self._nonfinite = True
+        self._totals.add(tensors=1, payload=payload, numel=numel, sent=sent)
+        self._totals.k = k
+
+    @property
+    def step_nonfinite(self) -> bool:
+        """True when some bucket of the step in progress found a NaN or Inf on some rank (the
+        step's results will all be NaN when it closes)."""
+        return self._nonfinite
+
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
         """This bucket's pattern (the same on every rank: it depends on shapes, K and the step only):
         "dense" during the codec's ``warmup_steps`` (:mod:`horovod_gradcomp.exchange.dense_warmup`)."""

@@ -157,9 +157,12 @@ class Compression:
         wrapped optimizer before its first step: a ``torch.optim.SGD(momentum=m, nesterov=b)``
         hands ``m`` and ``b`` to the compression and keeps none itself (its param groups are set
         to momentum 0, with one log line), so a plain-SGD script stays plain SGD and a
-        momentum-SGD script gets DGC's momentum correction without edits. An explicit
-        ``momentum=`` requires the wrapped SGD to have momentum 0 (checked before its first step
-        unless ``check_optimizer=False``). ``clip_norm``: the gradient-norm threshold C
+        momentum-SGD script gets DGC's momentum correction without edits. Any other optimizer
+        (Adam, AdamW, ...) works too: DGC then runs without its momentum correction (momentum 0;
+        one warning per process says so) and the optimizer applies its own moments. An explicit
+        ``momentum=`` requires the wrapped SGD to have momentum 0, and an explicit momentum > 0 is
+        refused with a non-SGD optimizer (checked before its first step unless
+        ``check_optimizer=False``). ``clip_norm``: the gradient-norm threshold C
         that clipping the reduced gradient would use; each rank clips its own gradient to
         ``C * sqrt(K)`` under Horovod's default ``op=hvd.Average`` and to ``C / sqrt(K)`` (the
         paper's rule for summed gradients) under ``op=hvd.Sum``. Warm-up:
@@ -179,5 +182,6 @@ class Compression:
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
         if check_optimizer:
             comp.optimizer_guard = PlainSGDGuard([p for _, p in named], owner="Compression.dgc",
-                                                 adopt_momentum=memory.adopt_momentum if adopt else None)
+                                                 adopt_momentum=memory.adopt_momentum if adopt else None,
+                                                 momentum=0.0 if adopt else float(momentum))
         return comp

@@ -7,8 +7,8 @@ plain copy of the model) with the same bucket partition (DDP's buckets, which th
 in ``state.last_partition``), for every codec and both patterns; the hook's state_dict must
 equal the mpi4py compression's. Then: the per-bucket hook overlaps backward (the backward halts
 halfway until a bucket's payload has completed, and a timeline shows it starting before DDP hands
-over its last bucket; not so with one exchange per step), and an error in one bucket reaches
-every future of the step on every rank.
+over its last bucket; not so with one exchange per step), and each failure reaches ``backward()``
+as the DDPExchangeError with its own message, on every rank.
 """
 from __future__ import annotations
 
@@ -265,7 +265,11 @@ def test_per_bucket_collectives_overlap_backward():
     _on_every_rank("; ".join(problems))
 
 
-def test_error_in_one_bucket_reaches_every_future():
+def test_error_in_one_bucket_reaches_backward_as_its_own_exception():
+    """An encode that fails in bucket 1 at step 2: ``backward()`` raises the DDPExchangeError
+    itself (its class and message, never DDP's "Unable to cast ... to Tensor"), on every rank;
+    every future of the step completed (with its buffer: DDP's state stays consistent); the
+    memory is rolled back; and the next step trains normally."""
     torch.manual_seed(2)
     layers = [nn.Linear(12, 20)] + [nn.Linear(20, 20) for _ in range(3)] + [nn.Linear(20, 5)]
     ddp = nn.parallel.DistributedDataParallel(nn.Sequential(*layers), bucket_cap_mb=0.0015)   # a layer a bucket
@@ -286,31 +290,83 @@ def test_error_in_one_bucket_reaches_every_future():
     assert len(partition) >= 3
     poisoned = partition[1][0]
     memory = state.compression.state.memory
-    encode = memory.encode
+    encode = memory.encode_many
 
-    def failing(codec, name, *args, **kwargs):
-        if name == poisoned:
-            raise ValueError(f"injected failure encoding {name}")
-        return encode(codec, name, *args, **kwargs)
-    memory.encode = failing
+    def failing(codec, names, *args, **kwargs):
+        if poisoned in names:
+            raise ValueError(f"injected failure encoding {poisoned}")
+        return encode(codec, names, *args, **kwargs)
+    memory.encode_many = failing
     before = flat_state(state.state_dict())
     futures.clear()
     x, y = batch(2, RANK)
     ddp.zero_grad()
-    with pytest.raises(RuntimeError, match=f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: ValueError: "
-                                           f"injected failure encoding {poisoned}"):
+    with pytest.raises(hgc.ddp.DDPExchangeError) as info:
         F.cross_entropy(ddp(x), y).backward()
-    assert len(futures) == len(partition)
-    deadline = time.monotonic() + 30   # DDP raised at its first failed future; the others complete alike
-    while not all(f.done() for f in futures) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for fut in futures:
-        assert fut.done()
-        with pytest.raises(hgc.ddp.DDPExchangeError, match=f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: "
-                                                            "ValueError: injected"):
-            fut.wait()
+    assert str(info.value) == (f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: ValueError: injected failure "
+                               f"encoding {poisoned}"), str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert len(futures) == len(partition) and all(f.done() for f in futures)
     after = flat_state(state.state_dict())
     assert all(torch.equal(u, v) for (_, u), (_, v) in zip(before, after)), "the failed step's memory rolled back"
+    memory.encode_many = encode
+    ddp.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()   # the next step runs: DDP and the hook are in a consistent state
+    assert state.stats()["steps"] == 3 and all(torch.isfinite(p.grad).all() for p in ddp.parameters())
+
+
+def test_a_parameter_the_hook_does_not_know_fails_with_its_message():
+    """A parameter that DDP reduces but that was frozen when the hook was registered."""
+    torch.manual_seed(3)
+    ddp = nn.parallel.DistributedDataParallel(model())
+    frozen = ddp.module[2].weight
+    frozen.requires_grad_(False)
+    hgc.ddp.register(ddp, "qsgd")
+    frozen.requires_grad_(True)
+    x, y = batch(0, RANK)
+    with pytest.raises(hgc.ddp.DDPExchangeError, match=rf"^hgc.ddp: step 0, bucket \d+ failed on rank {RANK}: "
+                                                       "KeyError: 'a bucket holds a parameter that is not in the "
+                                                       r"module given to hgc.ddp.register\(\)'$"):
+        F.cross_entropy(ddp(x), y).backward()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+def test_ranks_that_disagree_fail_with_the_mismatch_message_on_every_rank():
+    torch.manual_seed(4)
+    ddp = nn.parallel.DistributedDataParallel(model())
+    hgc.ddp.register(ddp, "qsgd", bits=4 if RANK == 0 else 2)
+    x, y = batch(0, RANK)
+    with pytest.raises(hgc.ddp.DDPExchangeError) as info:
+        F.cross_entropy(ddp(x), y).backward()
+    text = str(info.value)
+    assert text.startswith(f"hgc.ddp: step 0, bucket 0 failed on rank {RANK}: ExchangeMismatchError: "), text
+    assert "disagree" in text and "Unable to cast" not in text, text
+
+
+def test_hook_outside_backward_fails_its_futures():
+    """DDP's Join calls the hook outside a backward pass: there the futures raise the error."""
+    ddp = nn.parallel.DistributedDataParallel(model())
+    state = hgc.ddp.register(ddp, "onebit")
+
+    class Bucket:
+        def buffer(self):
+            return torch.zeros(3)
+
+        def is_last(self):
+            return True
+
+        def index(self):
+            return 0
+
+        def parameters(self):
+            return [torch.nn.Parameter(torch.zeros(3))]   # not the model's
+
+        def gradients(self):
+            return [torch.zeros(3)]
+    fut = state.on_bucket(Bucket())
+    with pytest.raises(RuntimeError, match=f"hgc.ddp: step 0, bucket 0 failed on rank {RANK}: KeyError: 'a bucket "
+                                           "holds a parameter"):
+        fut.wait()
 
 
 def test_register_rejects_bad_input():
