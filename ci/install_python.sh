@@ -25,9 +25,28 @@ fi
 TORCH_VERSION=$("$PY" -c "import torch; print(torch.__version__)")
 phase torch
 
-# Build-time and test/example dependencies (cheap when present: pip only checks).
-pipi "setuptools>=68" wheel ninja packaging numpy "$MPI4PY_SPEC" pytest pytest-timeout \
-     scikit-learn tqdm psutil pyyaml cloudpickle cffi matplotlib
+# What building _C needs; then _C's build starts in the background (below), beside the other installs.
+pipi "setuptools>=68" wheel ninja packaging
+phase build_tools
+
+# _C: (re)built when it does not load, when a native source is newer than the built module, or when
+# HGC_REBUILD is set; in place, by ninja (objects kept in build/). --force: setuptools alone compares
+# only the listed .cpp files, not the headers they include; ninja recompiles only what changed.
+so=$(ls "$HGC_ROOT"/horovod_gradcomp/_C.*so 2>/dev/null | head -1 || true)
+build_pid=""
+if [ -z "$so" ] || [ -n "${HGC_REBUILD:-}" ] \
+   || [ -n "$(find "$HGC_ROOT/csrc" "$HGC_ROOT/setup.py" -newer "$so" -type f 2>/dev/null | head -1)" ] \
+   || ! (cd "$HGC_ROOT" && "$PY" -c "from horovod_gradcomp import _C") >/dev/null 2>&1; then
+    build_log=$(mktemp /tmp/hgc-build-C.XXXXXX.log)
+    log "building the native extension horovod_gradcomp._C in the background (MAX_JOBS=${MAX_JOBS:-$(nproc)}, log $build_log)"
+    (cd "$HGC_ROOT" && HGC_WITH_TWIN=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --inplace --force) \
+        >"$build_log" 2>&1 &
+    build_pid=$!
+    trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null || true' EXIT
+fi
+
+# Test/example dependencies (cheap when present: pip only checks).
+pipi numpy "$MPI4PY_SPEC" pytest pytest-timeout scikit-learn tqdm psutil pyyaml cloudpickle cffi matplotlib
 # The launchers DDP users come from (tests of the comm hook under each) and the docs site's tools.
 pipi lightning accelerate mkdocs mkdocs-material "mkdocstrings[python]"
 phase dependencies
@@ -77,19 +96,14 @@ then
 fi
 phase register
 
-# _C: rebuilt when it does not load, when a native source is newer than the built module, or when
-# HGC_REBUILD is set. --force: setuptools alone compares only the listed .cpp files, not the headers
-# they include; ninja then recompiles only the objects whose inputs changed.
-so=$(ls "$HGC_ROOT"/horovod_gradcomp/_C.*so 2>/dev/null | head -1 || true)
-stale=""
-if [ -z "$so" ] || [ -n "$(find "$HGC_ROOT/csrc" "$HGC_ROOT/setup.py" -newer "$so" -type f 2>/dev/null | head -1)" ]; then
-    stale=1
-fi
-if [ -n "$stale" ] || [ -n "${HGC_REBUILD:-}" ] \
-   || ! (cd / && "$PY" -c "import horovod_gradcomp as h, sys; sys.exit(0 if h.native_available() else 1)") 2>/dev/null; then
-    log "building the native extension horovod_gradcomp._C (MAX_JOBS=${MAX_JOBS:-$(nproc)})"
-    (cd "$HGC_ROOT" && HGC_WITH_TWIN=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --inplace --force)
+# Wait for the background build of _C (when one was started), then check the install from outside the tree.
+if [ -n "$build_pid" ]; then
+    rc=0; wait "$build_pid" || rc=$?
+    build_pid=""
+    grep -v -E "^(WARNING: Location|$)" "$build_log" | tail -n 40 || true
+    [ "$rc" -eq 0 ] || { log "building horovod_gradcomp._C failed (rc=$rc, log $build_log)"; exit 1; }
+    rm -f "$build_log"
 fi
 (cd / && "$PY" -c "import horovod_gradcomp as h; assert h.native_available(), h.native_error(); print('[ci/install_python] horovod_gradcomp', h.__version__, 'native extension loaded from', h.native._C.__file__)")
-phase build_C
+phase build_C_wait
 log "phases: ${phases[*]}; total $(( $(date +%s) - t_all ))s"
