@@ -14,7 +14,10 @@ twin: install
 test: install
 	bash ci/run_tests.sh
 
-demo: install
+# The demo needs neither the test nor the docs tools: `make test` and `make docs` add them.
+demo:
+	bash ci/install_system.sh
+	HGC_INSTALL_EXTRAS=0 bash ci/install_python.sh
 	bash ci/demo.sh
 
 bench: install

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates $VENV and installs, idempotently: torch (pinned, overridable by TORCH_SPEC),
-# mpi4py, Horovod built with PyTorch + MPI + Gloo, the test/example dependencies, CCCL's
+# mpi4py, Horovod built with PyTorch + MPI + Gloo, the example dependencies, the test and docs
+# tools (unless HGC_INSTALL_EXTRAS=0, as `make demo` sets), CCCL's
 # headers (the nvidia-cuda-cccl wheel, only where no CUDA toolkit has them: the twin's
 # test-time build, ci/build_twin.sh, needs them) and horovod_gradcomp itself: registered
 # editable without compiling, then its native extension _C built once, in place, by ninja
@@ -45,10 +46,13 @@ if [ -z "$so" ] || [ -n "${HGC_REBUILD:-}" ] \
     trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null || true' EXIT
 fi
 
-# Test/example dependencies (cheap when present: pip only checks).
-pipi numpy "$MPI4PY_SPEC" pytest pytest-timeout scikit-learn tqdm psutil pyyaml cloudpickle cffi matplotlib
-# The launchers DDP users come from (tests of the comm hook under each) and the docs site's tools.
-pipi lightning accelerate mkdocs mkdocs-material "mkdocstrings[python]"
+# Runtime and example dependencies (cheap when present: pip only checks); Horovod's own are here too.
+pipi numpy "$MPI4PY_SPEC" scikit-learn tqdm psutil pyyaml cloudpickle cffi
+# The test tools, the launchers DDP users come from (tests of the comm hook under each) and the docs
+# site's tools; HGC_INSTALL_EXTRAS=0 (make demo) leaves them out: `make test` / `make docs` install them.
+if [ "${HGC_INSTALL_EXTRAS:-1}" != 0 ]; then
+    pipi pytest pytest-timeout matplotlib lightning accelerate mkdocs mkdocs-material "mkdocstrings[python]"
+fi
 phase dependencies
 
 horovod_ok() {
