@@ -18,7 +18,7 @@ stage="${1:-all}"
 case "$stage" in build|test|all) shift || true;; *) stage=all;; esac
 
 CUDA_TORCH_SPEC="${CUDA_TORCH_SPEC:-torch==2.14.1}"
-VENV_CUDA="${VENV_CUDA:-$HGC_CACHE/venv-cuda-$(echo "$CUDA_TORCH_SPEC" | tr -c 'A-Za-z0-9.=_-' '_')}"
+VENV_CUDA="${VENV_CUDA:-$HGC_CACHE/venv-cuda-$(printf '%s' "$CUDA_TORCH_SPEC" | tr -c 'A-Za-z0-9.=_-' '_')}"
 CUDA_BUILD="${CUDA_BUILD:-$HGC_ROOT/build-cuda}"
 export CUDA_HOME="${CUDA_HOME:-/usr/local/cuda}"
 # No GPU to detect the architecture from: name it (sm_90 = H100/H200).
