@@ -40,7 +40,10 @@ if [ -z "$so" ] || [ -n "${HGC_REBUILD:-}" ] \
    || ! (cd "$HGC_ROOT" && "$PY" -c "from horovod_gradcomp import _C") >/dev/null 2>&1; then
     build_log=$(mktemp /tmp/hgc-build-C.XXXXXX.log)
     log "building the native extension horovod_gradcomp._C in the background (MAX_JOBS=${MAX_JOBS:-$(nproc)}, log $build_log)"
-    (cd "$HGC_ROOT" && HGC_WITH_TWIN=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --inplace --force) \
+    # PATH: the venv's ninja (pip's), for machines without a system ninja; without one torch compiles
+    # file by file, and nothing incrementally.
+    (cd "$HGC_ROOT" && PATH="$VENV/bin:$PATH" HGC_WITH_TWIN=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+        "$PY" setup.py -q build_ext --inplace --force) \
         >"$build_log" 2>&1 &
     build_pid=$!
     trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null || true' EXIT
