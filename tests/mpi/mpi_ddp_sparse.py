@@ -89,7 +89,7 @@ def test_sparse_embedding_and_dense_layers_train_with_every_codec(codec, kind):
             assert_identical_across_ranks(ddp.module)
     assert not torch.equal(ddp.module.emb.weight, before), "the embedding was not trained"
     stats = state.stats()
-    assert stats["steps"] == STEPS and stats["bytes_sent"] > 0
+    assert stats["steps"] == STEPS and (stats["bytes_sent"] > 0) == (SIZE > 1)
     assert all(len(b) and "emb.weight" not in " ".join(b) for b in state.last_partition)
 
 
