@@ -482,10 +482,13 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``.
     ``group``: the process group of the hook's collectives (None: DDP's own; see the module
     doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
-    it over (default; DGC always exchanges once per step); False: once per step. The buckets
-    are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set``
-    are not taken. DGC's momentum lives in the compression: use SGD with momentum 0. Call it on
-    every rank at the same point (it may create a process group)."""
+    it over (default; DGC with ``clip_norm`` still exchanges once per step, its clipping needing
+    the whole step's gradient norm); False: once per step. The buckets are DDP's
+    (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set`` are not
+    taken. DGC's momentum lives in the compression, as under Horovod: with ``momentum=None``
+    (its default) it takes the momentum of the ``torch.optim.SGD`` that steps the parameters,
+    which then runs with momentum 0; an explicit ``momentum=`` needs an SGD with momentum 0.
+    Call it on every rank at the same point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     for key in ("bucket_bytes", "overlap", "transport", "process_set"):
