@@ -486,8 +486,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     the whole step's gradient norm); False: once per step. The buckets are DDP's
     (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set`` are not
     taken. DGC's momentum lives in the compression, as under Horovod: with ``momentum=None``
-    (its default) it takes the momentum of the ``torch.optim.SGD`` that steps the parameters,
-    which then runs with momentum 0; an explicit ``momentum=`` needs an SGD with momentum 0.
+    (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps the
+    parameters, which then runs with momentum 0 (other optimizers: see ``Compression.dgc``).
     Call it on every rank at the same point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
