@@ -73,3 +73,24 @@ def test_a_wrong_commented_default_in_a_block_is_caught():
     by_name = {q.option: q for q in quotes}
     assert by_name["warmup_steps"].is_default and not by_name["impl"].is_default
     assert opts.lookup(by_name["warmup_steps"]) == (True, 0)
+
+
+def test_documented_errors_are_exported():
+    """Every exception the Errors reference renders, and every ``hgc.X`` / ``hgc.ddp.X`` error the
+    Troubleshooting page names, is importable from there and is an exception class."""
+    import re
+    import horovod_gradcomp as hgc
+    from docs_blocks import ROOT
+    reference = (ROOT / "docs" / "reference" / "errors.md").read_text(encoding="utf-8")
+    rendered = re.findall(r"^::: horovod_gradcomp\.[\w.]+\.(\w+)$", reference, re.M)
+    assert len(rendered) >= 4, rendered
+    for name in rendered:
+        assert name in hgc.__all__ and issubclass(getattr(hgc, name), Exception), name
+    pages = reference + (ROOT / "docs" / "guide" / "troubleshooting.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`hgc\.((?:ddp\.)?\w+Error)`", pages))
+    assert {"ExchangeMismatchError", "ddp.DDPExchangeError"} <= named, named
+    for dotted in named:
+        obj = hgc
+        for part in dotted.split("."):
+            obj = getattr(obj, part)
+        assert isinstance(obj, type) and issubclass(obj, Exception), dotted
