@@ -562,14 +562,16 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``.
     ``group``: the process group of the hook's collectives (None: DDP's own; see the module
     doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
-    it over (default; DGC always exchanges once per step); False: once per step.
+    it over (default; DGC with ``clip_norm`` still exchanges once per step, its clipping needing
+    the whole step's gradient norm); False: once per step.
     ``sparse_as_dense``: a sparse gradient's bucket is exchanged uncompressed as DDP's default does
     (False, the default) or its dense copy compressed by the codec (True, as Horovod's option of
-    that name). The buckets
-    are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set``
-    are not taken. DGC's momentum lives in the compression (an SGD's is taken over; under
-    Adam/AdamW DGC runs without it: :mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on
-    every rank at the same point (it may create a process group)."""
+    that name). The buckets are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/
+    ``process_set`` are not taken. DGC's momentum lives in the compression, as under Horovod: with
+    ``momentum=None`` (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps
+    the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum
+    correction (:mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on every rank at the same
+    point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     for key in ("bucket_bytes", "overlap", "transport", "process_set"):

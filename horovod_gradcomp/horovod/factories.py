@@ -79,7 +79,8 @@ class Compression:
         rank; allgather for K <= 2, variable-size codecs and small buckets; see
         :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). None (the
         default): the codec's ``default_pattern``: "auto" for onebit, qsgd and terngrad,
-        "allgather" for dgc (speed and accuracy measured at K=4: README, "Exchange patterns").
+        "allgather" for dgc (why, measured at K=4: the guide's "Exchange, buckets, pipelining" page,
+        docs/guide/exchange.md).
         Two-phase quantizes each mean a second time on its owner (with the owner's own error
         feedback when ``error_feedback`` is on), except TernGrad's, whose owners send the exact
         sum. ``bucket_bytes``: exchange in buckets of about
@@ -122,7 +123,10 @@ class Compression:
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
                **options) -> CodecCompression:
-        """1-bit SGD with per-column reconstruction values and error feedback (Seide et al.)."""
+        """1-bit SGD (Seide et al.) with error feedback: sign bits and two reconstruction values
+        per row of each gradient (``scales="rows"``, the default) or per column (``scales="columns"``,
+        the paper's grouping). Codec options (``scales``, ``ramp_steps``, ``warmup_steps``): see
+        :class:`~horovod_gradcomp.codecs.onebit.OneBitCodec`; the exchange options: :meth:`codec`."""
         return Compression.codec("onebit", named_parameters, error_feedback=error_feedback, impl=impl, **options)
 
     @staticmethod
