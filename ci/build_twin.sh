@@ -27,7 +27,9 @@ if [ -n "$so" ] && [ -z "$(find csrc setup.py -newer "$so" -type f 2>/dev/null |
 fi
 log "building horovod_gradcomp._C_twin with CCCL from $cccl (MAX_JOBS=${MAX_JOBS:-$(nproc)})"
 # --force: setuptools alone compares only the listed csrc/twin/*.cpp, not the device sources they include.
-# (PATH: the venv's ninja, for machines without a system one)
-PATH="$VENV/bin:$PATH" HGC_WITH_TWIN=only MAX_JOBS="${MAX_JOBS:-$(nproc)}" "$PY" setup.py -q build_ext --inplace --force
+# --build-lib build/twin-lib: not build/lib.*, which a wheel built from this tree packs (the twin is no
+# part of an install). PATH: the venv's ninja, for machines without a system one.
+PATH="$VENV/bin:$PATH" HGC_WITH_TWIN=only MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
+    "$PY" setup.py -q build_ext --inplace --force --build-lib build/twin-lib
 "$PY" -c "from horovod_gradcomp.native import require_twin; print('[ci/build_twin] loaded', require_twin().__file__)"
 log "built in $(( $(date +%s) - start ))s"

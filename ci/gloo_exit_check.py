@@ -65,6 +65,8 @@ def main(argv=None) -> int:
                 continue
             rcs[p.returncode] += 1
             aborts += ABORT in (p.stdout + p.stderr)
+            print(f"launch {i + 1}/{args.launches}: rc={p.returncode}; aborts so far {aborts}", file=sys.stderr,
+                  flush=True)
             if p.returncode != 0 and rcs[p.returncode] == 1:
                 print(f"launch {i}: rc={p.returncode}\n{p.stderr[-1500:]}", file=sys.stderr)
     print(json.dumps({"torch": torch.__version__, "launches": args.launches, "aborts": aborts,

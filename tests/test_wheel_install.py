@@ -87,6 +87,10 @@ def venv2(tmp_path_factory):
     """A second venv with this tree's wheel installed; torch, mpi4py, Horovod from the first one."""
     tmp = tmp_path_factory.mktemp("wheel_install")
     wheels = tmp / "wheels"
+    # A twin built into build/lib.* (as setup.py did before the twin became a test-time build into
+    # build/twin-lib) would be packed into the wheel: a user's install holds no twin.
+    for stale in ROOT.glob("build/lib.*/horovod_gradcomp/_C_twin*"):
+        stale.unlink()
     # HGC_WITH_TWIN=0: what a user gets (the twin is a test-time build of a checkout); PATH: the venv's ninja.
     _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation", "--no-deps", "-w", str(wheels),
           str(ROOT)], cwd=ROOT, timeout=1200, env=_clean_env(HGC_WITH_TWIN="0", MAX_JOBS=str(os.cpu_count() or 2),
