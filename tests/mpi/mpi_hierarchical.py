@@ -23,6 +23,8 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange import ExchangeMismatchError
 from horovod_gradcomp.exchange.hierarchical import shard_key
 
+from .stripe_reference import part_of, put_part, ranges, ref_codec, ref_encode
+
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 #: 2 x 2 at -np 4, one rank per node otherwise
@@ -52,30 +54,8 @@ def grad(step, rank, name):
             + 0.1 * rank).to(torch.float32)
 
 
-def ranges(n, k):
-    out, start = [], 0
-    for s in range(k):
-        stop = start + n // k + (s < n % k)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
 def matrix(shape):
     return (shape[0], math.prod(shape[1:])) if len(shape) >= 2 else (math.prod(shape), 1)
-
-
-def part_of(t, axis, a, b):
-    """Stripe [a, b) along ``axis`` of the 2-D view (1-D/0-d: one column), 2-D for >= 2-D tensors."""
-    m = t.reshape(t.shape[0], -1) if t.dim() >= 2 else t.reshape(-1, 1)
-    p = m[a:b] if axis == "rows" else m[:, a:b]
-    return p.clone() if t.dim() >= 2 else p.reshape(-1).clone()
-
-
-def put_part(t, axis, a, b, value):
-    m = t.view(t.shape[0], -1) if t.dim() >= 2 else t.view(-1, 1)
-    p = m[a:b] if axis == "rows" else m[:, a:b]
-    p.copy_(value.reshape(p.shape))
 
 
 def cut(shape, axis, k):
@@ -83,25 +63,6 @@ def cut(shape, axis, k):
     rows, cols = matrix(shape)
     return [(s, a, b) for s, (a, b) in enumerate(ranges(rows if axis == "rows" else cols, k))
             if (b - a) * (cols if axis == "rows" else rows)]
-
-
-def ref_codec(name, options, rank):
-    opts = dict(options)
-    if name != "onebit":
-        opts["rank_stream"] = rank
-    return hgc.get_codec(name, impl="reference", **opts)
-
-
-def ref_encode(codec, x, r, opts):
-    """Encode x (+ residual r, updated in place) with the reference codec."""
-    if r is None:
-        return codec.encode(x, **opts)
-    if codec.fuses_feedback:
-        return codec.encode(x, residual=r, **opts)
-    v = x + r
-    payload = codec.encode(v, **opts)
-    r.copy_(v - codec.decode(payload))
-    return payload
 
 
 def assert_close(got, want, magnitude, what):
