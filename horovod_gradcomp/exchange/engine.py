@@ -52,7 +52,8 @@ of one size (:attr:`~horovod_gradcomp.exchange.topology.Layout.multi_level`), ``
 ``hierarchical`` for every bucket instead. It looks for nodes only where a layout is given
 (``ranks_per_node``, ``HOROVOD_GRADCOMP_RANKS_PER_NODE``) or the launcher's environment says a
 node holds fewer than K ranks (:func:`~horovod_gradcomp.exchange.topology.launcher_hint`), so a
-job on one host never runs the discovery's collectives; unequal nodes: the flat rule above.
+job on one host never runs the discovery's collectives; unequal nodes, and communicators that cannot
+be split (Horovod's own collectives): the flat rule above.
 
 ``pattern="hierarchical"`` (:mod:`horovod_gradcomp.exchange.hierarchical`): dense inside each
 node, the codec's own pattern (``inner_pattern``) between nodes among the ranks of one local
@@ -84,7 +85,7 @@ from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .stripes import stripe_key
 from .dense_warmup import DensePattern
 from .hierarchical import HierarchicalPattern
-from .topology import discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
+from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
 from .two_phase import TwoPhasePattern
 from .watchdog import default_watchdog, resolve_timeout
 
@@ -457,7 +458,8 @@ class StepEngine:
         if self._layout_resolved:
             return
         wanted = self.pattern == "hierarchical" or (
-            self.pattern == "auto" and comm.size > 2 and (self.ranks_per_node is not None or launcher_hint(comm.size)))
+            self.pattern == "auto" and comm.size > 2 and can_split(comm)
+            and (self.ranks_per_node is not None or launcher_hint(comm.size)))
         if wanted:
             with self.watchdog.guard(self.timeout, f"{self.owner}: finding the nodes (rank {comm.rank} of {comm.size})"):
                 layout = discover_layout(comm, self._ranks_per_node_option, self.owner)

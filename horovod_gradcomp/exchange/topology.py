@@ -183,6 +183,13 @@ def require_equal(layout: Layout, owner: str) -> None:
             f"(or {RANKS_PER_NODE_ENV}) to a divisor of the world size")
 
 
+def can_split(comm) -> bool:
+    """True when :func:`sub_communicators` can split ``comm`` (mpi4py or torch.distributed)."""
+    from .communicator import MPICommunicator
+    return isinstance(comm, MPICommunicator) or (getattr(comm, "group", None) is not None
+                                                 and hasattr(comm, "allgather_async"))
+
+
 def sub_communicators(comm, layout: Layout, owner: str = "hierarchical exchange"):
     """``(node, peers)`` communicators of this rank (see the module doc). Collective on ``comm``."""
     require_equal(layout, owner)
@@ -196,8 +203,7 @@ def sub_communicators(comm, layout: Layout, owner: str = "hierarchical exchange"
         if isinstance(raw, _PollingComm):   # keep the base communicator's way of waiting
             node, peers = _PollingComm(node, raw._interval), _PollingComm(peers, raw._interval)
         return MPICommunicator(comm=node), MPICommunicator(comm=peers)
-    group = getattr(comm, "group", None)
-    if group is not None and hasattr(comm, "allgather_async"):
+    if can_split(comm):
         return _torch_groups(comm, layout)
     raise TypeError(f"{owner}: pattern='hierarchical' needs an mpi4py or torch.distributed communicator to split into "
                     f"nodes, got {comm!r} (Horovod's own collectives, transport='horovod', have no sub-groups here: "
@@ -223,5 +229,5 @@ def _torch_groups(comm, layout: Layout):
     return TorchDistributedCommunicator(mine_node), TorchDistributedCommunicator(mine_peers)
 
 
-__all__ = ["Layout", "block_layout", "discover_layout", "launcher_hint", "layout_from_identities",
+__all__ = ["Layout", "block_layout", "can_split", "discover_layout", "launcher_hint", "layout_from_identities",
            "ranks_per_node_setting", "require_equal", "sub_communicators"]

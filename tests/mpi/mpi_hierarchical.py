@@ -358,3 +358,45 @@ def test_bad_options_fail_on_every_rank():
         compression("dgc", {"density": 0.1}, inner_pattern="two_phase")
     with pytest.raises(ValueError, match="does not take DGC's clip_norm"):
         compression("dgc", {"density": 0.1, "clip_norm": 1.0})
+
+
+@pytest.mark.skipif(SIZE < 2, reason="Horovod registers its gradient hooks only when hvd.size() > 1")
+@pytest.mark.parametrize("codec,options", [("onebit", {"ramp_steps": 0}), ("terngrad", {"seed": 7}),
+                                           ("dgc", {"density": 0.2, "seed": 8})])
+def test_stock_distributed_optimizer(codec, options):
+    """Through stock hvd.DistributedOptimizer, with a bucket plan and the communication thread:
+    every step's gradients are bitwise what a second compression's engine makes of the same local
+    gradients, and the parameters stay identical on every rank."""
+    import horovod.torch as hvd
+    if not hvd.is_initialized():
+        hvd.init()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 32), torch.nn.ReLU(), torch.nn.Linear(32, 6))
+    named = list(model.named_parameters())
+    extra = {"momentum": 0.0} if codec == "dgc" else {}
+    options = dict(options, inner_pattern="allgather")   # "auto" would choose per bucket size
+    comp = getattr(hgc.Compression, codec)(named, pattern="hierarchical", ranks_per_node=L, bucket_bytes=2048,
+                                           **extra, **options)
+    twin = compression_for(codec, named, options)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named,
+                                   compression=comp)
+    for step in range(3):
+        opt.zero_grad()
+        model(torch.randn(8, 24, generator=torch.Generator().manual_seed(step + 10 * RANK))).pow(2).mean().backward()
+        local = {n: p.grad.clone() for n, p in named}
+        opt.synchronize()
+        want = twin.exchange(local)
+        for n, p in named:
+            assert torch.equal(p.grad, want[n]), f"{codec} step {step}: {n}"
+        with opt.skip_synchronize():
+            opt.step()
+    every = WORLD.allgather(torch.cat([p.detach().reshape(-1) for p in model.parameters()]))
+    assert all(torch.equal(e, every[0]) for e in every)
+    assert comp.stats()["bytes_sent_intra_node"] > 0 or L == 1
+
+
+def compression_for(codec, named, options):
+    """A second hierarchical compression of the same parameters (its engine, without Horovod)."""
+    extra = {"momentum": 0.0, "check_optimizer": False} if codec == "dgc" else {}
+    return getattr(hgc.Compression, codec)(named, pattern="hierarchical", ranks_per_node=L, transport="mpi",
+                                           **extra, **options)
