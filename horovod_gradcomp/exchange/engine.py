@@ -488,6 +488,11 @@ class StepEngine:
                              "resume with the same layout (ranks_per_node / HOROVOD_GRADCOMP_RANKS_PER_NODE, same "
                              "launch), or start the compression state fresh (do not load it)")
 
+    @property
+    def layout_known(self) -> bool:
+        """True once :meth:`connect_layout` has run (the layout in use is then final)."""
+        return self._layout_resolved
+
     def layout_key(self):
         """What a checkpoint records: the layout in use as lists of ranks, or ``"flat"``."""
         return self.layout.key() if self.layout is not None else "flat"

@@ -144,7 +144,8 @@ class CodecCompression:
         :func:`~horovod_gradcomp.horovod.checkpoint.save_job_state`)."""
         comm = self._comm()
         return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size,
-                "layout": self.engine.layout_key() if self.engine._layout_resolved else "flat",
+                # the node layout (None before the first bucket: the state is still empty then)
+                "layout": self.engine.layout_key() if self.engine.layout_known else None,
                 **self.state.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
@@ -165,7 +166,7 @@ class CodecCompression:
                              "option that differs from the codec's paper method, e.g. onebit's scales and "
                              "ramp_steps: OneBitCodec(impl='native') is scales='columns', ramp_steps=0)")
         self.state.load_state_dict(state)
-        if "layout" in state:   # compared once this job's layout is known (its first bucket)
+        if state.get("layout") is not None:   # compared once this job's layout is known (its first bucket)
             self.engine.expected_layout = state["layout"]
             self.engine.check_layout()
 
