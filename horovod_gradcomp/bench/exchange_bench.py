@@ -284,7 +284,8 @@ def summarize(cfg: Config, per_rank: List[dict], k: int, numel: int, net: str, r
                link_ms=link_ms(sent, k, net, row["rate_bits_per_s"]))
     if any(r.get("bytes_intra") for r in per_rank):   # of bytes_sent_per_step: inside the node / between nodes
         intra = statistics.fmean(r.get("bytes_intra", 0.0) for r in per_rank)
-        row.update(bytes_intra_node_per_step=round(intra), bytes_inter_node_per_step=round(sent - intra))
+        row.update(bytes_intra_node_per_step=round(intra), bytes_inter_node_per_step=round(sent - intra),
+                   link_ms=link_ms(sent - intra, k, net, row["rate_bits_per_s"]))   # only these cross a link
     if all("cpu_seconds" in r for r in per_rank):   # CPU time one rank took per step, mean over ranks
         row["cpu_ms_per_step"] = round(1e3 * statistics.fmean(r["cpu_seconds"] for r in per_rank), 3)
     if per_rank[0].get("bytes_computed"):
