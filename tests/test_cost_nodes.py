@@ -5,17 +5,13 @@ import pytest
 
 from horovod_gradcomp.bench import cost_model as cm
 from horovod_gradcomp.bench import cost_nodes as cn
-
-N = 1_000_000
+from test_cost_model import N, _inputs as cost_model_inputs
 
 
 def _inputs():
-    return cm.Inputs(N, 50.0, {"onebit": {"encode_ms": 10.0, "decode_ms": 4.0, "bytes": 125_000},
-                               "terngrad": {"encode_ms": 12.0, "decode_ms": 5.0, "bytes": 250_000},
-                               "qsgd4": {"encode_ms": 20.0, "decode_ms": 8.0, "bytes": 500_000},
-                               "dgc": {"encode_ms": 30.0, "decode_ms": 0.5, "bytes": 8_000}},
-                     {"encode_ms": 3.0, "decode_ms": 2.0}, {1: {"compute_ms": 40.0, "bytes": 20_000}},
-                     in_situ={"onebit/allgather": 500.0})   # ignored: the node model prices codecs alone
+    inputs = cost_model_inputs()
+    inputs.in_situ = {"onebit/allgather": 500.0}   # ignored: the node model prices codecs alone
+    return inputs
 
 
 def _p(method, nodes, per_node, alpha=0.0):
