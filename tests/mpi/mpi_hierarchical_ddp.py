@@ -76,6 +76,7 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
 
 def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere():
     ddp = nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.004)
+    state = hgc.ddp.register(ddp, "onebit", ramp_steps=0, pattern="hierarchical", ranks_per_node=L)
     x, y = batch(0, RANK)
     F.cross_entropy(ddp(x), y).backward()
     before = {k: v.clone() for k, v in state.compression.state.memory.residuals.items()}
