@@ -559,7 +559,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
 
     ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
     (``hgc.Compression.<codec>`` where there is one, else ``hgc.Compression.codec``), e.g.
-    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``.
+    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``,
+    ``pattern="hierarchical", ranks_per_node=L`` (its node groups are created here).
     ``group``: the process group of the hook's collectives (None: DDP's own; see the module
     doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
     it over (default; DGC with ``clip_norm`` still exchanges once per step, its clipping needing
@@ -585,6 +586,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
     comm = communicator if communicator is not None else TorchDistributedCommunicator(_hook_group(ddp_model, group))
     compression = factory(named, communicator=comm, **options)
+    compression.engine.connect_layout(comm)   # pattern="hierarchical": its groups, here on every rank (no-op otherwise)
     state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket,
                                 sparse_as_dense=sparse_as_dense)
     ddp_model.register_comm_hook(state, _hook)

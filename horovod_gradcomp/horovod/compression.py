@@ -58,7 +58,8 @@ class CodecCompression:
     def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
                  pattern: Optional[str] = None, bucket_bytes: Optional[int] = None, overlap: bool = True,
                  communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
-                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
+                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES,
+                 ranks_per_node: Optional[int] = None, inner_pattern: str = "auto"):
         owner = f"Compression.{codec.name}"
         self.codec = codec
         self.index = ParamIndex(named_parameters, owner=owner)
@@ -67,7 +68,8 @@ class CodecCompression:
         sizes = {n: p.numel() * p.element_size() for n, p in zip(self.index.names, self.index.params)}
         self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self._comm,
                                  pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
-                                 check_agreement=check_agreement, timeout=timeout, pipeline_bytes=pipeline_bytes)
+                                 check_agreement=check_agreement, timeout=timeout, pipeline_bytes=pipeline_bytes,
+                                 ranks_per_node=ranks_per_node, inner_pattern=inner_pattern)
         self._results: Dict[str, torch.Tensor] = {}
         self._options_checked = False
 
@@ -142,7 +144,10 @@ class CodecCompression:
         owner stripes differ between ranks: save one per rank, or the whole job's at once with
         :func:`~horovod_gradcomp.horovod.checkpoint.save_job_state`)."""
         comm = self._comm()
-        return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size, **self.state.state_dict()}
+        return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size,
+                # the node layout (None before the first bucket: the state is still empty then)
+                "layout": self.engine.layout_key() if self.engine.layout_known else None,
+                **self.state.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` of this same rank and world size (``ValueError`` otherwise:
@@ -169,6 +174,9 @@ class CodecCompression:
                              "lr_warmup_steps: OneBitCodec(impl='native') is scales='columns', lr_warmup_steps=0)."
                              + hint)
         self.state.load_state_dict(state)
+        if state.get("layout") is not None:   # compared once this job's layout is known (its first bucket)
+            self.engine.expected_layout = state["layout"]
+            self.engine.check_layout()
 
     def __repr__(self) -> str:
         e = self.engine

@@ -70,7 +70,8 @@ class Compression:
               pattern: Optional[str] = None, bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               timeout: Optional[float] = None, transport: str = "auto", process_set=None,
-              pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, **codec_options) -> CodecCompression:
+              pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, ranks_per_node: Optional[int] = None,
+              inner_pattern: str = "auto", **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -91,6 +92,13 @@ class Compression:
         two-phase's alltoallv and allgatherv) on a communication thread while the next chunk is
         encoded and the previous one decoded (None or 0: the bucket at once; the bytes sent and
         the results are the same either way).
+
+        ``pattern="hierarchical"``: dense inside each node, the codec between nodes, every local
+        rank owning 1/L of each bucket (guide: "Multi-GPU nodes"); ``inner_pattern`` ("auto",
+        "allgather" or "two_phase") is the codec's pattern between nodes. ``ranks_per_node``: L,
+        overriding what the launcher says (None: ``HOROVOD_GRADCOMP_RANKS_PER_NODE``, else MPI's
+        shared-memory split). ``"auto"`` picks hierarchical when there are several nodes of several
+        ranks each, all of one size.
 
         ``timeout``: seconds any bucket may wait for the other ranks before the MPI job is
         aborted with an error naming the step and bucket (None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT``
@@ -118,7 +126,8 @@ class Compression:
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
                                 communicator=communicator, check_agreement=check_agreement, timeout=timeout,
-                                pipeline_bytes=pipeline_bytes)
+                                pipeline_bytes=pipeline_bytes, ranks_per_node=ranks_per_node,
+                                inner_pattern=inner_pattern)
 
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
