@@ -218,9 +218,9 @@ def main(argv=None):
                     torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
                 with optimizer.skip_synchronize():
                     optimizer.step()
+                loss_sum, loss_n = loss_sum + value, loss_n + 1
             if schedule is not None:
                 schedule.step()
-                loss_sum, loss_n = loss_sum + value, loss_n + 1
             bar.update()
         train_loss = hvd.allreduce(torch.tensor(loss_sum / max(loss_n, 1)), name=f"loss.{epoch}").item()
         bar.set_postfix(epoch=epoch + 1, loss=f"{train_loss:.4f}")

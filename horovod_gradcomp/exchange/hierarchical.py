@@ -25,8 +25,8 @@ owners; rows for variable-size codecs); shard l of the bucket is stripe l of eve
 
 Traffic per rank, a bucket of B dense bytes and payload S: (L-1)/L x B x 2 inside the node
 (float32 or float64 on the wire), and what the inner pattern sends for S/L among N ranks between
-nodes: with the allgather pattern (N-1) x S/L, so a node's L NICs carry (N-1) x S in all, 1/L of
-the flat allgather's (K-1) x S per rank times L ranks (L/(L) x ... see the guide's table).
+nodes: with the allgather pattern (N-1) x S/L, so a node's L NICs together carry (N-1) x S,
+against L x (K-1) x S for the flat allgather: less than 1/L of it (the guide's table).
 
 The engine keeps everything else as on the flat path: the preamble over all K ranks (its
 signature names the layout), the non-finite flag from one read of the local gradients before it
