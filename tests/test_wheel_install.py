@@ -21,6 +21,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+# The wheel's build reuses make install's objects in build/ (under a minute); on a tree without them it
+# compiles _C from scratch, minutes on two cores: the module fixture runs under the first test's limit.
+pytestmark = pytest.mark.timeout(1500)
 
 CODEC = r"""
 import os, sys, torch, horovod_gradcomp as hgc
