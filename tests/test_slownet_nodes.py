@@ -27,7 +27,7 @@ w = MPI.COMM_WORLD
 named = [("a", torch.nn.Parameter(torch.zeros(64, 32))), ("b", torch.nn.Parameter(torch.zeros(32)))]
 out = {"rank": w.Get_rank(), "host": os.uname().nodename}
 for pattern in ("hierarchical", "auto"):
-    comp = hgc.Compression.onebit(named, pattern=pattern, ramp_steps=0)
+    comp = hgc.Compression.onebit(named, pattern=pattern, lr_warmup_steps=0)
     for step in range(3):
         g = torch.Generator().manual_seed(step * 10 + w.Get_rank())
         res = comp.exchange({n: torch.randn(p.shape, generator=g) for n, p in named})

@@ -74,6 +74,28 @@ def batch(step, rank):
     return torch.randn(16, 12, generator=gen), torch.randint(0, 5, (16,), generator=gen)
 
 
+def step_against_mpi_path(ddp, plain, state, by_mpi, step, case):
+    """One training step of ``ddp`` (through the hook of ``state``) and of its copy ``plain``
+    (through ``by_mpi``'s engine, on DDP's bucket partition of the step): asserts the averaged
+    gradients are bitwise equal, then applies the same SGD update to both copies (so their
+    inputs stay equal). Returns the partition and the mpi4py path's results."""
+    x, y = batch(step, RANK)
+    ddp.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()
+    plain.zero_grad()
+    F.cross_entropy(plain(x), y).backward()
+    partition = state.last_partition
+    want = by_mpi.engine.exchange({n: p.grad.clone() for n, p in plain.named_parameters()}, partition=partition)
+    by_mpi.index.end_step()
+    for n, p in ddp.module.named_parameters():
+        assert torch.equal(p.grad, want[n]), f"{case} step {step}: {n} differs from the mpi4py path"
+    with torch.no_grad():
+        for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
+            p -= 0.1 * want[n]
+            q -= 0.1 * q.grad
+    return partition, want
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_ddp_hook_matches_mpi_path_bitwise(case):
     codec, options = CASES[case]
@@ -95,22 +117,9 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
     extra = {"check_optimizer": False} if codec == "dgc" else {}
     by_mpi = factory(list(plain.named_parameters()), transport="mpi", **options, **extra)
     for step in range(STEPS):
-        x, y = batch(step, RANK)
-        ddp.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        plain.zero_grad()
-        F.cross_entropy(plain(x), y).backward()
-        partition = state.last_partition
+        partition, _ = step_against_mpi_path(ddp, plain, state, by_mpi, step, case)
         assert sorted(n for b in partition for n in b) == sorted(n for n, _ in plain.named_parameters())
         assert len(partition) > 1 or not state.per_bucket or step == 0, f"{case}: the model should span several buckets"
-        want = by_mpi.engine.exchange({n: p.grad.clone() for n, p in plain.named_parameters()}, partition=partition)
-        by_mpi.index.end_step()
-        for n, p in ddp.module.named_parameters():
-            assert torch.equal(p.grad, want[n]), f"{case} step {step}: {n} differs from the mpi4py path"
-        with torch.no_grad():  # the same update on both copies keeps their inputs equal
-            for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
-                p -= 0.1 * want[n]
-                q -= 0.1 * q.grad
     a, b = flat_state(state.state_dict()), flat_state(by_mpi.state_dict())
     assert [k for k, _ in a] == [k for k, _ in b]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))

@@ -38,8 +38,8 @@ ORDER = {n: i for i, n in enumerate(NAMES)}
 STEPS = 3
 
 CODECS = {  # id: (codec, options, error feedback)
-    "onebit-rows": ("onebit", {"ramp_steps": 0}, True),
-    "onebit-columns": ("onebit", {"scales": "columns", "ramp_steps": 0}, True),
+    "onebit-rows": ("onebit", {"lr_warmup_steps": 0}, True),
+    "onebit-columns": ("onebit", {"scales": "columns", "lr_warmup_steps": 0}, True),
     "terngrad": ("terngrad", {"seed": 3}, False),
     "terngrad-clip-ef": ("terngrad", {"seed": 4, "clip": 2.5}, True),
     "qsgd4": ("qsgd", {"bits": 4, "bucket": 16, "norm": "max", "seed": 5}, False),
@@ -207,7 +207,7 @@ def test_matches_independent_reference(case, inner):
         assert_same_on_every_rank(results)
 
 
-@pytest.mark.parametrize("codec,options", [("onebit", {"ramp_steps": 0}), ("terngrad", {"seed": 1}),
+@pytest.mark.parametrize("codec,options", [("onebit", {"lr_warmup_steps": 0}), ("terngrad", {"seed": 1}),
                                            ("qsgd", {"bits": 4, "coding": "elias", "seed": 2}),
                                            ("dgc", {"density": 0.3, "seed": 3})])
 def test_one_rank_per_node_is_the_flat_pattern_bitwise(codec, options):
@@ -243,8 +243,8 @@ def test_dgc_at_full_density_is_the_exact_mean():
 def test_stats_split_intra_and_inter_node_bytes():
     """Intra-node bytes: the float32 scatter and gather of the node steps, exactly; inter-node
     payload bytes of a node: at most 1/L of the flat allgather's (preambles aside)."""
-    hier = compression("onebit", {"ramp_steps": 0}, inner_pattern="allgather")
-    flat = compression("onebit", {"ramp_steps": 0}, pattern="allgather", ranks_per_node=None)
+    hier = compression("onebit", {"lr_warmup_steps": 0}, inner_pattern="allgather")
+    flat = compression("onebit", {"lr_warmup_steps": 0}, pattern="allgather", ranks_per_node=None)
     grads = {n: grad(0, RANK, n) for n in NAMES}
     hier.exchange({n: g.clone() for n, g in grads.items()})
     flat.exchange({n: g.clone() for n, g in grads.items()})
@@ -266,7 +266,7 @@ def test_stats_split_intra_and_inter_node_bytes():
 def test_nonfinite_gradient_skips_the_step_everywhere():
     """A NaN on one rank in the second bucket: every result NaN on every rank, the first
     bucket's shard residuals rolled back, the step counted; the next step exchanges normally."""
-    comp = compression("onebit", {"ramp_steps": 0}, inner_pattern="two_phase")
+    comp = compression("onebit", {"lr_warmup_steps": 0}, inner_pattern="two_phase")
     partition = [NAMES[:3], NAMES[3:]]
     comp.engine.exchange({n: grad(0, RANK, n) for n in NAMES}, partition=partition)
     before = {k: v.clone() for k, v in comp.state.memory.residuals.items()}
@@ -289,7 +289,7 @@ def test_nonfinite_gradient_skips_the_step_everywhere():
 def test_ranks_that_disagree_on_the_layout_fail_on_every_rank():
     """Rank 0 says one node of K, the others K nodes of 1: the preamble's digest names the
     layout, so every rank raises instead of pairing the wrong collectives."""
-    comp = compression("onebit", {"ramp_steps": 0}, ranks_per_node=SIZE if RANK == 0 else 1)
+    comp = compression("onebit", {"lr_warmup_steps": 0}, ranks_per_node=SIZE if RANK == 0 else 1)
     with pytest.raises(ExchangeMismatchError, match="disagree"):
         comp.exchange({n: grad(0, RANK, n) for n in NAMES})
 
@@ -306,19 +306,19 @@ def test_ranks_that_disagree_on_shapes_fail_on_every_rank():
 
 @pytest.mark.parametrize("inner", ["allgather", "two_phase"])
 def test_resume_is_bitwise_and_another_layout_is_refused(inner):
-    first = compression("onebit", {"ramp_steps": 0}, inner_pattern=inner)
+    first = compression("onebit", {"lr_warmup_steps": 0}, inner_pattern=inner)
     for step in range(2):
         first.exchange({n: grad(step, RANK, n) for n in NAMES})
     saved = first.state_dict()
     assert saved["layout"] == [list(range(s, s + L)) for s in range(0, SIZE, L)]
     a = first.exchange({n: grad(2, RANK, n) for n in NAMES})
-    second = compression("onebit", {"ramp_steps": 0}, inner_pattern=inner)
+    second = compression("onebit", {"lr_warmup_steps": 0}, inner_pattern=inner)
     second.load_state_dict(saved)
     b = second.exchange({n: grad(2, RANK, n) for n in NAMES})
     assert all(torch.equal(a[n], b[n]) for n in NAMES)
     assert all(torch.equal(first.state.memory.residuals[k], v) for k, v in second.state.memory.residuals.items())
     if SIZE > 1:   # another layout (here: the flat exchange) refuses the checkpoint, on every rank
-        other = compression("onebit", {"ramp_steps": 0}, pattern="allgather", ranks_per_node=None)
+        other = compression("onebit", {"lr_warmup_steps": 0}, pattern="allgather", ranks_per_node=None)
         other.load_state_dict(saved)
         with pytest.raises(ValueError, match="checkpoint was written by a hierarchical exchange"):
             other.exchange({n: grad(2, RANK, n) for n in NAMES})
@@ -326,11 +326,11 @@ def test_resume_is_bitwise_and_another_layout_is_refused(inner):
 
 @pytest.mark.skipif(SIZE != 3, reason="the unequal layout [2, 1] is -np 3 with ranks_per_node=2")
 def test_unequal_nodes_are_refused_or_flat_under_auto():
-    comp = compression("onebit", {"ramp_steps": 0}, ranks_per_node=2)
+    comp = compression("onebit", {"lr_warmup_steps": 0}, ranks_per_node=2)
     with pytest.raises(ValueError, match=r"nodes of \[2, 1\] ranks"):
         comp.exchange({n: grad(0, RANK, n) for n in NAMES})
-    auto = compression("onebit", {"ramp_steps": 0}, pattern="auto", ranks_per_node=2)
-    flat = compression("onebit", {"ramp_steps": 0}, pattern="auto", ranks_per_node=None)
+    auto = compression("onebit", {"lr_warmup_steps": 0}, pattern="auto", ranks_per_node=2)
+    flat = compression("onebit", {"lr_warmup_steps": 0}, pattern="auto", ranks_per_node=None)
     grads = {n: grad(0, RANK, n) for n in NAMES}
     a = auto.exchange({n: g.clone() for n, g in grads.items()})
     b = flat.exchange({n: g.clone() for n, g in grads.items()})
@@ -361,7 +361,7 @@ def test_bad_options_fail_on_every_rank():
 
 
 @pytest.mark.skipif(SIZE < 2, reason="Horovod registers its gradient hooks only when hvd.size() > 1")
-@pytest.mark.parametrize("codec,options", [("onebit", {"ramp_steps": 0}), ("terngrad", {"seed": 7}),
+@pytest.mark.parametrize("codec,options", [("onebit", {"lr_warmup_steps": 0}), ("terngrad", {"seed": 7}),
                                            ("dgc", {"density": 0.2, "seed": 8})])
 def test_stock_distributed_optimizer(codec, options):
     """Through stock hvd.DistributedOptimizer, with a bucket plan and the communication thread:

@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 import horovod_gradcomp as hgc
 
-from .mpi_ddp import batch, model, setup_module  # noqa: F401 - setup_module: gloo on the mpirun ranks
+from .mpi_ddp import batch, model, setup_module, step_against_mpi_path  # noqa: F401 - setup_module: gloo on the mpirun ranks
 from .mpi_transports import flat_state
 
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -28,8 +28,8 @@ L = 2 if SIZE == 4 else 1
 STEPS = 3
 
 CASES = {  # id: (codec, options)
-    "onebit-allgather": ("onebit", {"ramp_steps": 0, "inner_pattern": "allgather"}),
-    "onebit-two_phase": ("onebit", {"ramp_steps": 0, "inner_pattern": "two_phase"}),
+    "onebit-allgather": ("onebit", {"lr_warmup_steps": 0, "inner_pattern": "allgather"}),
+    "onebit-two_phase": ("onebit", {"lr_warmup_steps": 0, "inner_pattern": "two_phase"}),
     "terngrad-two_phase": ("terngrad", {"seed": 1, "inner_pattern": "two_phase"}),
     "qsgd-elias": ("qsgd", {"bits": 4, "coding": "elias", "seed": 3}),
     "dgc": ("dgc", {"density": 0.1, "seed": 4, "momentum": 0.9}),
@@ -48,23 +48,10 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
     extra = {"check_optimizer": False} if codec == "dgc" else {}
     by_mpi = factory(list(plain.named_parameters()), transport="mpi", **options, **extra)
     for step in range(STEPS):
-        x, y = batch(step, RANK)
-        ddp.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        plain.zero_grad()
-        F.cross_entropy(plain(x), y).backward()
-        partition = state.last_partition
+        partition, _ = step_against_mpi_path(ddp, plain, state, by_mpi, step, case)
         assert len(partition) > 1 or step == 0, f"{case}: the model should span several buckets"
-        want = by_mpi.engine.exchange({n: p.grad.clone() for n, p in plain.named_parameters()}, partition=partition)
-        by_mpi.index.end_step()
-        for n, p in ddp.module.named_parameters():
-            assert torch.equal(p.grad, want[n]), f"{case} step {step}: {n} differs from the mpi4py path"
         every = MPI.COMM_WORLD.allgather(torch.cat([p.grad.reshape(-1) for p in ddp.module.parameters()]))
         assert all(torch.equal(e, every[0]) for e in every), "ranks differ"
-        with torch.no_grad():
-            for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
-                p -= 0.1 * want[n]
-                q -= 0.1 * q.grad
     a, b = flat_state(state.state_dict()), flat_state(by_mpi.state_dict())
     assert [k for k, _ in a] == [k for k, _ in b]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
@@ -76,7 +63,7 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
 
 def test_nonfinite_gradient_on_one_rank_skips_the_step_everywhere():
     ddp = nn.parallel.DistributedDataParallel(model(), bucket_cap_mb=0.004)
-    state = hgc.ddp.register(ddp, "onebit", ramp_steps=0, pattern="hierarchical", ranks_per_node=L)
+    state = hgc.ddp.register(ddp, "onebit", lr_warmup_steps=0, pattern="hierarchical", ranks_per_node=L)
     x, y = batch(0, RANK)
     F.cross_entropy(ddp(x), y).backward()
     before = {k: v.clone() for k, v in state.compression.state.memory.residuals.items()}
