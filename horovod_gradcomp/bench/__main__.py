@@ -21,7 +21,7 @@ COMMAND_MODULES = (
     "horovod_gradcomp.bench.overlap_bench",
     "horovod_gradcomp.bench.schemes_bench",
     "horovod_gradcomp.bench.memory_bench",
-    "horovod_gradcomp.bench.cost_model",
+    "horovod_gradcomp.bench.model_command",
 )
 
 

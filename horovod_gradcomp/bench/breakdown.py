@@ -20,7 +20,7 @@ import statistics
 from typing import Dict, List, Optional, Sequence
 
 from ..exchange.timeline import Timeline, attach, exclusive_times, split_steps
-from .timing import timed_steps
+from .timing import LR, timed_steps
 
 MAIN = "MainThread"
 #: Phase keys of :func:`~horovod_gradcomp.exchange.timeline.exclusive_times` -> what they are.
@@ -59,7 +59,6 @@ def time_local(cfg, shapes, grads, steps: int, warmup: int, inject) -> dict:
     """The ``local`` row: the bench's step with a plain SGD and no communication at all
     (``zero_grad``, the injected backward, ``step``): the compute-only step of the floor."""
     import torch
-    from .exchange_bench import LR
     if cfg.options:
         raise ValueError(f"local takes no options, got {cfg.options}")
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]

@@ -41,7 +41,7 @@ from __future__ import annotations
 import socket
 from typing import Sequence
 
-from .timing import timed_steps
+from .timing import LR, timed_steps
 
 NAMES = ("ddp", "ddp_fp16", "ddp_powersgd")
 DEFAULT_ROWS = ("ddp_powersgd:rank=1", "ddp_powersgd:rank=4")
@@ -129,7 +129,6 @@ def time_ddp(hvd, cfg, shapes: Sequence, grads, steps: int, warmup: int, net: st
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
     from torch.nn.parallel import DistributedDataParallel as DDP
     from .cost_model import powersgd_factor_bytes
-    from .exchange_bench import LR
 
     if backward not in BACKWARDS:
         raise ValueError(f"--ddp-backward must be one of {BACKWARDS}, got {backward!r}")

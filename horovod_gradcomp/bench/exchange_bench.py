@@ -75,7 +75,7 @@ from typing import Dict, List, Optional, Sequence
 from . import ddp_rows, slownet
 from .codecs_bench import make_gradients, parse_codec_spec
 from .shapes import Shape, resnet50_shapes, total_numel
-from .timing import timed_steps
+from .timing import LR, timed_steps
 
 COMMAND = "exchange"
 HELP = "ms per Horovod optimizer step with each compression, on a rate-limited network"
@@ -85,7 +85,6 @@ DENSE = ("none", "fp16")
 PRESETS = {"qsgd": "qsgd:bits=4", "dgc": "dgc:density=0.001"}
 SMALL_SHAPES: List[Shape] = [(64, 3, 7, 7), (64,), (64,), (256, 64, 3, 3), (256,), (256,), (100, 2048), (100,)]
 MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "HOROVOD_RANK")
-LR = 1e-9
 
 
 # -- configs --------------------------------------------------------------------------

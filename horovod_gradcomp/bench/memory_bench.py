@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Sequence
 
 COMMAND = "memory"
 HELP = "extra bytes per rank of each codec (state, payloads, fused buffers) as a multiple of the model size"

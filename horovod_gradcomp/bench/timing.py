@@ -9,6 +9,10 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+#: The learning rate of every bench's optimizer steps: small enough that the parameters (and so the
+#: gradients the next step exchanges) barely move over a run, yet a real update that the optimizer applies.
+LR = 1e-9
+
 
 def timed_steps(step: Callable[[], object], steps: int) -> dict:
     """Run ``step`` ``steps`` times: ``{"seconds": [wall seconds of each], "cpu_seconds": process

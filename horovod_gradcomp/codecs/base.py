@@ -7,42 +7,12 @@ supports it the residual to update in the same pass as the encoding.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-# (buffer name, dtype, number of elements) of one buffer of a payload, in wire order.
-BufferSpec = Tuple[str, torch.dtype, int]
-
-
-@dataclass
-class Payload:
-    """What one rank sends for one tensor.
-
-    ``buffers`` are flat tensors, in wire order; ``nbytes`` counts exactly the bytes they
-    hold (packed data, scales and headers alike). ``shape``/``dtype``/``device`` describe
-    the tensor that was encoded; they are known to every rank and are not sent.
-    A *stacked* payload carries K ranks' payloads at once: each buffer then has shape
-    ``[K, numel]`` (rows may be strided views into a receive buffer).
-    """
-
-    buffers: Dict[str, torch.Tensor]
-    shape: torch.Size
-    dtype: torch.dtype
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-
-    @property
-    def nbytes(self) -> int:
-        """Exact bytes held by the buffers (K payloads' worth for a stacked payload)."""
-        return sum(b.numel() * b.element_size() for b in self.buffers.values())
-
-    @property
-    def numel(self) -> int:
-        n = 1
-        for s in self.shape:
-            n *= s
-        return n
+from .payload import BufferSpec, Payload  # (re-exported: the codecs' modules take them from here)
+from .payload_checks import check_payload_list
 
 
 class Codec:
@@ -261,7 +231,6 @@ class Codec:
         """``scale * sum_k decode(payloads[k])`` of a *list* of K payloads that may differ in
         size (variable-size codecs: DGC, QSGD's Elias coding); ``scale`` defaults to 1/K.
         See :meth:`decode_mean_stacked` for K payloads of one size stacked in one buffer."""
-        from .payload_checks import check_payload_list  # (imports this module)
         first, k = check_payload_list(self.name, payloads)
         scale = 1.0 / k if scale is None else scale
         self.check_out(out, first)

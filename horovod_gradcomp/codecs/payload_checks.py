@@ -13,7 +13,7 @@ from typing import Sequence, Tuple
 
 import torch
 
-from .base import BufferSpec, Payload
+from .payload import BufferSpec, Payload
 
 
 class MalformedPayloadError(ValueError, RuntimeError):

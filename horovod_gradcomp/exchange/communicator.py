@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from . import staging
+from .polling_comm import PollingComm
 
 
 class ExchangeMismatchError(RuntimeError):
@@ -103,9 +104,13 @@ class MPICommunicator:
         """This communicator (the same MPI communicator: collectives keep their order) with
         collectives that wait by ``Test`` + ``sleep(interval_s)`` instead of spinning, for a
         thread that waits while another thread of the rank computes
-        (:mod:`horovod_gradcomp.exchange.polling`)."""
-        from .polling import polling_view
-        return polling_view(self, interval_s)
+        (:mod:`horovod_gradcomp.exchange.polling_comm`); ``self`` when it already polls."""
+        if not interval_s > 0:
+            raise ValueError(f"interval_s must be positive, got {interval_s!r}")
+        inner = self.connect()  # inside an exchange: the duplicate exists already (the preamble made it)
+        if isinstance(inner, PollingComm):
+            return self
+        return MPICommunicator(PollingComm(inner, float(interval_s)))
 
     def takes_device_buffers(self, device) -> bool:
         """True when the collectives take uint8 buffers on ``device`` (received bytes then land

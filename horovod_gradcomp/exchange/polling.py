@@ -16,52 +16,10 @@ Pass it as ``communicator=`` to a codec's ``hgc.Compression`` factory.
 """
 from __future__ import annotations
 
-import time
-
 from .communicator import MPICommunicator
+from .polling_comm import PollingComm
 
-__all__ = ["PollingCommunicator", "polling_view"]
-
-
-class _PollingComm:
-    """The mpi4py calls MPICommunicator makes, done as nonblocking requests plus polling."""
-
-    def __init__(self, comm, interval_s: float):
-        self._c = comm
-        self._interval = interval_s
-
-    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
-        return self._c.Get_rank()
-
-    def Get_size(self) -> int:  # noqa: N802
-        return self._c.Get_size()
-
-    def Allgather(self, send, recv) -> None:  # noqa: N802
-        self._wait(self._c.Iallgather(send, recv))
-
-    def Allgatherv(self, send, recv) -> None:  # noqa: N802
-        self._wait(self._c.Iallgatherv(send, recv))
-
-    def Alltoallv(self, send, recv) -> None:  # noqa: N802
-        self._wait(self._c.Ialltoallv(send, recv))
-
-    def Allreduce(self, send, recv, op=None) -> None:  # noqa: N802
-        from mpi4py import MPI
-        self._wait(self._c.Iallreduce(send, recv, op=MPI.SUM if op is None else op))
-
-    def _wait(self, request) -> None:
-        while not request.Test():
-            time.sleep(self._interval)
-
-
-def polling_view(comm: MPICommunicator, interval_s: float) -> MPICommunicator:
-    """``comm``'s MPI communicator behind polling waits (``comm`` itself when it already polls)."""
-    if not interval_s > 0:
-        raise ValueError(f"interval_s must be positive, got {interval_s!r}")
-    inner = comm.connect()  # inside an exchange: the duplicate exists already (the preamble made it)
-    if isinstance(inner, _PollingComm):
-        return comm
-    return MPICommunicator(_PollingComm(inner, float(interval_s)))
+__all__ = ["PollingCommunicator"]
 
 
 class PollingCommunicator(MPICommunicator):
@@ -75,7 +33,7 @@ class PollingCommunicator(MPICommunicator):
         self.interval_s = float(interval_s)
 
     def _duplicate(self, base):
-        return _PollingComm(super()._duplicate(base), self.interval_s)
+        return PollingComm(super()._duplicate(base), self.interval_s)
 
     def __repr__(self) -> str:
         return f"PollingCommunicator(interval_s={self.interval_s})"

@@ -196,12 +196,12 @@ def sub_communicators(comm, layout: Layout, owner: str = "hierarchical exchange"
     mpi_comm = _mpi_comm(comm)
     if mpi_comm is not None:
         from .communicator import MPICommunicator
-        from .polling import _PollingComm
+        from .polling_comm import PollingComm
         node = mpi_comm.Split(layout.node, layout.local_rank)
         peers = mpi_comm.Split(layout.local_rank, layout.node)
         raw = comm.connect()
-        if isinstance(raw, _PollingComm):   # keep the base communicator's way of waiting
-            node, peers = _PollingComm(node, raw._interval), _PollingComm(peers, raw._interval)
+        if isinstance(raw, PollingComm):   # keep the base communicator's way of waiting
+            node, peers = PollingComm(node, raw._interval), PollingComm(peers, raw._interval)
         return MPICommunicator(comm=node), MPICommunicator(comm=peers)
     if can_split(comm):
         return _torch_groups(comm, layout)

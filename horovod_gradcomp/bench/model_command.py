@@ -1,0 +1,93 @@
+"""``python -m horovod_gradcomp.bench model``: the cost model's command line.
+
+Reads the inputs (``--inputs``) or measures them (``--measure``, :mod:`.cost_measure`), prints
+the model's tables (:mod:`.cost_model`; with ``--nodes`` the N x L table of :mod:`.cost_nodes`)
+and, with ``--check``, the model against the harness. The model, its formula and what it
+leaves out: :mod:`horovod_gradcomp.bench.cost_model`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+
+from . import cost_model
+from .cost_measure import _compute_only_ms, measure_contention, measure_in_situ, measure_inputs, run_check
+from .cost_model import Inputs, format_check, inputs_table, table
+from .cost_nodes import nodes_table
+
+#: The model's description (its module docstring past the first paragraph), for --markdown.
+MODEL_DOC = cost_model.__doc__.split("\n\n", 1)[1]
+
+COMMAND = "model"
+HELP = "PREDICTED step time per method, pattern, K and link rate, from measured inputs (--check: against the harness)"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--inputs", default=None, metavar="JSON", help="measured inputs (written by --measure)")
+    parser.add_argument("--measure", action="store_true", help="measure the inputs here and write them to --inputs")
+    parser.add_argument("--compute-ms", type=float, default=None,
+                        help="with --measure: the compute-only step (bench exchange --np 1 --configs none); "
+                             "default: measured now by that command")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--no-in-situ", dest="in_situ", action="store_false",
+                        help="with --measure: skip the in-situ -np 2 steps and the contention factor "
+                             "(the model then adds isolated codec times to the compute-only step)")
+    parser.add_argument("--alpha-us", type=float, default=25.0, help="latency per message, microseconds (25)")
+    parser.add_argument("--markdown", default=None, metavar="PATH", help="write the inputs and tables as markdown")
+    parser.add_argument("--check", action="store_true",
+                        help="compare with bench exchange on the loopback harness at --check-np, 1 Gbit/s")
+    parser.add_argument("--check-np", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
+    parser.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
+                        help="cores the harness's ranks share (--check)")
+    parser.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50", help="--check's shapes")
+    parser.add_argument("--steps", type=int, default=3, help="--check's timed steps per config")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--nodes", action="store_true",
+                        help="also print the table of N nodes x --per-node GPUs: flat vs hierarchical exchanges "
+                             "(bench/cost_nodes.py)")
+    parser.add_argument("--per-node", type=int, default=8, help="--nodes: GPUs per node (8)")
+    parser.add_argument("--inter-gbit", type=float, default=25.0, help="--nodes: Gbit/s per GPU between nodes (25)")
+    parser.add_argument("--intra-gbyte", type=float, default=150.0, help="--nodes: GB/s inside a node (150)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        if args.measure:
+            compute = args.compute_ms if args.compute_ms is not None else _compute_only_ms(args)
+            in_situ, in_situ_cpu = measure_in_situ(args.timeout) if args.in_situ else ({}, {})
+            contention = measure_contention(int(args.cores)) if args.in_situ and args.cores >= 2 else {}
+            inputs = measure_inputs(compute, args.repeat, in_situ, contention, in_situ_cpu)
+            if args.inputs:
+                with open(args.inputs, "w") as f:
+                    json.dump(inputs.to_json(), f, indent=1)
+        elif args.inputs:
+            with open(args.inputs) as f:
+                inputs = Inputs.from_json(json.load(f))
+        else:
+            raise ValueError("give --inputs JSON (measured earlier) or --measure")
+    except (ValueError, RuntimeError, OSError) as exc:
+        print(f"[model] error: {exc}", file=sys.stderr)
+        return 2
+    text = ("PREDICTED by the cost model (bench/cost_model.py), not measured.\n\n" + inputs_table(inputs) + "\n\n"
+            + table(inputs, alpha_s=args.alpha_us * 1e-6))
+    if args.nodes:
+        text += "\n\n" + nodes_table(inputs, per_node=args.per_node, inter_gbit=args.inter_gbit,
+                                      intra_gbyte=args.intra_gbyte, alpha_s=args.alpha_us * 1e-6)
+    print(text)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write("# Cost model: PREDICTED step times\n\n" + MODEL_DOC + "\n" + text + "\n")
+    if args.check:
+        try:
+            results = run_check(args, inputs)
+        except (ValueError, RuntimeError) as exc:
+            print(f"[model] error: {exc}", file=sys.stderr)
+            return 2
+        print(format_check(results))
+        if results:
+            print(f"mean |relative error|: {100 * statistics.fmean(abs(c['rel_error']) for c in results):.1f}%")
+    return 0
+

@@ -1,0 +1,44 @@
+"""The waiting half of :mod:`horovod_gradcomp.exchange.polling`: an mpi4py communicator whose
+blocking collectives are its nonblocking ones plus ``Test`` and ``sleep``.
+
+Kept apart from :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator` so that
+:meth:`MPICommunicator.polling <horovod_gradcomp.exchange.communicator.MPICommunicator.polling>`
+can wrap a communicator it already has without importing the subclass.
+"""
+from __future__ import annotations
+
+import time
+
+__all__ = ["PollingComm"]
+
+
+class PollingComm:
+    """The mpi4py calls :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` makes, on
+    ``comm``, done as nonblocking requests completed by ``Test`` every ``interval_s`` seconds."""
+
+    def __init__(self, comm, interval_s: float):
+        self._c = comm
+        self._interval = interval_s
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self._c.Get_rank()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._c.Get_size()
+
+    def Allgather(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Iallgather(send, recv))
+
+    def Allgatherv(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Iallgatherv(send, recv))
+
+    def Alltoallv(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Ialltoallv(send, recv))
+
+    def Allreduce(self, send, recv, op=None) -> None:  # noqa: N802
+        from mpi4py import MPI
+        self._wait(self._c.Iallreduce(send, recv, op=MPI.SUM if op is None else op))
+
+    def _wait(self, request) -> None:
+        while not request.Test():
+            time.sleep(self._interval)
