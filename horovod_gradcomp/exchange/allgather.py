@@ -15,7 +15,7 @@ one decoded. The bytes sent and the results are the same as in one allgather.
 from __future__ import annotations
 
 from collections import deque
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
@@ -39,6 +39,11 @@ class AllgatherPattern:
         self.threads_allowed = threads_allowed
         self._layouts: Dict[tuple, FusedLayout] = {}
         self._wire = WireThread()
+
+    def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
+        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
+        engine's snapshot of a step that is later skipped): the tensors' own; no owner keys."""
+        return list(names), []
 
     def layout(self, names: Sequence[str], pending: Mapping[str, Payload]) -> FusedLayout:
         entries = tuple((n, tuple(pending[n].shape), pending[n].dtype) for n in names)

@@ -82,7 +82,6 @@ from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 from .step_ramp import apply_ramp, ramp_factor
 from .stream_handoff import HandoffMark, StreamHandoff
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
-from .stripes import stripe_key
 from .dense_warmup import DensePattern
 from .hierarchical import HierarchicalPattern
 from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
@@ -405,10 +404,7 @@ class StepEngine:
             self.close_bucket(job, BucketOutcome(results, 0, 0))
             return None
         if snapshot:
-            if job.pattern == "hierarchical":
-                self._snapshots.append(self.state.snapshot(*self._patterns["hierarchical"].memory_keys(job.names, job.rank)))
-            else:
-                self._snapshots.append(self.state.snapshot(job.names, [stripe_key(n, job.rank) for n in job.names]))
+            self._snapshots.append(self.state.snapshot(*self._patterns[job.pattern].memory_keys(job.names, job.rank)))
         return Bucket(job.names, job.grads, self.state, self.order, outs, job.measured)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:

@@ -223,6 +223,12 @@ class TwoPhasePattern:
         self._plans: Dict[tuple, StripePlan] = {}
         self._wire = WireThread()
 
+    def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
+        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
+        engine's snapshot of a step that is later skipped): the tensors' own, and the stripes
+        this rank owns (``stripe_key(name, rank)``)."""
+        return list(names), [stripe_key(n, rank) for n in names]
+
     def plan(self, entries: Sequence[Entry], k: int) -> StripePlan:
         """The (cached) :class:`StripePlan` of these ``(name, shape, dtype)`` entries among k owners."""
         key = (tuple((n, tuple(s), dt) for n, s, dt in entries), k)
