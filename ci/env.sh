@@ -11,6 +11,19 @@ MPI4PY_SPEC="${MPI4PY_SPEC:-mpi4py==4.1.2}"
 # does not rebuild Horovod (3+ minutes) when the machine already built it once.
 HGC_CACHE="${HGC_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/horovod_gradcomp}"
 PY="$VENV/bin/python"
+# A compiler cache shared by every clone on this machine: PyTorch's extension builder runs each
+# compile (g++ and nvcc alike) under ccache when ccache is on PATH (ci/install_system.sh
+# installs it), so the native builds (_C, the twin, the tests' sanitizer builds, the CUDA check's
+# nvcc build) compile again only the translation units whose preprocessed text changed,
+# whatever the clone's path or its files' times (ninja alone rebuilds everything in a fresh
+# clone). Paths under $HGC_ROOT are hashed relative to it, so clones in different places share
+# entries. HGC_CCACHE=0 turns it off (PyTorch's TORCH_NO_COMPILER_WRAPPER).
+if [ "${HGC_CCACHE:-1}" = 0 ]; then
+    export TORCH_NO_COMPILER_WRAPPER=1
+elif command -v ccache >/dev/null 2>&1; then
+    export CCACHE_DIR="${CCACHE_DIR:-$HGC_CACHE/ccache}" CCACHE_BASEDIR="${CCACHE_BASEDIR:-$HGC_ROOT}"
+    export CCACHE_NOHASHDIR="${CCACHE_NOHASHDIR:-1}" CCACHE_MAXSIZE="${CCACHE_MAXSIZE:-8G}"
+fi
 # Open MPI refuses root unless told; with 2 cores, -np 4 needs oversubscription.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1

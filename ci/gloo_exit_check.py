@@ -4,7 +4,10 @@ Some PyTorch versions abort a gloo job at exit ("terminate called without an act
 exit status 134 or -6) after a clean run. This launches the same minimal DDP script N times
 under ``python -m torch.distributed.run --standalone --nproc_per_node 2`` (a model, a few
 steps, an all_reduce of a metric, a barrier, destroy_process_group) and prints, as JSON, the
-torch version, the launches, and how many exited non-zero and how many printed the abort:
+torch version, the launches, and how many exited non-zero and how many printed the abort. A
+launch that does not end within ``--timeout`` is stopped with its whole process group (no
+worker is left running to slow the next launches) and counted by where it hung: after both
+ranks printed "done" (a hang at exit, the abort's quiet sibling) or before:
 
     .venv/bin/python ci/gloo_exit_check.py --launches 50
 """
@@ -14,6 +17,7 @@ import argparse
 import collections
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,7 +52,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    rcs, aborts, timeouts = collections.Counter(), 0, 0
+    rcs, aborts, timeouts, exit_hangs = collections.Counter(), 0, 0, 0
     start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         script = os.path.join(tmp, "ddp_plain.py")
@@ -58,19 +62,29 @@ def main(argv=None) -> int:
         env.pop("PYTHONPATH", None)
         for i in range(args.launches):
             cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", script]
+            p = subprocess.Popen(cmd, cwd=tmp, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 start_new_session=True)
             try:
-                p = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=args.timeout)
+                out, err = p.communicate(timeout=args.timeout)
             except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)   # torchrun and both workers
+                out, err = p.communicate()
                 timeouts += 1
+                hung_at_exit = out.count("done") >= 2
+                exit_hangs += hung_at_exit
+                print(f"launch {i + 1}/{args.launches}: timed out after {args.timeout}s "
+                      f"({'after both ranks printed done: a hang at exit' if hung_at_exit else 'before the end'})",
+                      file=sys.stderr, flush=True)
                 continue
             rcs[p.returncode] += 1
-            aborts += ABORT in (p.stdout + p.stderr)
+            aborts += ABORT in (out + err)
             print(f"launch {i + 1}/{args.launches}: rc={p.returncode}; aborts so far {aborts}", file=sys.stderr,
                   flush=True)
             if p.returncode != 0 and rcs[p.returncode] == 1:
-                print(f"launch {i}: rc={p.returncode}\n{p.stderr[-1500:]}", file=sys.stderr)
+                print(f"launch {i}: rc={p.returncode}\n{err[-1500:]}", file=sys.stderr)
     print(json.dumps({"torch": torch.__version__, "launches": args.launches, "aborts": aborts,
                       "nonzero_exits": sum(n for rc, n in rcs.items() if rc != 0), "timeouts": timeouts,
+                      "timeouts_after_done": exit_hangs,
                       "exit_codes": dict(rcs), "seconds": round(time.time() - start, 1)}))
     return 0
 

@@ -2,11 +2,12 @@
 # Installs the system packages horovod_gradcomp needs: Open MPI (runtime and headers,
 # from Debian's packages), cmake (Horovod's Gloo build) and iproute2 (network namespaces
 # for the slow-network bench), clang with its sanitizer runtimes and LLVM's OpenMP runtime (the ThreadSanitizer run of
-# the device kernels' OpenMP twin: libomp's Archer tells TSan about OpenMP's synchronization).
+# the device kernels' OpenMP twin: libomp's Archer tells TSan about OpenMP's synchronization), and
+# ccache (the native builds' compiler cache, ci/env.sh).
 # Idempotent: packages already installed are left alone.
 set -euo pipefail
 
-pkgs=(libopenmpi-dev openmpi-bin cmake iproute2 clang libomp-dev libclang-rt-14-dev)
+pkgs=(libopenmpi-dev openmpi-bin cmake iproute2 clang libomp-dev libclang-rt-14-dev ccache)
 missing=()
 for p in "${pkgs[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -25,8 +25,8 @@ Groups (``scales``):
   a convolution's output channel; an embedding's token). Row r's values are summed exactly as
   a one-column tensor of its ``prod(shape[1:])`` values is (bitwise the scales of encoding
   ``G[r]`` alone). Its two-phase stripes are rows (views).
-* ``"columns"``: the paper's grouping, per column of the weight matrix (the spec,
-  ALGORITHMS.md section 1). Where the rows of a column differ in scale (PyTorch stacks an RNN's
+* ``"columns"``: the paper's grouping, per column of the weight matrix (Seide et al.,
+  docs/guide/codecs/onebit.md). Where the rows of a column differ in scale (PyTorch stacks an RNN's
   gates along dim 0; an output layer's rows are characters of very different frequency), a
   column's two means carry a small part of its energy, the residual grows to many times the
   gradient and training at a large step diverges: why rows are the default

@@ -2,7 +2,7 @@
 
 TernGrad's K payloads of one stripe carry ``s * v_k`` with one scale ``s`` (agreed by the
 MAX-allreduce) and ``v_k`` in {-1, 0, +1}, so their sum is ``s`` times an integer in [-K, K]
-(ALGORITHMS.md, section 2). The owner sends that integer instead of ternarizing the mean again:
+(TernGrad, docs/guide/codecs/terngrad.md). The owner sends that integer instead of ternarizing the mean again:
 nothing is lost, so the two-phase pattern keeps TernGrad's accuracy (a second ternarization
 tripled a character model's perplexity), and it still sends fewer bytes than the allgather from
 K = 4 on (per rank and value, (K-1)/K * (2 + w) bits against 2 (K-1)).

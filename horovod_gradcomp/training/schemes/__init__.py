@@ -1,4 +1,4 @@
-"""Model averaging, EASGD, Downpour and ADAG on MPI (ALGORITHMS.md section 5).
+"""Model averaging, EASGD, Downpour and ADAG on MPI (docs/schemes.md).
 
 Every scheme has one shape: ``trainer.step()`` after ``backward()``, ``trainer.finish()``
 at the end (every rank then holds the same model), ``stats()``, ``state_dict()``.

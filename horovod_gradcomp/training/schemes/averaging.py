@@ -9,7 +9,7 @@ from .collective import allgather_messages, allreduce_sum, broadcast_
 
 class ModelAveraging(Scheme):
     """Every ``period`` local steps the ranks replace their parameters by the mean of all
-    ranks' parameters (ALGORITHMS.md section 5). With a codec, each rank sends its change
+    ranks' parameters (docs/schemes.md). With a codec, each rank sends its change
     since the last average, ``x_k - x_avg``, encoded (with error feedback), and every rank
     sets ``x = x_avg + mean_k decode(payload_k)``.
 

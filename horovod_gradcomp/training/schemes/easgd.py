@@ -9,7 +9,7 @@ from .collective import allgather_messages, allreduce_sum, broadcast_
 
 
 class EASGD(Scheme):
-    """Workers ``x_k`` and a center ``c``; every ``period`` local steps (ALGORITHMS.md s.5):
+    """Workers ``x_k`` and a center ``c``; every ``period`` local steps (docs/schemes.md):
 
     - synchronous: ``d_k = x_k - c``; ``x_k -= alpha d_k``; ``c += alpha sum_k d_k``
       (one collective; the center is replicated on every rank);
