@@ -116,6 +116,8 @@ def test_misuse_is_refused():
     model = _model()
     with pytest.raises(TypeError, match="named_parameters"):
         hgc.OnebitAdam(model.parameters())
+    with pytest.raises(TypeError, match="got parameter groups"):
+        hgc.OnebitAdam([{"params": list(model.parameters())}])
     with pytest.raises(ValueError, match="warmup_steps must be an int >= 1"):
         hgc.OnebitAdam(model.named_parameters(), warmup_steps=0)
     with pytest.raises(ValueError, match="betas"):

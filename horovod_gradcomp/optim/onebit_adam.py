@@ -70,6 +70,10 @@ class OnebitAdam(torch.optim.Optimizer):
         if isinstance(named_parameters, torch.Tensor):
             raise TypeError(f"{owner}: got a tensor; {_NAMED_HINT}")
         named = list(named_parameters)
+        if named and all(isinstance(x, dict) for x in named):
+            raise TypeError(f"{owner}: got parameter groups, not (name, parameter) pairs: {_NAMED_HINT}. "
+                            "(hvd.DistributedOptimizer rebuilds its optimizer from groups: {owner} averages the "
+                            "gradients itself, do not wrap it in hvd.DistributedOptimizer)".replace("{owner}", owner))
         if not named or not all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in named):
             raise TypeError(f"{owner}: named_parameters must be a non-empty list of (name, parameter) pairs; "
                             f"{_NAMED_HINT}")
