@@ -108,3 +108,50 @@ def test_wrapping_in_horovods_optimizer_is_refused_on_every_rank():
     with pytest.raises(TypeError, match="do not wrap it in hvd.DistributedOptimizer"):
         hvd.DistributedOptimizer(hgc.OnebitAdam(model.named_parameters(), lr=LR),
                                  named_parameters=model.named_parameters())
+
+
+def _init_torch_distributed():
+    """torch.distributed on gloo over the mpirun ranks (as tests/mpi/mpi_ddp.py)."""
+    import os
+    import socket
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        port = None
+        if RANK == 0:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        port = hvd.broadcast_object(port, root_rank=0, name="hgc.test.onebit_adam.port")
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        dist.init_process_group("gloo", rank=RANK, world_size=SIZE)
+
+
+def test_ddp_pair_equals_the_mpi_path():
+    """hgc.ddp.onebit_adam (local-gradient hook + OnebitAdamW on torch.distributed) steps the
+    model as OnebitAdamW over mpi4py does from the same local gradients, on every rank."""
+    _init_torch_distributed()
+    ddp = torch.nn.parallel.DistributedDataParallel(_model(), bucket_cap_mb=0.0001)   # several buckets
+    plain = _model()
+    opt = hgc.ddp.onebit_adam(ddp, decoupled=True, lr=LR, weight_decay=0.05, warmup_steps=WARMUP)
+    ref = hgc.OnebitAdamW(plain.named_parameters(), lr=LR, weight_decay=0.05, warmup_steps=WARMUP)
+    assert isinstance(opt, hgc.OnebitAdamW)
+    for t in range(1, STEPS + 1):
+        _backward(ddp, t)
+        _backward(plain, t)
+        for p, q in zip(ddp.module.parameters(), plain.parameters()):   # the hook left the local gradient
+            assert torch.equal(p.grad, q.grad), f"step {t}: DDP's hook changed the gradient"
+        opt.step()
+        ref.step()
+        for p, q in zip(ddp.module.parameters(), plain.parameters()):
+            torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7, msg=f"step {t}")
+    assert_identical_across_ranks(ddp.module)
+    assert opt.stats()["steps"] == STEPS
+
+
+def test_ddp_pair_misuse_is_refused():
+    _init_torch_distributed()
+    with pytest.raises(TypeError, match="expects a DistributedDataParallel model"):
+        hgc.ddp.onebit_adam(_model())
+    ddp = torch.nn.parallel.DistributedDataParallel(_model())
+    with pytest.raises(ValueError, match="transport= does not apply"):
+        hgc.ddp.onebit_adam(ddp, transport="mpi")
