@@ -90,6 +90,8 @@ def parse_args(argv=None):
 
 def make_optimizer(name, params, lr, momentum, weight_decay):
     """torch.optim's SGD (with ``momentum``), Adam or AdamW at ``lr``."""
+    if name not in ("sgd", "adam", "adamw"):
+        raise SystemExit(f"--optimizer {name} is not a torch.optim optimizer here (onebit-adam(w): examples/train.py only)")
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=lr, weight_decay=weight_decay)
