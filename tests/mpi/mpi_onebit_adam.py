@@ -155,3 +155,23 @@ def test_ddp_pair_misuse_is_refused():
     ddp = torch.nn.parallel.DistributedDataParallel(_model())
     with pytest.raises(ValueError, match="transport= does not apply"):
         hgc.ddp.onebit_adam(ddp, transport="mpi")
+
+
+def test_two_phase_pattern_keeps_ranks_identical():
+    """pattern="two_phase" (owners requantize the mean with their own residuals): no reference
+    here, but every rank holds bitwise the same parameters and the loss falls."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 64), torch.nn.Tanh(), torch.nn.Linear(64, 3))
+    opt = hgc.OnebitAdam(model.named_parameters(), lr=LR, warmup_steps=WARMUP, pattern="two_phase")
+    losses = []
+    for t in range(1, 4 * STEPS + 1):
+        gen = torch.Generator().manual_seed(7)   # one fixed batch per rank: the loss must fall
+        x = torch.randn(64, 6, generator=gen) + RANK
+        y = (x[:, 0] > RANK).long()
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(hvd.allreduce(loss.detach(), name="hgc.test.onebit_adam.loss")))
+    assert_identical_across_ranks(model)
+    assert losses[-1] < 0.7 * losses[0], losses
