@@ -91,7 +91,8 @@ def parse_args(argv=None):
 def make_optimizer(name, params, lr, momentum, weight_decay):
     """torch.optim's SGD (with ``momentum``), Adam or AdamW at ``lr``."""
     if name not in ("sgd", "adam", "adamw"):
-        raise SystemExit(f"--optimizer {name} is not a torch.optim optimizer here (onebit-adam(w): examples/train.py only)")
+        raise SystemExit(f"--optimizer {name} is not a torch.optim optimizer here "
+                         "(onebit-adam(w): examples/train.py only)")
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=lr, weight_decay=weight_decay)
@@ -101,7 +102,8 @@ def make_compression(name, model, options, momentum, dgc_defaults=None):
     """none/fp16: Horovod's dense allreduce; onebit-noef: onebit without error feedback;
     anything else: the codec's own factory (hgc.Compression.<name>, with that codec's
     defaults) where there is one, else the registered codec of that name. dgc gets the
-    momentum (None for Adam/AdamW: DGC then adopts none, with its warning) and ``dgc_defaults`` (the warm-up; train.py: the paper's 4 epochs for digits,
+    momentum (None for Adam/AdamW: DGC then adopts none, with its warning) and ``dgc_defaults``
+    (the warm-up; train.py: the paper's 4 epochs for digits,
     its one epoch, counted in steps, for the language model) unless --codec-opt says otherwise."""
     if name in DENSE:
         if options:
