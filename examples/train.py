@@ -21,7 +21,9 @@ dgc: the codec's own local clipping, ``clip_norm * sqrt(K)`` per rank under Horo
 ``op=hvd.Average``, before its momentum),
 then ``optimizer.step()`` under ``skip_synchronize()`` (``--optimizer``: SGD with momentum, Adam
 or AdamW; ``--optimizer-warmup N``: the learning rate warmed up linearly over N steps by a
-LambdaLR schedule, the same for every codec). ``--nan-at S --nan-rank R`` makes
+LambdaLR schedule, the same for every codec). ``--optimizer onebit-adam`` / ``onebit-adamw``
+(with ``--codec none``): ``hgc.OnebitAdam(W)``, not wrapped in ``hvd.DistributedOptimizer``:
+its ``step()`` exchanges the gradients (warm-up) or Adam's momentum (1-bit) itself. ``--nan-at S --nan-rank R`` makes
 rank R's loss NaN at global step S. With ``--json`` rank 0 prints one JSON object as its last
 line of output; the exit status is 3 if parameters differ across ranks, 4 if the ranks did not
 skip the same steps.
