@@ -21,7 +21,9 @@ dgc: the codec's own local clipping, ``clip_norm * sqrt(K)`` per rank under Horo
 ``op=hvd.Average``, before its momentum),
 then ``optimizer.step()`` under ``skip_synchronize()`` (``--optimizer``: SGD with momentum, Adam
 or AdamW; ``--optimizer-warmup N``: the learning rate warmed up linearly over N steps by a
-LambdaLR schedule, the same for every codec). ``--nan-at S --nan-rank R`` makes
+LambdaLR schedule, the same for every codec). ``--optimizer onebit-adam`` / ``onebit-adamw``
+(with ``--codec none``): ``hgc.OnebitAdam(W)``, not wrapped in ``hvd.DistributedOptimizer``:
+its ``step()`` exchanges the gradients (warm-up) or Adam's momentum (1-bit) itself. ``--nan-at S --nan-rank R`` makes
 rank R's loss NaN at global step S. With ``--json`` rank 0 prints one JSON object as its last
 line of output; the exit status is 3 if parameters differ across ranks, 4 if the ranks did not
 skip the same steps.
@@ -59,8 +61,11 @@ def parse_args(argv=None):
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=None, help="default: digits 0.05, charlm 0.5")
     p.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum (dgc: the codec's)")
-    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd",
-                   help="torch.optim's SGD (with --momentum), Adam or AdamW (betas 0.9, 0.999)")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw", "onebit-adam", "onebit-adamw"), default="sgd",
+                   help="torch.optim's SGD (with --momentum), Adam or AdamW (betas 0.9, 0.999); onebit-adam(w): "
+                        "hgc.OnebitAdam(W), which exchanges Adam's momentum itself (--codec none only)")
+    p.add_argument("--onebit-adam-warmup", type=int, default=100, metavar="W",
+                   help="onebit-adam(w): the dense warm-up steps before the variance is frozen")
     p.add_argument("--weight-decay", type=float, default=0.0, help="the optimizer's weight_decay")
     p.add_argument("--optimizer-warmup", type=int, default=0, metavar="N",
                    help="the script's learning-rate warm-up: lr * (t + 1) / N at step t < N (a LambdaLR "
@@ -87,6 +92,9 @@ def parse_args(argv=None):
 
 def make_optimizer(name, params, lr, momentum, weight_decay):
     """torch.optim's SGD (with ``momentum``), Adam or AdamW at ``lr``."""
+    if name not in ("sgd", "adam", "adamw"):
+        raise SystemExit(f"--optimizer {name} is not a torch.optim optimizer here "
+                         "(onebit-adam(w): examples/train.py only)")
     if name == "sgd":
         return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
     return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=lr, weight_decay=weight_decay)
@@ -96,7 +104,8 @@ def make_compression(name, model, options, momentum, dgc_defaults=None):
     """none/fp16: Horovod's dense allreduce; onebit-noef: onebit without error feedback;
     anything else: the codec's own factory (hgc.Compression.<name>, with that codec's
     defaults) where there is one, else the registered codec of that name. dgc gets the
-    momentum and ``dgc_defaults`` (the warm-up; train.py: the paper's 4 epochs for digits,
+    momentum (None for Adam/AdamW: DGC then adopts none, with its warning) and ``dgc_defaults``
+    (the warm-up; train.py: the paper's 4 epochs for digits,
     its one epoch, counted in steps, for the language model) unless --codec-opt says otherwise."""
     if name in DENSE:
         if options:
@@ -106,7 +115,8 @@ def make_compression(name, model, options, momentum, dgc_defaults=None):
         return hgc.Compression.onebit(model.named_parameters(), error_feedback=False, **options)
     if name == "dgc":  # DGC keeps the momentum itself (the optimizer below then has none)
         defaults = dgc_defaults or {"warmup_length": 4, "warmup_unit": "epoch"}
-        options = {"momentum": momentum, **defaults, **options}
+        # momentum None (Adam, AdamW): DGC runs without its SGD momentum correction (it warns once)
+        options = {**({"momentum": momentum} if momentum is not None else {}), **defaults, **options}
     factory = getattr(hgc.Compression, name, None)
     if factory is not None:
         return factory(model.named_parameters(), **options)
@@ -152,7 +162,10 @@ def all_finite(params):
 def main(argv=None):
     args = parse_args(argv)
     check_codec(args.codec, [*DENSE, "onebit-noef", *hgc.available_codecs()])
-    label = args.label or args.codec
+    own_exchange = args.optimizer.startswith("onebit-")
+    if own_exchange and args.codec != "none":
+        raise SystemExit(f"--optimizer {args.optimizer} exchanges the momentum itself: use --codec none")
+    label = args.label or (args.optimizer if own_exchange else args.codec)
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     if args.threads > 0:
@@ -177,17 +190,25 @@ def main(argv=None):
     clip_in_codec = args.codec == "dgc"
     if clip_in_codec and args.clip_norm is not None:
         options.setdefault("clip_norm", args.clip_norm)
-    compression = make_compression(args.codec, model, options, args.momentum, dgc_defaults)
-    # A compressor that owns the momentum (DGC) needs plain SGD underneath.
-    own_momentum = isinstance(getattr(compression, "memory", None), hgc.DGCMemory)
-    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, 0.0 if own_momentum else args.momentum,
-                               args.weight_decay)
-    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
-                                         compression=compression)
+    if own_exchange:   # hgc.OnebitAdam(W): no hvd.DistributedOptimizer, its own exchange and stats
+        optimizer = (hgc.OnebitAdamW if args.optimizer == "onebit-adamw" else hgc.OnebitAdam)(
+            model.named_parameters(), lr=args.lr, weight_decay=args.weight_decay,
+            warmup_steps=args.onebit_adam_warmup)
+        compression, own_momentum = optimizer.compression, False
+    else:
+        compression = make_compression(args.codec, model, options,
+                                       args.momentum if args.optimizer == "sgd" else None, dgc_defaults)
+        # A compressor that owns the momentum (DGC) needs plain SGD underneath.
+        own_momentum = isinstance(getattr(compression, "memory", None), hgc.DGCMemory)
+        optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr,
+                                   0.0 if own_momentum else args.momentum, args.weight_decay)
+        optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
+                                             compression=compression)
     warmup = args.optimizer_warmup
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / warmup)) if warmup else None
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    hvd.broadcast_optimizer_state(optimizer, root_rank=0)
+    if not own_exchange:   # OnebitAdam starts with an empty state on every rank (its step is a collective)
+        hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     params = list(model.parameters())
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
@@ -210,15 +231,22 @@ def main(argv=None):
             if step == args.nan_at and rank == args.nan_rank:
                 loss = loss * float("nan")
             loss.backward()
-            optimizer.synchronize()
-            if not all_finite(params):  # every rank sees the same averaged gradients: all skip
-                skipped.append(step)
+            if own_exchange:   # exchange and update in one collective step; a non-finite mean skips it
+                before = optimizer.skipped_steps
+                optimizer.step()
+                took = optimizer.skipped_steps == before
             else:
-                if args.clip_norm is not None and not clip_in_codec:
-                    torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
-                with optimizer.skip_synchronize():
-                    optimizer.step()
+                optimizer.synchronize()
+                took = all_finite(params)   # every rank sees the same averaged gradients: all skip alike
+                if took:
+                    if args.clip_norm is not None and not clip_in_codec:
+                        torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+                    with optimizer.skip_synchronize():
+                        optimizer.step()
+            if took:
                 loss_sum, loss_n = loss_sum + value, loss_n + 1
+            else:
+                skipped.append(step)
             if schedule is not None:
                 schedule.step()
             bar.update()
@@ -261,7 +289,8 @@ def main(argv=None):
                 "transport": type(getattr(compression, "communicator", None)).__name__,
                 "steps": stats["steps"], "steps_per_epoch": steps, "batch_size": args.batch_size, "lr": args.lr,
                 "momentum": args.momentum, "optimizer": args.optimizer, "weight_decay": args.weight_decay,
-                "optimizer_warmup": args.optimizer_warmup, "clip_norm": args.clip_norm, "seed": args.seed,
+                "optimizer_warmup": args.optimizer_warmup,
+                "onebit_adam_warmup": args.onebit_adam_warmup if own_exchange else None, "clip_norm": args.clip_norm, "seed": args.seed,
                 "codec_options": {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))},
                 "dgc_schedule": repr(compression.memory.schedule) if own_momentum else None,
                 "nan_at": args.nan_at, "nan_rank": args.nan_rank if args.nan_at is not None else None,

@@ -16,6 +16,7 @@ from .exchange.communicator import ExchangeMismatchError
 from .state import DensitySchedule, DGCMemory, UnsafeCheckpointError
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
 from .horovod.checkpoint import load_job_state, save_job_state
+from .optim import OnebitAdam, OnebitAdamW
 from .training import DoubleBufferedStep, double_buffering_pays
 from .training.schemes import ADAG, EASGD, Downpour, ModelAveraging, Scheme
 from . import ddp, elastic  # noqa: E402  (hgc.ddp.register: DDP comm hook; hgc.elastic.TorchState)
@@ -23,7 +24,7 @@ from . import ddp, elastic  # noqa: E402  (hgc.ddp.register: DDP comm hook; hgc.
 __all__ = [
     "__version__", "ADAG", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "Downpour",
     "EASGD", "ExchangeMismatchError", "MalformedPayloadError", "ModelAveraging", "NativeUnavailableError",
-    "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
+    "OnebitAdam", "OnebitAdamW", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
     "native_cuda_status", "native_error", "native_has_cuda", "twin_available", "register_codec", "save_job_state",
     "UnsafeCheckpointError",

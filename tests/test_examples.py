@@ -65,6 +65,20 @@ def test_charlm_runs(codec):
         assert r["codec_options"]["clip_norm"] == 0.5 and "unit='step'" in r["dgc_schedule"], r
 
 
+@pytest.mark.parametrize("optimizer", ["adam", "onebit-adamw"])
+def test_charlm_adam_and_onebit_adam(optimizer):
+    """--optimizer adam with dgc (no SGD momentum: it warns, not refuses) and hgc.OnebitAdamW
+    (its own exchange: 5 dense warm-up steps, then its 1-bit momentum)."""
+    codec = "dgc" if optimizer == "adam" else "none"
+    r = run_train(codec, "--task", "charlm", "--epochs", "1", "--stride", "256", "--hidden", "32",
+                  "--lr", "3e-3", "--optimizer", optimizer, "--weight-decay", "0.01", "--onebit-adam-warmup", "5")
+    assert r["optimizer"] == optimizer and r["params_identical"] is True, r
+    assert r["skipped_steps_per_rank"] == [0] * NP and 0 < r["test_loss"] < 4.0, r
+    if optimizer == "onebit-adamw":
+        assert r["codec"] == "onebit-adamw" and r["onebit_adam_warmup"] == 5 and r["transport"] == "MPICommunicator"
+        assert r["steps"] == r["steps_per_epoch"] and r["wire_ratio"] > 3, r   # 5 dense steps of 41, then 1-bit
+
+
 def test_nan_step_is_skipped_on_every_rank():
     r = run_train("onebit", "--epochs", "3", "--nan-at", "5", "--nan-rank", str(NP - 1))
     assert r["nan_at"] == 5 and r["nan_rank"] == NP - 1
