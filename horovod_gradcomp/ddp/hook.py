@@ -112,6 +112,7 @@ from ..exchange.timeline import Interval
 from ..exchange.watchdog import StallWatchdog
 from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
+from .arguments import refuse_options, require_ddp_model
 from .bucket_exchange import Call, bucket_job
 from .daemon_threads import DaemonThreads
 from .gloo_exit import hold_backward_context
@@ -573,12 +574,10 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum
     correction (:mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on every rank at the same
     point (it may create a process group)."""
-    if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
-    for key in ("bucket_bytes", "overlap", "transport", "process_set"):
-        if key in options:
-            raise ValueError(f"hgc.ddp.register: {key}= does not apply to the DDP hook (DDP's buckets are exchanged "
-                             "on a torch.distributed group: set bucket_cap_mb on DDP, group= here)")
+    require_ddp_model(ddp_model, "hgc.ddp.register")
+    refuse_options(options, ("bucket_bytes", "overlap", "transport", "process_set"), "hgc.ddp.register",
+                   "to the DDP hook (DDP's buckets are exchanged on a torch.distributed group: set bucket_cap_mb on "
+                   "DDP, group= here)")
     named = [(n, p) for n, p in ddp_model.module.named_parameters() if p.requires_grad]
     if codec not in available_codecs():
         raise ValueError(f"hgc.ddp.register: unknown codec {codec!r}; available: {', '.join(available_codecs())} "

@@ -14,6 +14,7 @@ import torch
 
 from ..optim import OnebitAdam, OnebitAdamW
 from ..transports.torch_dist import TorchDistributedCommunicator
+from .arguments import refuse_options, require_ddp_model
 from .gloo_exit import hold_backward_context
 
 
@@ -31,12 +32,9 @@ def onebit_adam(ddp_model: torch.nn.parallel.DistributedDataParallel, *, decoupl
     betas, eps, weight_decay, warmup_steps, scales, pattern, timeout). ``group``: the
     exchange's process group (None: a new gloo group over DDP's ranks, created here: call this
     on every rank at the same point). Step the returned optimizer after every ``backward()``."""
-    if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
-        raise TypeError(f"hgc.ddp.onebit_adam expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
-    for key in ("communicator", "transport", "process_set", "bucket_bytes"):
-        if key in options:
-            raise ValueError(f"hgc.ddp.onebit_adam: {key}= does not apply (the exchange runs on a torch.distributed "
-                             "group: pass group=)")
+    require_ddp_model(ddp_model, "hgc.ddp.onebit_adam")
+    refuse_options(options, ("communicator", "transport", "process_set", "bucket_bytes"), "hgc.ddp.onebit_adam",
+                   "(the exchange runs on a torch.distributed group: pass group=)")
     import torch.distributed as dist
     if group is None:
         group = dist.new_group(ranks=dist.get_process_group_ranks(ddp_model.process_group), backend="gloo")

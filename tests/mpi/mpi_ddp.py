@@ -13,12 +13,9 @@ as the DDPExchangeError with its own message, on every rank.
 from __future__ import annotations
 
 import copy
-import os
-import socket
 import time
 import warnings
 
-import horovod.torch as hvd
 import pytest
 import torch
 import torch.distributed as dist
@@ -29,7 +26,7 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange import preamble
 from horovod_gradcomp.exchange.timeline import Timeline
 
-from .mpi_helpers import init
+from .mpi_helpers import init, init_gloo
 from .mpi_transports import flat_state
 
 RANK, SIZE = init()
@@ -52,15 +49,7 @@ CASES = {  # id: (codec, options)
 
 
 def setup_module(module):
-    if not dist.is_initialized():
-        port = None
-        if RANK == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = hvd.broadcast_object(port, root_rank=0, name="hgc.test.ddp.port")
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=RANK, world_size=SIZE)
+    init_gloo("ddp")
 
 
 def model():

@@ -20,6 +20,25 @@ needs_peers = pytest.mark.skipif(  # evaluated identically on every rank
     init()[1] < 2, reason="Horovod registers its gradient hooks only when hvd.size() > 1")
 
 
+def init_gloo(tag: str) -> None:
+    """torch.distributed on gloo over the mpirun ranks (once per process): rank 0 picks a free
+    port, Horovod broadcasts it (``tag`` names that broadcast)."""
+    import os
+    import socket
+    import torch.distributed as dist
+    if dist.is_initialized():
+        return
+    rank, size = init()
+    port = None
+    if rank == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = hvd.broadcast_object(port, root_rank=0, name=f"hgc.test.{tag}.port")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=size)
+
+
 def flat_params(model: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 

@@ -13,7 +13,7 @@ import torch
 
 import horovod_gradcomp as hgc
 
-from .mpi_helpers import assert_identical_across_ranks, gather_tensors, init
+from .mpi_helpers import assert_identical_across_ranks, gather_tensors, init, init_gloo
 
 RANK, SIZE = init()
 STEPS, WARMUP, LR = 10, 3, 1e-2
@@ -111,19 +111,8 @@ def test_wrapping_in_horovods_optimizer_is_refused_on_every_rank():
 
 
 def _init_torch_distributed():
-    """torch.distributed on gloo over the mpirun ranks (as tests/mpi/mpi_ddp.py)."""
-    import os
-    import socket
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        port = None
-        if RANK == 0:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        port = hvd.broadcast_object(port, root_rank=0, name="hgc.test.onebit_adam.port")
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        dist.init_process_group("gloo", rank=RANK, world_size=SIZE)
+    """torch.distributed on gloo over the mpirun ranks."""
+    init_gloo("onebit_adam")
 
 
 def test_ddp_pair_equals_the_mpi_path():
