@@ -13,6 +13,8 @@ starts from zero at step N (residuals are created as zeros at their first encode
 """
 from __future__ import annotations
 
+from typing import List, Sequence, Tuple
+
 import torch
 
 from .bucket import Bucket, BucketOutcome, result_tensor
@@ -35,6 +37,12 @@ class DensePattern:
     caller (the DDP hook) issues the collectives itself between them."""
 
     name = "dense"
+
+    @staticmethod
+    def memory_keys(names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
+        """(worker, owner) memory keys a bucket may change (for the engine's snapshot of a step
+        that is later skipped): none, the dense mean keeps no state."""
+        return [], []
 
     @staticmethod
     def prepare(comm, bucket: Bucket, stats: ExchangeStats) -> tuple:
