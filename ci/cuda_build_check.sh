@@ -4,7 +4,7 @@
 # the CUDA of this machine's nvcc), build horovod_gradcomp._C WITH the CUDA kernels into
 # $CUDA_BUILD (default build-cuda/, outside the source package: the CPU venv's
 # horovod_gradcomp/_C*.so is never touched), import it, check has_cuda(), then run the
-# single-process CPU tests against that build. A compile error in csrc/cuda/*.cu fails this.
+# single-process CPU tests against that build. A compile error in csrc/device/ (*.cu, *_ops.cpp) fails this.
 # Idempotent: the venv and ninja's objects are reused; only changed sources are recompiled.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"

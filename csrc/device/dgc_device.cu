@@ -82,14 +82,14 @@ double key_value(uint64_t t, DType dtype) {
 
 // #{i : key_i >= t}: an integer count (exact in any order).
 template <typename U> int64_t count_at(Exec& ex, const U* p, int64_t n, U t) {
-  return static_cast<int64_t>(thrust::count_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  return static_cast<int64_t>(thrust::count_if(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                                                thrust::counting_iterator<int64_t>(n), dgc::IndexAtLeast<U>{p, t}));
 }
 
 // (#{i : key_i >= t}, t) for the threshold rule th over keys in device memory: one integer
 // reduction, one read-back.
 template <typename U> dgc::CountKey count_threshold(Exec& ex, const U* p, int64_t n, dgc::ThresholdAt<U> th) {
-  return thrust::transform_reduce(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  return thrust::transform_reduce(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                                   thrust::counting_iterator<int64_t>(n), dgc::CountAtLeast<U>{p, th},
                                   dgc::CountKey{0, 0}, dgc::CombineCountKey());
 }
@@ -101,7 +101,7 @@ template <typename U> dgc::CountKey count_threshold(Exec& ex, const U* p, int64_
 template <typename U> dgc::CountKey exact_threshold(Exec& ex, const U* p, int64_t n, U lo, int64_t len, int64_t k) {
   Scratch<U> keys(ex, len);
   const auto key_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::KeyAt<U>{p});
-  thrust::copy_if(ex.policy(), key_of, key_of + n, keys.get(), dgc::KeyAtLeast<U>{lo});
+  thrust::copy_if(ex.policy_read(), key_of, key_of + n, keys.get(), dgc::KeyAtLeast<U>{lo});
   thrust::sort(ex.policy(), keys.get(), keys.get() + len, thrust::greater<U>());
   return count_threshold<U>(ex, p, n, dgc::ThresholdAt<U>{keys.get() + (k - 1), true});
 }
@@ -146,7 +146,7 @@ template <typename U, typename I>
 void compact_typed(Exec& ex, const U* p, int64_t n, U t, I* idx, U* vals, int64_t count) {
   if (count == 0) return;
   const auto in = thrust::make_zip_iterator(thrust::counting_iterator<I>(0), p);
-  thrust::copy_if(ex.policy(), in, in + n, p, thrust::make_zip_iterator(idx, vals), dgc::BitsAtLeast<U>{t});
+  thrust::copy_if(ex.policy_read(), in, in + n, p, thrust::make_zip_iterator(idx, vals), dgc::BitsAtLeast<U>{t});
 }
 
 template <typename I>
@@ -190,13 +190,13 @@ void scatter_typed(Exec& ex, const void* const* idx, const void* const* vals, co
 
 template <typename I> DgcIndexScan index_scan_typed(Exec& ex, const I* idx, int64_t count, int64_t n) {
   const dgc::GapStats s = thrust::transform_reduce(
-      ex.policy(), thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(count),
+      ex.policy_read(), thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(count),
       dgc::GapAt<I>{idx, n}, dgc::GapStats{0, 0}, dgc::CombineGapStats());
   return DgcIndexScan{s.top, s.bad == 0};
 }
 
 template <typename I> bool indices_ok_typed(Exec& ex, const I* idx, int64_t count, int64_t n) {
-  return thrust::count_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  return thrust::count_if(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                           thrust::counting_iterator<int64_t>(count), dgc::BadIndex<I>{idx, n}) == 0;
 }
 
@@ -389,7 +389,7 @@ void count_thresholds(Exec& ex, const Pack& p, const Segments<dgc::ThresholdRule
   const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
   const auto term = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
                                                     dgc::SegCountTerm{rules.dev_items(p), start, T});
-  thrust::reduce_by_key(ex.policy(), seg, seg + rules.total(), term, thrust::make_discard_iterator(), sums.get(),
+  thrust::reduce_by_key(ex.policy_read(), seg, seg + rules.total(), term, thrust::make_discard_iterator(), sums.get(),
                         thrust::equal_to<int64_t>(), dgc::CombineCountKey());
   ex.to_host(host.data(), sums.get(), sizeof(dgc::CountKey) * static_cast<std::size_t>(T));
 }
@@ -694,7 +694,7 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
     const int64_t* start = bounds.dev_start(pack);
     const auto keys = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
                                                       dgc::SegKeyAt{bounds.dev_items(pack), start, R});
-    thrust::copy_if(ex.policy(), keys, keys + bounds.total(), cand.get(), dgc::KeepAtLeast{bounds.dev_items(pack)});
+    thrust::copy_if(ex.policy_read(), keys, keys + bounds.total(), cand.get(), dgc::KeepAtLeast{bounds.dev_items(pack)});
     thrust::sort(ex.policy(), cand.get(), cand.get() + L, dgc::SegKeyOrder());
     count_thresholds(ex, pack, exact, c2);
     for (int64_t j = 0; j < R; ++j) {
@@ -732,7 +732,7 @@ void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count
   write.put(pack);
   pack.upload();
   // `count` is the number selected (dgc_threshold_many's): the copy writes exactly total positions.
-  thrust::copy_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  thrust::copy_if(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                   thrust::counting_iterator<int64_t>(bounds.total()), pos.get(),
                   dgc::SelectedAt{bounds.dev_items(pack), bounds.dev_start(pack), bounds.size()});
   write.run(ex, pack);
@@ -759,7 +759,7 @@ void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t coun
   const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
   const auto term = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
                                                     dgc::SegGapTerm{lists.dev_items(pack), start, T});
-  thrust::reduce_by_key(ex.policy(), seg, seg + lists.total(), term, thrust::make_discard_iterator(), sums.get(),
+  thrust::reduce_by_key(ex.policy_read(), seg, seg + lists.total(), term, thrust::make_discard_iterator(), sums.get(),
                         thrust::equal_to<int64_t>(), dgc::CombineGapStats());
   std::vector<dgc::GapStats> host(static_cast<std::size_t>(T));
   ex.to_host(host.data(), sums.get(), sizeof(dgc::GapStats) * static_cast<std::size_t>(T));

@@ -306,49 +306,21 @@ void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, cons
   decode_items(items, dtypes, device, 1, 1.0);
 }
 
-#if defined(HGC_TWIN)
-namespace hgc_dev {
 namespace {
-void register_onebit_ops(pybind11::module& m) {
-  namespace py = pybind11;
-  m.def("onebit_encode", &onebit_encode_device, HGC_DEV_RELEASE_GIL,
-        "1-bit encode with fused error feedback -> (bits, scales); given scales: the pack alone", py::arg("grad"),
-        py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none(), py::arg("by_rows") = false);
-  m.def("onebit_scales", &onebit_scales_device, HGC_DEV_RELEASE_GIL,
-        "the 1-bit encode's scales alone (read-only)", py::arg("grad"), py::arg("residual"), py::arg("cols"),
-        py::arg("by_rows") = false);
-  m.def("onebit_scales_many", &onebit_scales_many_device, HGC_DEV_RELEASE_GIL,
-        "onebit_scales of a bucket of tensors in a fixed number of device calls", py::arg("grads"),
-        py::arg("residuals"), py::arg("cols"), py::arg("by_rows") = py::none());
-  m.def("onebit_decode", &onebit_decode_device, HGC_DEV_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"),
-        py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none(),
-        py::arg("by_rows") = false);
-  m.def("onebit_decode_sum", &onebit_decode_sum_device, HGC_DEV_RELEASE_GIL,
-        "scale * sum of K decoded 1-bit payloads", py::arg("bits"), py::arg("scales"), py::arg("n"), py::arg("cols"),
-        py::arg("dtype"), py::arg("scale"), py::arg("out") = py::none(), py::arg("by_rows") = false);
-  m.def("onebit_encode_columns", &onebit_encode_columns_device, HGC_DEV_RELEASE_GIL,
-        "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
-        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"),
-        py::arg("scales") = py::none());
-  m.def("onebit_decode_columns", &onebit_decode_columns_device, HGC_DEV_RELEASE_GIL,
-        "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
-        py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
-  m.def("onebit_encode_many", &onebit_encode_many_device, HGC_DEV_RELEASE_GIL,
-        "onebit_encode of a bucket of tensors in a fixed number of device calls -> (bits list, scales list)",
-        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none(),
-        py::arg("by_rows") = py::none());
-  m.def("onebit_decode_sum_many", &onebit_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
-        "onebit_decode_sum of a bucket of tensors in one device call", py::arg("bits"), py::arg("scales"),
-        py::arg("n"), py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"),
-        py::arg("by_rows") = py::none());
-  m.def("onebit_encode_columns_many", &onebit_encode_columns_many_device, HGC_DEV_RELEASE_GIL,
-        "onebit_encode_columns of many column windows in a fixed number of device calls", py::arg("fulls"),
-        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"), py::arg("scales") = py::none());
-  m.def("onebit_decode_columns_many", &onebit_decode_columns_many_device, HGC_DEV_RELEASE_GIL,
-        "onebit_decode_columns of many column windows in one device call", py::arg("bits"), py::arg("scales"),
-        py::arg("outs"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
+// The device kernels of onebit's ops (schemas: ops/schemas.h).
+void register_onebit_device(torch::Library& m) {
+  m.impl("onebit_encode", &onebit_encode_device);
+  m.impl("onebit_scales", &onebit_scales_device);
+  m.impl("onebit_scales_many", &hgc::adapt::onebit_scales_many<&onebit_scales_many_device>);
+  m.impl("onebit_decode", &onebit_decode_device);
+  m.impl("onebit_decode_sum", &onebit_decode_sum_device);
+  m.impl("onebit_encode_columns", &onebit_encode_columns_device);
+  m.impl("onebit_decode_columns", &onebit_decode_columns_device);
+  m.impl("onebit_encode_many", &hgc::adapt::onebit_encode_many<&onebit_encode_many_device>);
+  m.impl("onebit_decode_sum_many", &hgc::adapt::onebit_decode_sum_many<&onebit_decode_sum_many_device>);
+  m.impl("onebit_encode_columns_many", &onebit_encode_columns_many_device);
+  m.impl("onebit_decode_columns_many", &onebit_decode_columns_many_device);
 }
-const Registrar registrar("onebit", &register_onebit_ops);
 }  // namespace
-}  // namespace hgc_dev
-#endif
+
+HGC_DEVICE_OPS(onebit, hgc::onebit_schemas(), register_onebit_device)

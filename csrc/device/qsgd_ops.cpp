@@ -95,12 +95,12 @@ at::Tensor qsgd_decode_elias_device(const at::Tensor& norms, const at::Tensor& n
   // The header decides the stream's layout: its G bit counts are checked on the host (one copy),
   // with the CPU's messages, before anything reads the stream.
   const at::Tensor nb = nbits.contiguous();
-  const at::Tensor nb_host = nb.to(at::kCPU);
+  const at::Tensor nb_host = hgc_dev::read_back(nb);
   const std::vector<int64_t> start = hgc::qsgd_elias_group_starts(nb_host.data_ptr<int64_t>(), G, stream.numel());
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, norms.device(), "qsgd_decode");
   if (n == 0) return out;
   const at::Tensor start_dev =
-      at::tensor(at::ArrayRef<int64_t>(start), at::TensorOptions().dtype(at::kLong)).to(norms.device());
+      hgc_dev::upload(at::tensor(at::ArrayRef<int64_t>(start), at::TensorOptions().dtype(at::kLong)), norms.device());
   const at::Tensor nr = norms.contiguous(), st = stream.contiguous();
   const bool ok = hgc_dev::qsgd_decode_elias(hgc_dev::current_ctx(), hgc_dev::dev_dtype(dtype), nr.data_ptr<float>(),
                                              nb.data_ptr<int64_t>(), start_dev.data_ptr<int64_t>(),
@@ -300,7 +300,7 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
   const hgc_dev::DeviceGuard guard(device);
   // The headers decide the streams' layouts: checked on the host (one copy for the bucket), with
   // the per-tensor op's messages, before anything reads a stream.
-  const at::Tensor head_host = at::cat(heads).to(at::kCPU);
+  const at::Tensor head_host = hgc_dev::read_back(at::cat(heads));
   const int64_t* nb = head_host.data_ptr<int64_t>();
   std::vector<int64_t> starts;
   for (std::size_t j = 0; j < G.size(); ++j) {
@@ -312,7 +312,7 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
   }
   const at::Tensor start_dev =
-      at::tensor(at::ArrayRef<int64_t>(starts), at::TensorOptions().dtype(at::kLong)).to(device);
+      hgc_dev::upload(at::tensor(at::ArrayRef<int64_t>(starts), at::TensorOptions().dtype(at::kLong)), device);
   std::vector<hgc_dev::QsgdEliasPayload> payloads(G.size());
   const int64_t* start_at = start_dev.data_ptr<int64_t>();
   for (std::size_t j = 0; j < G.size(); ++j) {
@@ -331,41 +331,18 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
   return results;
 }
 
-#if defined(HGC_TWIN)
-namespace hgc_dev {
 namespace {
-void register_qsgd_ops(pybind11::module& m) {
-  namespace py = pybind11;
-  m.def("qsgd_encode_fixed", &qsgd_encode_fixed_device, HGC_DEV_RELEASE_GIL,
-        "QSGD encode, fixed-width coding -> (norms, packed)", py::arg("x"), py::arg("s"), py::arg("bucket"),
-        py::arg("max_norm"), py::arg("key"));
-  m.def("qsgd_decode_fixed", &qsgd_decode_fixed_device, HGC_DEV_RELEASE_GIL,
-        "scale * sum of K fixed-width QSGD payloads", py::arg("norms"), py::arg("packed"), py::arg("n"), py::arg("s"),
-        py::arg("bucket"), py::arg("dtype"), py::arg("scale") = 1.0, py::arg("out") = py::none());
-  m.def("qsgd_encode_elias", &qsgd_encode_elias_device, HGC_DEV_RELEASE_GIL,
-        "QSGD encode, Elias coding -> (norms, nbits, stream)", py::arg("x"), py::arg("s"), py::arg("bucket"),
-        py::arg("max_norm"), py::arg("key"), py::arg("group_buckets"));
-  m.def("qsgd_decode_elias", &qsgd_decode_elias_device, HGC_DEV_RELEASE_GIL,
-        "QSGD decode of one Elias-coded payload", py::arg("norms"), py::arg("nbits"), py::arg("stream"), py::arg("n"),
-        py::arg("s"), py::arg("bucket"), py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
-  m.def("qsgd_encode_fixed_many", &qsgd_encode_fixed_many_device, HGC_DEV_RELEASE_GIL,
-        "qsgd_encode_fixed of a bucket (one key per tensor) in a fixed number of device calls -> (norms list, "
-        "packed list)",
-        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"));
-  m.def("qsgd_decode_fixed_many", &qsgd_decode_fixed_many_device, HGC_DEV_RELEASE_GIL,
-        "qsgd_decode_fixed of a bucket (one K) in one device call per dtype", py::arg("norms"), py::arg("packed"),
-        py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("qsgd_encode_elias_many", &qsgd_encode_elias_many_device, HGC_DEV_RELEASE_GIL,
-        "qsgd_encode_elias of a bucket (one key per tensor) in a fixed number of device calls and one read -> "
-        "(norms list, nbits list, stream list)",
-        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"),
-        py::arg("group_buckets"));
-  m.def("qsgd_decode_elias_many", &qsgd_decode_elias_many_device, HGC_DEV_RELEASE_GIL,
-        "scale * sum of each tensor's K Elias payloads (decode_mean_list's arithmetic) for a bucket",
-        py::arg("norms"), py::arg("nbits"), py::arg("streams"), py::arg("n"), py::arg("s"), py::arg("bucket"),
-        py::arg("group_buckets"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
+// The device kernels of QSGD's ops (schemas: ops/schemas.h).
+void register_qsgd_device(torch::Library& m) {
+  m.impl("qsgd_encode_fixed", &qsgd_encode_fixed_device);
+  m.impl("qsgd_decode_fixed", &qsgd_decode_fixed_device);
+  m.impl("qsgd_encode_elias", &qsgd_encode_elias_device);
+  m.impl("qsgd_decode_elias", &qsgd_decode_elias_device);
+  m.impl("qsgd_encode_fixed_many", &qsgd_encode_fixed_many_device);
+  m.impl("qsgd_decode_fixed_many", &hgc::adapt::qsgd_decode_fixed_many<&qsgd_decode_fixed_many_device>);
+  m.impl("qsgd_encode_elias_many", &qsgd_encode_elias_many_device);
+  m.impl("qsgd_decode_elias_many", &hgc::adapt::qsgd_decode_elias_many<&qsgd_decode_elias_many_device>);
 }
-const Registrar registrar("qsgd", &register_qsgd_ops);
 }  // namespace
-}  // namespace hgc_dev
-#endif
+
+HGC_DEVICE_OPS(qsgd, hgc::qsgd_schemas(), register_qsgd_device)

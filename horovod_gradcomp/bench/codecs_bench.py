@@ -23,7 +23,8 @@ Thrust sources built for the CPU) next to the native CPU kernels; its speed is n
 ``twin-bucket`` times the same codec through its bucket ops (``encode_many`` and the bucket decode
 of the exchange, over all 161 tensors at once: csrc/device/multi_tensor.cuh), for codecs that have them. Both
 twin rows carry ``device_calls``: the device algorithm calls of one encode pass and one decode
-pass (what a GPU would launch), tensor by tensor against one bucket.
+pass (what a GPU would launch), tensor by tensor against one bucket, and ``host_syncs``: the
+host synchronizations (reads back from the device) of the same passes.
 
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
 call on the first tensor. The pure-torch reference impl is slow, so it runs
@@ -222,9 +223,10 @@ def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int, bucket: bool =
     return {"encode_ms": statistics.median(enc), "decode_ms": statistics.median(dec), "bytes": nbytes}
 
 
-def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool) -> List[int]:
-    """[encode, decode]: the twin's device algorithm calls of one pass over ``grads``."""
-    counter = require_twin().algorithm_calls
+def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool, counter: str = "algorithm_calls") -> List[int]:
+    """[encode, decode]: the twin's device algorithm calls (``counter="host_syncs"``: its host
+    synchronizations) of one pass over ``grads``."""
+    counter = getattr(require_twin(), counter)
     residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
     outs = [torch.zeros_like(g) for g in grads]
     encode, decode = (_encode_bucket, _decode_bucket) if bucket else (_encode_all, _decode_all)
@@ -315,10 +317,12 @@ def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] 
             rows.append(make_row(name, impl, options, numel, time_codec(codec, grads, n)))
             if impl == "twin":
                 rows[-1]["device_calls"] = device_calls(codec, grads, bucket=False)
+                rows[-1]["host_syncs"] = device_calls(codec, grads, bucket=False, counter="host_syncs")
                 if codec.bucket_ops([grads[0].device]):
                     _log(f"timing {name}/twin-bucket on {len(shapes)} tensors as one bucket, {n} pass(es)")
                     rows.append(make_row(name, "twin-bucket", options, numel, time_codec(codec, grads, n, bucket=True)))
                     rows[-1]["device_calls"] = device_calls(codec, grads, bucket=True)
+                    rows[-1]["host_syncs"] = device_calls(codec, grads, bucket=True, counter="host_syncs")
     if device != "cpu":
         for row in rows:
             row["device"] = device
@@ -398,6 +402,9 @@ def speedup_lines(rows: Sequence[dict]) -> List[str]:
         if "twin" in impls and "twin-bucket" in impls:
             (e1, d1), (e2, d2) = impls["twin"]["device_calls"], impls["twin-bucket"]["device_calls"]
             lines.append(f"{label}: device algorithm calls per pass (encode + decode): tensor by tensor {e1} + {d1}, "
+                         f"as one bucket {e2} + {d2}")
+            (e1, d1), (e2, d2) = impls["twin"]["host_syncs"], impls["twin-bucket"]["host_syncs"]
+            lines.append(f"{label}: host synchronizations per pass (encode + decode): tensor by tensor {e1} + {d1}, "
                          f"as one bucket {e2} + {d2}")
     return lines
 
