@@ -64,7 +64,7 @@ def _caller(op):
 
     call.__name__ = call.__qualname__ = op.__name__
     call.__doc__ = f"{op.default._schema} (nested payload lists and torch dtypes accepted)"
-    call.op = op
+    call.packet = op  # the torch.ops packet it calls
     return call
 
 
