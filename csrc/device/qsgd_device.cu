@@ -93,7 +93,7 @@ bool qsgd_decode_elias(const Ctx& ctx, DType dtype, const float* norms, const in
     ex.for_each_index(n, EliasZeros<T>{norms, bucket, s, o});
     ex.for_each_index(G, DecodeEliasGroup<T>{norms, nbits, start, stream, n, bucket, s, gb, B, o, bad.get()});
   });
-  const int any = thrust::reduce(ex.policy(), bad.get(), bad.get() + G, 0, AnyBad());
+  const int any = thrust::reduce(ex.policy_read(), bad.get(), bad.get() + G, 0, AnyBad());
   return any == 0;
 }
 
@@ -377,7 +377,7 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
     tables.run(set.groups);
     tables.run(set.sum);
   });
-  const int any = thrust::reduce(ex.policy(), bad.get(), bad.get() + flags, 0, AnyBad());
+  const int any = thrust::reduce(ex.policy_read(), bad.get(), bad.get() + flags, 0, AnyBad());
   return any == 0;
 }
 
