@@ -66,6 +66,7 @@ def terngrad_scale_stats_many(grads, with_sigma):
 
 
 def terngrad_encode_many(grads, scales, clips, key0s, key1s):
+    _one_device(grads, "terngrad_encode_many", "gradient")
     pairs = [terngrad_encode(g, 0.0, 0.0, 0, 0) for g in grads]
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
@@ -125,6 +126,7 @@ def onebit_encode_columns_many(fulls, residuals, full_cols, col0, col1, scales=N
 
 
 def onebit_decode_columns_many(bits, scales, outs, full_cols, col0, col1):
+    _one_device(outs, "onebit_decode_columns_many", "out")
     return None
 
 
@@ -215,15 +217,17 @@ def dgc_decode_sum_many(codes, codes_counts, values, values_counts, n, dtypes, s
 
 
 def dgc_accumulate_many(u, v, g, momentum, nesterov, coef=1.0):
+    _one_device(g, "dgc_accumulate_many", "gradient")
     return None
 
 
 def dgc_mask_many(indices, v, u=None):
+    _one_device(v, "dgc_mask_many", "accumulation")
     return None
 
 
 def dgc_select_many(xs, k, sample_count, keys):
-    _one_device(xs, "dgc_select_many", "tensor")
+    _one_device(xs, "dgc_select_many", "x")
     picks = [dgc_select(x, 0, 0, 0) for x in xs]
     return [p[0] for p in picks], [p[1] for p in picks], [0.0] * len(xs), [0] * len(xs)
 
