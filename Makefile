@@ -1,16 +1,23 @@
 # The README's two commands are `make demo` and `make test`; each installs what is missing first.
+# `make test` also builds the OpenMP twin of the device kernels (a test-time build, `make twin`).
 PY ?= .venv/bin/python
 
-.PHONY: install test demo bench docs clean
+.PHONY: install twin test demo bench docs clean
 
 install:
 	bash ci/install_system.sh
 	bash ci/install_python.sh
 
+twin: install
+	bash ci/build_twin.sh
+
 test: install
 	bash ci/run_tests.sh
 
-demo: install
+# The demo needs neither the test nor the docs tools: `make test` and `make docs` add them.
+demo:
+	bash ci/install_system.sh
+	HGC_INSTALL_EXTRAS=0 bash ci/install_python.sh
 	bash ci/demo.sh
 
 bench: install

@@ -5,9 +5,12 @@ CppExtension from csrc/cpu (always); CUDAExtension adding the device sources
 HGC_WITH_CUDA=0 to skip, =1 to insist).
 
 horovod_gradcomp._C_twin: the same device sources built by g++ with Thrust's OpenMP backend
-(csrc/twin/), so that CI runs the GPU path's algorithms on the CPU. Built whenever CCCL's
-headers are found (the CUDA toolkit's include/cccl, or the nvidia-cuda-cccl wheel);
-HGC_WITH_TWIN=0 skips it, =1 insists.
+(csrc/twin/), so that the tests run the GPU path's algorithms on the CPU. A test-time build: not
+built by an install unless HGC_WITH_TWIN=1 (needs CCCL's headers: the CUDA toolkit's
+include/cccl, or the nvidia-cuda-cccl wheel); HGC_WITH_TWIN=only builds it alone (what
+`make test` runs, ci/build_twin.sh). HGC_WITH_NATIVE=0 builds no extension at all (the install
+script registers the package that way, then builds _C in place with ninja: one build, kept in
+build/ for incremental rebuilds).
 """
 import glob
 import os
@@ -70,18 +73,11 @@ def cccl_include():
 
 
 def twin_extension():
-    """_C_twin (see the module doc), or None when it is not to be built."""
-    flag = os.environ.get("HGC_WITH_TWIN")
-    if flag == "0":
-        return None
+    """_C_twin (see the module doc); raises naming the fix when CCCL's headers are missing."""
     inc = cccl_include()
     if inc is None:
-        if flag == "1":
-            raise RuntimeError("HGC_WITH_TWIN=1 but CCCL's headers were not found (install the CUDA toolkit or "
-                               "`pip install nvidia-cuda-cccl`)")
-        print("horovod_gradcomp: CCCL headers not found: the OpenMP twin of the device kernels (_C_twin) is NOT "
-              "built; tests/test_cuda_codecs.py will fail on it", flush=True)
-        return None
+        raise RuntimeError(f"HGC_WITH_TWIN={os.environ.get('HGC_WITH_TWIN')} but CCCL's headers were not found "
+                           "(install the CUDA toolkit or `pip install nvidia-cuda-cccl`)")
     return cpp_extension.CppExtension("horovod_gradcomp._C_twin", sorted(glob.glob("csrc/twin/*.cpp")),
                                       include_dirs=twin_include_dirs(inc), extra_compile_args={"cxx": twin_cxx_flags()},
                                       extra_link_args=["-fopenmp"])
@@ -124,13 +120,28 @@ def extension():
                                       extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 
+def ext_modules():
+    """The extensions this build makes, from the switches HGC_WITH_NATIVE (default 1: _C) and
+    HGC_WITH_TWIN (default 0; 1: _C_twin too; only: _C_twin alone). Unknown values raise."""
+    native, twin = os.environ.get("HGC_WITH_NATIVE", "1"), os.environ.get("HGC_WITH_TWIN", "0")
+    if native not in ("0", "1") or twin not in ("0", "1", "only"):
+        raise RuntimeError(f"HGC_WITH_NATIVE must be 0 or 1 (got {native!r}), HGC_WITH_TWIN 0, 1 or only "
+                           f"(got {twin!r})")
+    exts = []
+    if native == "1" and twin != "only":
+        exts.append(extension())
+    if twin != "0":
+        exts.append(twin_extension())
+    return exts
+
+
 if __name__ == "__main__":  # (imported by ci/build_twin_dev.py for the flags)
     setup(
         name="horovod_gradcomp",
         version=_version(),
         description="Gradient compression (1-bit SGD, TernGrad, QSGD, DGC) for Horovod + PyTorch under MPI",
         packages=find_packages(include=["horovod_gradcomp", "horovod_gradcomp.*"]),
-        ext_modules=[e for e in (extension(), twin_extension()) if e is not None],
+        ext_modules=ext_modules(),
         cmdclass={"build_ext": cpp_extension.BuildExtension},
         python_requires=">=3.9",
         install_requires=["torch", "mpi4py", "numpy"],

@@ -14,3 +14,5 @@ PY="$VENV/bin/python"
 # Open MPI refuses root unless told; with 2 cores, -np 4 needs oversubscription.
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
+# CCCL's headers (Thrust/CUB) for the OpenMP twin's test-time build, where no CUDA toolkit has them.
+CCCL_SPEC="${CCCL_SPEC:-nvidia-cuda-cccl==13.0.*}"

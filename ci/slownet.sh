@@ -5,7 +5,8 @@
 #                 MODE RATE -- PROGRAM [ARGS...]
 #
 # MODE loopback: all ranks share one tbf-limited lo; bridge: one namespace, veth and tbf per
-# rank (a switch). RATE is tc's (1gbit, 100mbit). Example:
+# rank (a switch); with --per-node L, one namespace per node of L ranks (shared memory inside,
+# limited veth links between nodes). RATE is tc's (1gbit, 100mbit). Example:
 #   ci/slownet.sh --np 4 loopback 1gbit -- .venv/bin/python bench.py
 # The namespaces, bridge and tbf are built by horovod_gradcomp/bench/slownet.py (one
 # implementation; --print-script shows the bash it runs) and removed when the run ends.

@@ -19,7 +19,9 @@ if any averaged gradient is non-finite, the step is skipped on every rank and co
 ``--clip-norm`` (dense and quantizing codecs: ``clip_grad_norm_`` of the averaged gradient;
 dgc: the codec's own local clipping, ``clip_norm * sqrt(K)`` per rank under Horovod's
 ``op=hvd.Average``, before its momentum),
-then ``optimizer.step()`` under ``skip_synchronize()``. ``--nan-at S --nan-rank R`` makes
+then ``optimizer.step()`` under ``skip_synchronize()`` (``--optimizer``: SGD with momentum, Adam
+or AdamW; ``--optimizer-warmup N``: the learning rate warmed up linearly over N steps by a
+LambdaLR schedule, the same for every codec). ``--nan-at S --nan-rank R`` makes
 rank R's loss NaN at global step S. With ``--json`` rank 0 prints one JSON object as its last
 line of output; the exit status is 3 if parameters differ across ranks, 4 if the ranks did not
 skip the same steps.
@@ -56,7 +58,13 @@ def parse_args(argv=None):
     p.add_argument("--epochs", type=int, default=None, help="default: digits 30, charlm 4")
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--lr", type=float, default=None, help="default: digits 0.05, charlm 0.5")
-    p.add_argument("--momentum", type=float, default=0.9)
+    p.add_argument("--momentum", type=float, default=0.9, help="sgd's momentum (dgc: the codec's)")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "adamw"), default="sgd",
+                   help="torch.optim's SGD (with --momentum), Adam or AdamW (betas 0.9, 0.999)")
+    p.add_argument("--weight-decay", type=float, default=0.0, help="the optimizer's weight_decay")
+    p.add_argument("--optimizer-warmup", type=int, default=0, metavar="N",
+                   help="the script's learning-rate warm-up: lr * (t + 1) / N at step t < N (a LambdaLR "
+                        "schedule; the gradients are not touched), for every codec")
     p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--clip-norm", type=float, default=None,
                    help="clip the gradient norm (dgc: its local clipping, clip_norm * sqrt(K) per rank)")
@@ -75,6 +83,13 @@ def parse_args(argv=None):
     args.epochs = epochs if args.epochs is None else args.epochs
     args.lr = lr if args.lr is None else args.lr
     return args
+
+
+def make_optimizer(name, params, lr, momentum, weight_decay):
+    """torch.optim's SGD (with ``momentum``), Adam or AdamW at ``lr``."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+    return (torch.optim.Adam if name == "adam" else torch.optim.AdamW)(params, lr=lr, weight_decay=weight_decay)
 
 
 def make_compression(name, model, options, momentum, dgc_defaults=None):
@@ -165,9 +180,12 @@ def main(argv=None):
     compression = make_compression(args.codec, model, options, args.momentum, dgc_defaults)
     # A compressor that owns the momentum (DGC) needs plain SGD underneath.
     own_momentum = isinstance(getattr(compression, "memory", None), hgc.DGCMemory)
-    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.0 if own_momentum else args.momentum)
+    optimizer = make_optimizer(args.optimizer, model.parameters(), args.lr, 0.0 if own_momentum else args.momentum,
+                               args.weight_decay)
     optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters(),
                                          compression=compression)
+    warmup = args.optimizer_warmup
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda t: min(1.0, (t + 1) / warmup)) if warmup else None
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(optimizer, root_rank=0)
     params = list(model.parameters())
@@ -201,6 +219,8 @@ def main(argv=None):
                 with optimizer.skip_synchronize():
                     optimizer.step()
                 loss_sum, loss_n = loss_sum + value, loss_n + 1
+            if schedule is not None:
+                schedule.step()
             bar.update()
         train_loss = hvd.allreduce(torch.tensor(loss_sum / max(loss_n, 1)), name=f"loss.{epoch}").item()
         bar.set_postfix(epoch=epoch + 1, loss=f"{train_loss:.4f}")
@@ -240,7 +260,8 @@ def main(argv=None):
                 "seconds": seconds, "params_identical": identical, "params_digest": digests[0],
                 "transport": type(getattr(compression, "communicator", None)).__name__,
                 "steps": stats["steps"], "steps_per_epoch": steps, "batch_size": args.batch_size, "lr": args.lr,
-                "momentum": args.momentum, "clip_norm": args.clip_norm, "seed": args.seed,
+                "momentum": args.momentum, "optimizer": args.optimizer, "weight_decay": args.weight_decay,
+                "optimizer_warmup": args.optimizer_warmup, "clip_norm": args.clip_norm, "seed": args.seed,
                 "codec_options": {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))},
                 "dgc_schedule": repr(compression.memory.schedule) if own_momentum else None,
                 "nan_at": args.nan_at, "nan_rank": args.nan_rank if args.nan_at is not None else None,

@@ -1,12 +1,19 @@
 """horovod_gradcomp: gradient compression for data-parallel PyTorch training with Horovod.
 
-A thin facade: everything is defined in the subpackages and re-exported here.
+A thin facade: everything is defined in the subpackages and re-exported here, including the
+errors a user may catch: :class:`ExchangeMismatchError` (ranks disagree on what they exchange),
+:class:`MalformedPayloadError` (a received payload does not fit its codec),
+:class:`OptimizerMismatchError` (DGC and the wrapped optimizer), :class:`UnsupportedHorovodOption`,
+:class:`NativeUnavailableError`, :class:`UnsafeCheckpointError` (a checkpoint holding code) and
+``hgc.ddp.DDPExchangeError`` (a failed DDP step).
 """
 from ._version import __version__
 from .native import (NativeUnavailableError, native_available, native_cuda_status, native_error,
                      native_has_cuda, twin_available)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
-from .state import DensitySchedule, DGCMemory
+from .codecs.payload_checks import MalformedPayloadError
+from .exchange.communicator import ExchangeMismatchError
+from .state import DensitySchedule, DGCMemory, UnsafeCheckpointError
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
 from .horovod.checkpoint import load_job_state, save_job_state
 from .training import DoubleBufferedStep, double_buffering_pays
@@ -15,7 +22,9 @@ from . import ddp, elastic  # noqa: E402  (hgc.ddp.register: DDP comm hook; hgc.
 
 __all__ = [
     "__version__", "ADAG", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "Downpour",
-    "EASGD", "ModelAveraging", "NativeUnavailableError", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
+    "EASGD", "ExchangeMismatchError", "MalformedPayloadError", "ModelAveraging", "NativeUnavailableError",
+    "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
     "native_cuda_status", "native_error", "native_has_cuda", "twin_available", "register_codec", "save_job_state",
+    "UnsafeCheckpointError",
 ]

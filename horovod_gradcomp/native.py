@@ -121,8 +121,9 @@ def require_twin():
     if _C_twin is None:
         raise NativeUnavailableError(
             "the OpenMP twin of horovod_gradcomp's device kernels (horovod_gradcomp._C_twin) is not available: "
-            f"{_twin_error}. It is built by setup.py when CCCL's headers are found (CUDA toolkit or "
-            "`pip install nvidia-cuda-cccl`); rebuild with `make install`.")
+            f"{_twin_error}. It is a test-time build: `make test` builds it (ci/build_twin.sh), or "
+            "`HGC_WITH_TWIN=only python setup.py build_ext --inplace`; it needs CCCL's headers (CUDA toolkit or "
+            "`pip install nvidia-cuda-cccl`).")
     return _C_twin
 
 

@@ -1,6 +1,6 @@
-"""The DDP hook's suite (tests/mpi/mpi_ddp.py) launched alone under mpirun at 2 and 4 processes
-(torch.distributed on gloo over the mpirun ranks), each launch under a timeout; and the pieces of
-the DDP bench rows that need no launch."""
+"""The DDP hook's suites (tests/mpi/mpi_ddp.py, mpi_ddp_sparse.py) launched alone under mpirun at 2
+and 4 processes (torch.distributed on gloo over the mpirun ranks), each launch under a timeout; and
+the pieces of the DDP bench rows that need no launch."""
 from __future__ import annotations
 
 import os
@@ -23,11 +23,12 @@ def test_ddp_suite(np_):
     env = dict(os.environ, PYTHONPATH=str(ROOT), OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_), "-x", "OMP_NUM_THREADS=1",
            "-x", "PYTHONPATH", sys.executable, "-m", "pytest", "-x", "-q", "--color=no", "-p", "no:cacheprovider",
-           "-o", "python_files=mpi_*.py", "tests/mpi/mpi_ddp.py"]
+           "-o", "python_files=mpi_*.py", "tests/mpi/mpi_ddp.py",
+           "tests/mpi/mpi_ddp_sparse.py"]
     try:
         proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
-        pytest.fail(f"mpirun -np {np_} tests/mpi/mpi_ddp.py timed out after {TIMEOUT_S}s\n{exc.stdout}\n{exc.stderr}")
+        pytest.fail(f"mpirun -np {np_} tests/mpi/mpi_ddp*.py timed out after {TIMEOUT_S}s\n{exc.stdout}\n{exc.stderr}")
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"mpirun -np {np_} failed (rc {proc.returncode}):\n{out[-8000:]}"
     summaries = re.findall(r"\d+ (?:passed|failed|skipped|error)[\w, ]* in [\d.]+s", out)

@@ -136,7 +136,7 @@ def make_params():
     return [torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2))]
 
 
-def test_optimizer_guard_rejects_momentum_and_other_optimizers():
+def test_optimizer_guard_rejects_a_second_momentum():
     params = make_params()
     guard = PlainSGDGuard(params, owner="Compression.dgc")
     for p in params:
@@ -145,14 +145,44 @@ def test_optimizer_guard_rejects_momentum_and_other_optimizers():
         torch.optim.SGD(params, lr=0.1, momentum=0.9).step()
     with pytest.raises(OptimizerMismatchError, match="momentum=0"):
         torch.optim.SGD(params, lr=0.1, momentum=0.5, nesterov=True).step()
-    with pytest.raises(OptimizerMismatchError, match="Adam"):
-        torch.optim.Adam(params, lr=0.1).step()
+    torch.optim.Adam(params, lr=0.1).step()   # DGC without momentum under Adam: no second momentum
+    torch.optim.AdamW(params, lr=0.1).step()
     torch.optim.SGD(params, lr=0.1).step()  # plain SGD passes
     torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))], lr=0.1).step()  # not our parameters: not checked
     with pytest.warns(UserWarning, match="weight_decay"):
         torch.optim.SGD(params, lr=0.1, weight_decay=1e-4).step()
     guard.remove()
     torch.optim.SGD(params, lr=0.1, momentum=0.9).step()  # removed: no check
+
+
+def test_explicit_momentum_under_another_optimizer_is_refused():
+    params = make_params()
+    guard = PlainSGDGuard(params, owner="Compression.dgc", momentum=0.9)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.raises(OptimizerMismatchError, match=r"Compression.dgc: momentum=0.9 is SGD's momentum.*AdamW.*"
+                                                     r"Leave momentum unset"):
+        torch.optim.AdamW(params, lr=0.1).step()
+    torch.optim.SGD(params, lr=0.1).step()
+    guard.remove()
+
+
+def test_default_momentum_under_adam_is_none_with_one_warning(monkeypatch):
+    """``Compression.dgc()`` (momentum from the optimizer) under Adam/AdamW: momentum 0, said once."""
+    from horovod_gradcomp.horovod import optimizer_check
+    monkeypatch.setattr(optimizer_check, "_warned_without_momentum", False)
+    params = make_params()
+    adopted = []
+    guard = PlainSGDGuard(params, owner="Compression.dgc", adopt_momentum=lambda m, n: adopted.append((m, n)))
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with pytest.warns(UserWarning, match="optimizer is Adam, not SGD: DGC runs without its .SGD. momentum correction"):
+        torch.optim.Adam(params, lr=0.1).step()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        torch.optim.AdamW(params, lr=0.1).step()   # once per process
+    assert adopted == [(0.0, False), (0.0, False)]
+    guard.remove()
 
 
 def test_guard_goes_away_with_its_owner():

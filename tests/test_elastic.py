@@ -23,9 +23,7 @@ def elastic(*extra, epochs=EPOCHS):
     cmd = [str(BIN / "horovodrun"), "--gloo", "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", "examples/discover_hosts.sh", str(BIN / "python"), "examples/train_elastic.py",
            "--codec", "onebit", "--epochs", str(epochs), "--json", "--no-progress",
-           # these runs are 60-150 steps, all inside onebit's default 300-step ramp; the accuracy
-           # bounds below are the unramped exchange's
-           "--codec-opt", "ramp_steps=0", *extra]
+           *extra]
     return last_json(run(cmd, TIMEOUT))
 
 

@@ -38,6 +38,24 @@ def test_dense_simulation_lands_on_train_py():
 
 
 def test_onebit_simulation_runs_with_its_options():
-    r = sim("--ranks", "3", "--scales", "rows", "--ramp-steps", "10", "--warmup-steps", "2")
-    assert (r["ranks"], r["scales"], r["ramp_steps"], r["warmup_steps"]) == (3, "rows", 10, 2)
+    r = sim("--ranks", "3", "--scales", "rows", "--lr-warmup-steps", "10", "--warmup-steps", "2")
+    assert (r["ranks"], r["scales"], r["lr_warmup_steps"], r["warmup_steps"]) == (3, "rows", 10, 2)
     assert 0 < r["test_loss"] < 4.6, r
+
+
+def test_remedy_and_schedule_options_reach_the_run(tmp_path):
+    """--residual-cap is the codec's option (the run differs from the uncapped one), --optimizer-warmup
+    the script's schedule; --log appends the result."""
+    log = tmp_path / "runs.jsonl"
+    common = ("--ranks", "2", "--scales", "rows", "--optimizer-warmup", "20", "--impl", "reference")
+    r = sim(*common, "--residual-cap", "0.5", "--log", str(log))
+    assert (r["residual_cap"], r["cap_groups"], r["optimizer_warmup"], r["diverged"]) == (0.5, "codec", 20, False)
+    assert 0 < r["test_loss"] < 4.6, r
+    assert json.loads(log.read_text().splitlines()[-1]) == r
+    assert sim(*common)["test_loss"] != r["test_loss"]
+
+
+def test_a_diverging_run_stops_early():
+    r = sim("--ranks", "2", "--codec", "none", "--lr", "1000", "--epochs", "3", "--abort-loss", "6", "--impl", "reference")
+    assert r["diverged"] and r["perplexity"] == float("inf"), r
+    assert len(r["train_loss"]) < 3, r

@@ -107,7 +107,7 @@ def test_lightning_onebit_trains_like_dense_ddp(lightning_runs):
 def test_lightning_resume_continues_from_the_compression_state(lightning_runs, tmp_path):
     straight = lightning_runs["codec"]
     ckpt = lightning_runs["ckpt"] / f"epoch={HALF - 1}.ckpt"  # ModelCheckpoint's, after HALF epochs
-    saved = torch.load(ckpt, weights_only=False)
+    saved = torch.load(ckpt, weights_only=True)   # data, not code: the whole checkpoint
     check_job_state(saved["hgc_compression"])
 
     resumed = lightning("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(ckpt))
@@ -133,7 +133,7 @@ def test_lightning_dgc_warmup_follows_the_epochs(tmp_path):
     assert dgc["params_identical"] is True and dgc["hook_steps"] == dgc["global_step"] > 0, dgc
     assert dgc["test_accuracy"] > 0.9, dgc
     for epoch in range(EPOCHS):
-        job = torch.load(tmp_path / f"epoch={epoch}.ckpt", weights_only=False)["hgc_compression"]
+        job = torch.load(tmp_path / f"epoch={epoch}.ckpt", weights_only=True)["hgc_compression"]
         assert [_find(s, "epoch") for s in job["ranks"]] == [epoch, epoch], epoch
 
 
@@ -172,7 +172,7 @@ def test_accelerate_resume_continues_from_the_compression_state(accelerate_runs,
     straight = accelerate_runs["codec"]
     ckpt = accelerate_runs["ckpt"] / f"epoch_{HALF}"
     # custom_checkpoint_0: the example's epoch counter; _1: the compression state (registered second).
-    job = torch.load(ckpt / "custom_checkpoint_1.pkl", weights_only=False)
+    job = torch.load(ckpt / "custom_checkpoint_1.pkl", weights_only=True)
     check_job_state(job)
 
     resumed = accelerate("--codec", "onebit", "--epochs", str(EPOCHS), "--resume", str(ckpt))

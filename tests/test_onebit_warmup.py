@@ -22,9 +22,11 @@ from horovod_gradcomp.state.error_feedback import ErrorFeedback
 
 def test_option_is_validated_and_named_in_the_agreement_key():
     assert hgc.get_codec("onebit").warmup_steps == 0
-    # checkpoints written when columns and no ramp were the defaults name exactly the codec that resumes them
-    assert repr(hgc.get_codec("onebit", scales="columns", ramp_steps=0)) == "OneBitCodec(impl='native')"
-    assert repr(hgc.get_codec("onebit")) == "OneBitCodec(impl='native', scales='rows', ramp_steps=300)"
+    # checkpoints written when columns and no warm-up were the defaults name exactly the codec that resumes them
+    assert repr(hgc.get_codec("onebit", scales="columns")) == "OneBitCodec(impl='native')"
+    assert repr(hgc.get_codec("onebit")) == "OneBitCodec(impl='native', scales='rows')"   # no gradient scaling
+    assert repr(hgc.get_codec("onebit", lr_warmup_steps=300)) == ("OneBitCodec(impl='native', scales='rows', "
+                                                                  "lr_warmup_steps=300)")
     codec = hgc.get_codec("onebit", warmup_steps=7)
     assert codec.warmup_steps == 7 and "warmup_steps=7" in codec.agreement_key()
     for bad in (-1, 1.5, True, "3"):
@@ -90,7 +92,7 @@ def test_warmup_steps_are_exact_then_onebit_from_zero_residuals(impl):
     residual and count dense bytes; step N is onebit's encode of the gradient with a zero residual."""
     model = torch.nn.Linear(5, 3)
     n_warm = 3
-    comp = hgc.Compression.onebit(model.named_parameters(), warmup_steps=n_warm, impl=impl, ramp_steps=0)
+    comp = hgc.Compression.onebit(model.named_parameters(), warmup_steps=n_warm, impl=impl)
     ref = hgc.get_codec("onebit", impl="reference")
     numel = sum(p.numel() for p in model.parameters())
     for step in range(n_warm + 2):

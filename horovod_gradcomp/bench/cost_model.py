@@ -505,6 +505,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shapes", choices=("resnet50", "small"), default="resnet50", help="--check's shapes")
     parser.add_argument("--steps", type=int, default=3, help="--check's timed steps per config")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--nodes", action="store_true",
+                        help="also print the table of N nodes x --per-node GPUs: flat vs hierarchical exchanges "
+                             "(bench/cost_nodes.py)")
+    parser.add_argument("--per-node", type=int, default=8, help="--nodes: GPUs per node (8)")
+    parser.add_argument("--inter-gbit", type=float, default=25.0, help="--nodes: Gbit/s per GPU between nodes (25)")
+    parser.add_argument("--intra-gbyte", type=float, default=150.0, help="--nodes: GB/s inside a node (150)")
 
 
 def _exchange_args(**overrides) -> argparse.Namespace:
@@ -545,6 +551,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     text = ("PREDICTED by the cost model (bench/cost_model.py), not measured.\n\n" + inputs_table(inputs) + "\n\n"
             + table(inputs, alpha_s=args.alpha_us * 1e-6))
+    if args.nodes:
+        from .cost_nodes import nodes_table
+        text += "\n\n" + nodes_table(inputs, per_node=args.per_node, inter_gbit=args.inter_gbit,
+                                      intra_gbyte=args.intra_gbyte, alpha_s=args.alpha_us * 1e-6)
     print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:

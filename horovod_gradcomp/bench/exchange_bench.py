@@ -239,6 +239,8 @@ def time_config(hvd, cfg: Config, shapes: Sequence[Shape], grads, steps: int, wa
         return (after[key] - before[key]) / done if done else 0.0
 
     out = dict(timed, factory=factory, bytes_sent=per_step("bytes_sent"), bytes_dense=per_step("bytes_dense"))
+    if "bytes_sent_intra_node" in after:   # the hierarchical pattern's dense steps inside the node
+        out["bytes_intra"] = per_step("bytes_sent_intra_node")
     if timeline is not None:
         from .breakdown import step_phases
         out["breakdown"] = step_phases(timeline)
@@ -280,6 +282,10 @@ def summarize(cfg: Config, per_rank: List[dict], k: int, numel: int, net: str, r
                bytes_sent_per_step=round(sent), bytes_dense_per_step=round(dense),
                wire_ratio=round(dense / sent, 3) if sent else None,
                link_ms=link_ms(sent, k, net, row["rate_bits_per_s"]))
+    if any(r.get("bytes_intra") for r in per_rank):   # of bytes_sent_per_step: inside the node / between nodes
+        intra = statistics.fmean(r.get("bytes_intra", 0.0) for r in per_rank)
+        row.update(bytes_intra_node_per_step=round(intra), bytes_inter_node_per_step=round(sent - intra),
+                   link_ms=link_ms(sent - intra, k, net, row["rate_bits_per_s"]))   # only these cross a link
     if all("cpu_seconds" in r for r in per_rank):   # CPU time one rank took per step, mean over ranks
         row["cpu_ms_per_step"] = round(1e3 * statistics.fmean(r["cpu_seconds"] for r in per_rank), 3)
     if per_rank[0].get("bytes_computed"):
@@ -428,11 +434,12 @@ def launch(args: argparse.Namespace, configs: Sequence[str], rates: Sequence[Opt
     for rate in rates:
         with tempfile.TemporaryDirectory(prefix="hgc-exchange-") as tmp:
             out = os.path.join(tmp, "rows.json")
-            _log(f"[exchange] mpirun -np {args.np} on net {args.net}{' at ' + rate if rate else ''}: "
+            _log(f"[exchange] mpirun -np {args.np} on net {args.net}"
+                 f"{f' as nodes of {args.per_node}' if args.per_node > 1 else ''}{' at ' + rate if rate else ''}: "
                  f"{len(configs)} configs, {args.warmup} + {args.steps} steps each")
             try:
                 res = slownet.run(args.net, args.np, worker_argv(args, configs, rate, out), rate,
-                                  timeout=args.timeout, env=env, capture=False)
+                                  timeout=args.timeout, env=env, capture=False, per_node=args.per_node)
             except subprocess.TimeoutExpired:
                 raise RuntimeError(f"the run at {rate or 'full speed'} took over {args.timeout:g} s (--timeout)") from None
             if res.returncode != 0 or not os.path.exists(out):
@@ -492,6 +499,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--np", type=int, default=2, help="ranks, when this command launches mpirun (2)")
     parser.add_argument("--net", choices=slownet.MODES, default=None,
                         help="network harness when launching mpirun (default loopback); under mpirun: a label")
+    parser.add_argument("--per-node", type=int, default=1,
+                        help="--net bridge: ranks per namespace, i.e. nodes of this many ranks with only the links "
+                             "between nodes limited (1); e.g. --np 4 --per-node 2 for 2 nodes x 2")
     parser.add_argument("--rates", default=None,
                         help="comma-separated link rates, one harness run each (default 1gbit,10gbit; "
                              "none with --net none); under mpirun: one rate, a label")

@@ -17,6 +17,13 @@ Two layouts (see "Measuring on a slow network" in the design brief):
   of 0.8 s; a 100 MB fp32 Horovod allreduce at 2 ranks and 1gbit, 1.43 s instead of
   1.05 s). ``OMPI_MCA_btl_tcp_links=2`` (or ``btl_tcp_flags`` without ``put``) in the
   environment restores it; the harness leaves Open MPI's defaults alone.
+  With ``per_node=L`` (``--per-node L``) each namespace is a node of L ranks (ceil(K/L)
+  namespaces, the last one smaller when L does not divide K): its ranks share the node's
+  daemon, its loopback and shared memory (``btl`` ``tcp,vader,self``: Open MPI's shared-memory
+  transport between ranks of one node, unlimited, as NVLink would be), and only the veth links
+  between nodes are limited. mpirun sees each namespace as its own host, so
+  ``Split_type(COMM_TYPE_SHARED)`` finds the nodes without any override
+  (:mod:`horovod_gradcomp.exchange.topology`).
 * ``none``: plain mpirun (shared memory, no limit), for tests and reference runs.
 
 Everything runs under ``unshare -n -m`` (``-r`` too when not root): the namespaces, the
@@ -103,16 +110,17 @@ def forwarded_env(env: Mapping[str, str]) -> List[str]:
 
 
 def mpirun_command(mode: str, np_: int, program: Sequence[str], env_names: Sequence[str] = (),
-                   agent: str = "$agent", extra: Sequence[str] = ()) -> List[str]:
+                   agent: str = "$agent", extra: Sequence[str] = (), per_node: int = 1) -> List[str]:
     """The mpirun line of ``mode`` running ``program`` on ``np_`` ranks, forwarding
     ``env_names``. In bridge mode ``agent`` is the rsh agent's path (a shell variable of the
-    script by default: :func:`build_script` quotes every other word)."""
+    script by default: :func:`build_script` quotes every other word), and ``per_node`` ranks
+    share each namespace (node)."""
     cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(np_)]
     if mode == "loopback":
         cmd += ["--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo", "--mca", "oob_tcp_if_include", "lo"]
     elif mode == "bridge":
         subnet = f"{BRIDGE_PREFIX}.0/24"
-        cmd += ["--host", ",".join(f"{bridge_address(k)}:1" for k in range(np_)),
+        cmd += ["--host", ",".join(f"{bridge_address(k)}:{per_node}" for k in range(num_nodes(np_, per_node))),
                 "--mca", "plm_rsh_agent", agent, "--mca", "plm_rsh_no_tree_spawn", "1",
                 # orted maps hwloc's topology into a "hole" of its address space for its ranks;
                 # that crashed about 1 orted start in 10 here (hwloc_shmem_topology_write).
@@ -121,13 +129,20 @@ def mpirun_command(mode: str, np_: int, program: Sequence[str], env_names: Seque
                 # No --daemonize for orted: a daemon that dies early then fails the run at once
                 # (with its output) instead of leaving mpirun waiting for it forever.
                 "--leave-session-attached",
-                "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", subnet,
+                "--mca", "btl", "tcp,vader,self" if per_node > 1 else "tcp,self", "--mca", "btl_tcp_if_include", subnet,
                 "--mca", "oob_tcp_if_include", subnet]
     elif mode != "none":
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     for name in env_names:
         cmd += ["-x", name]
     return cmd + list(extra) + list(program)
+
+
+def num_nodes(np_: int, per_node: int) -> int:
+    """Namespaces of the bridge layout: one per ``per_node`` ranks (ValueError below 1)."""
+    if isinstance(per_node, bool) or not isinstance(per_node, int) or per_node < 1:
+        raise ValueError(f"per_node must be a positive int, got {per_node!r}")
+    return -(-np_ // per_node)
 
 
 def bridge_address(k: int) -> str:
@@ -183,9 +198,10 @@ def _loopback_body(np_: int, link: Link, mpirun: str) -> str:
             + _LAUNCH.format(mpirun=mpirun))
 
 
-def _bridge_body(np_: int, link: Link, mpirun: str) -> str:
-    ns = [f"{NETNS_PREFIX}{k}" for k in range(np_)]
-    cases = "\n".join(f"    {bridge_address(k)}) ns={ns[k]} ;;" for k in range(np_))
+def _bridge_body(np_: int, link: Link, mpirun: str, per_node: int = 1) -> str:
+    nodes = num_nodes(np_, per_node)
+    ns = [f"{NETNS_PREFIX}{k}" for k in range(nodes)]
+    cases = "\n".join(f"    {bridge_address(k)}) ns={ns[k]} ;;" for k in range(nodes))
     lines = [
         'agent=""',
         "cleanup() {",
@@ -236,13 +252,15 @@ def _bridge_body(np_: int, link: Link, mpirun: str) -> str:
         'agent "$ns" "$*"',
         "AGENT",
         'chmod +x "$agent"',
-        f"say \"bridge: {np_} ranks, one namespace each, every link limited to {link.rate}\"",
+        (f"say \"bridge: {np_} ranks, one namespace each, every link limited to {link.rate}\"" if per_node == 1 else
+         f"say \"bridge: {np_} ranks as {nodes} nodes of {per_node} (one namespace each), links between nodes "
+         f"limited to {link.rate}\""),
     ]
     return "\n".join(lines) + "\n" + _LAUNCH.format(mpirun=mpirun)
 
 
 def build_script(mode: str, np_: int, link: Optional[Link], program: Sequence[str],
-                 env_names: Sequence[str] = (), mpirun_extra: Sequence[str] = ()) -> str:
+                 env_names: Sequence[str] = (), mpirun_extra: Sequence[str] = (), per_node: int = 1) -> str:
     """The bash script that sets up ``mode``'s network (``link`` on every link), runs
     ``program`` under mpirun on ``np_`` ranks, waits for it, and on exit or signal stops
     mpirun and tears the network down. Meant to run inside ``unshare -n -m``
@@ -251,13 +269,16 @@ def build_script(mode: str, np_: int, link: Optional[Link], program: Sequence[st
         raise ValueError(f"need at least one rank, got np={np_}")
     if not program:
         raise ValueError("no program to run")
-    mpirun = _sh(mpirun_command(mode, np_, program, env_names, extra=mpirun_extra))
+    if per_node != 1 and mode != "bridge":
+        raise ValueError(f"per_node={per_node}: nodes of several ranks are a layout of mode bridge, not {mode!r}")
+    mpirun = _sh(mpirun_command(mode, np_, program, env_names, extra=mpirun_extra, per_node=per_node))
     if mode == "none":
         return "set -euo pipefail\nexec " + mpirun + "\n"
     if link is None:
         raise ValueError(f"mode {mode!r} needs a link rate")
-    body = _loopback_body if mode == "loopback" else _bridge_body
-    return _PRELUDE + body(np_, link, mpirun)
+    if mode == "loopback":
+        return _PRELUDE + _loopback_body(np_, link, mpirun)
+    return _PRELUDE + _bridge_body(np_, link, mpirun, per_node)
 
 
 def namespace_prefix() -> List[str]:
@@ -319,14 +340,15 @@ def _stop(proc: subprocess.Popen, grace_s: float):
 def run(mode: str, np_: int, program: Sequence[str], rate: Optional[str] = None, *, timeout: float = 600,
         burst: str = "512kb", latency: str = "100ms", env: Optional[Mapping[str, str]] = None,
         mpirun_extra: Sequence[str] = (), capture: bool = True, cwd: Optional[str] = None,
-        check: bool = True) -> subprocess.CompletedProcess:
+        check: bool = True, per_node: int = 1) -> subprocess.CompletedProcess:
     """Run ``program`` under mpirun on ``np_`` ranks on ``mode``'s network limited to ``rate``.
 
     Returns the CompletedProcess (output captured as text unless ``capture`` is False).
     Raises :class:`SlownetUnavailable` when the harness cannot run here (checked first) and
     ``subprocess.TimeoutExpired`` after ``timeout`` seconds, having stopped mpirun and torn
     the network down. ``env`` (default: this process's) gets OMP_NUM_THREADS=1 unless set;
-    its PATH/PYTHONPATH/HOROVOD_*/... are forwarded to the ranks."""
+    its PATH/PYTHONPATH/HOROVOD_*/... are forwarded to the ranks. ``per_node``: ranks per
+    namespace in mode bridge (nodes, see the module doc)."""
     if check:
         check_available(mode)
     env = dict(os.environ if env is None else env)
@@ -334,7 +356,7 @@ def run(mode: str, np_: int, program: Sequence[str], rate: Optional[str] = None,
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")
     env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
     link = None if mode == "none" else Link(rate or "", burst, latency)
-    script = build_script(mode, np_, link, program, forwarded_env(env), mpirun_extra)
+    script = build_script(mode, np_, link, program, forwarded_env(env), mpirun_extra, per_node)
     pipe = subprocess.PIPE if capture else None
     proc = subprocess.Popen(command_line(mode, script), stdout=pipe, stderr=pipe, text=True, env=env, cwd=cwd,
                             start_new_session=True)
@@ -364,6 +386,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("mode", choices=MODES)
     parser.add_argument("rate", nargs="?", default=None, help="tc rate of every link, e.g. 1gbit, 100mbit")
     parser.add_argument("--np", type=int, default=2, help="number of ranks (2)")
+    parser.add_argument("--per-node", type=int, default=1,
+                        help="bridge: ranks per namespace (node); only links between nodes are limited (1)")
     parser.add_argument("--burst", default="512kb", help="tbf burst (512kb)")
     parser.add_argument("--latency", default="100ms", help="tbf latency: the queue limit in time (100ms)")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds before the run is stopped (3600)")
@@ -385,10 +409,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if args.print_script:
             link = None if args.mode == "none" else Link(args.rate, args.burst, args.latency)
             env_names = forwarded_env(dict(os.environ, OMP_NUM_THREADS="1"))
-            print(build_script(args.mode, args.np, link, args.program, env_names))
+            print(build_script(args.mode, args.np, link, args.program, env_names, per_node=args.per_node))
             return 0
         res = run(args.mode, args.np, args.program, args.rate, timeout=args.timeout, burst=args.burst,
-                  latency=args.latency, capture=False)
+                  latency=args.latency, capture=False, per_node=args.per_node)
     except (SlownetUnavailable, ValueError) as exc:
         print(f"[slownet] error: {exc}", file=sys.stderr)
         return 4 if isinstance(exc, SlownetUnavailable) else 2

@@ -35,13 +35,28 @@ Groups (``scales``):
 Both run the same kernels at about the same cost (read and written in place, in order; no
 copies); the bucket ops and :meth:`OneBitCodec.measure` apply to both.
 
-The step ramp (``ramp_steps``, default 300): the exchange scales the averaged gradients of
-step t < N by (t + 1) / N (:mod:`horovod_gradcomp.exchange.step_ramp`; for SGD a learning-rate
-warm-up). ``scales="columns", ramp_steps=0`` is the paper's method exactly.
+No rescaling by default: what the exchange returns is the mean of the ranks' decoded payloads
+at every step. ``lr_warmup_steps=N`` (opt-in, default 0) multiplies the averaged gradients of
+step t < N by (t + 1) / N (:mod:`horovod_gradcomp.exchange.step_ramp`): a learning-rate warm-up
+applied to the gradient, which changes what clipping, gradient-norm logging and a GradScaler
+see. ``scales="columns"`` is the paper's method exactly.
+
+``ramp_steps`` (the option's old name, whose default was 300 until issue 30) is still taken, with
+a FutureWarning, and means ``lr_warmup_steps``. A checkpoint names the codec it was written
+with (its repr): one written with the old default says ``ramp_steps=300`` and resumes only into
+a compression built with ``lr_warmup_steps=300`` (the old spelling is read as the new one;
+:func:`saved_codec_repr`), so resuming never drops or adds the warm-up silently.
+
+The residual cap (``residual_cap=c``, opt-in, default 0: none): after each encode every group's
+residual is scaled down to at most ``c`` times the norm of the same group of the gradient just
+encoded (:mod:`horovod_gradcomp.codecs.residual_cap`); the payload, its bytes and the averaged
+gradient are those of the uncapped encode (docs/results/onebit_schedule.md).
 """
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from typing import List, Optional, Sequence
 
 import torch
@@ -52,6 +67,7 @@ from .bitpack import pack_bits, unpack_bits
 from .dtypes import accumulation_dtype, check_float
 from .payload_checks import check_fixed
 from .registry import register_codec
+from .residual_cap import cap_residual, cap_window, check_cap
 
 def onebit_columns(shape: Sequence[int]) -> int:
     """Number of columns of the 2-D view ``[shape[0], prod(shape[1:])]`` (1 for 0-d/1-D)."""
@@ -62,9 +78,10 @@ def onebit_columns(shape: Sequence[int]) -> int:
 #: column (the spec).
 SCALE_GROUPS = ("rows", "columns")
 
-#: The defaults of :class:`OneBitCodec`'s ``scales`` and ``ramp_steps``: they train the char model
-#: of examples/train.py at its learning rate within 5% of dense (docs/results/onebit_divergence.md).
-DEFAULT_SCALES, DEFAULT_RAMP_STEPS = "rows", 300
+#: The defaults of :class:`OneBitCodec`'s ``scales`` and ``lr_warmup_steps``: rows (the char model
+#: of examples/train.py diverges per column at its learning rate, docs/results/onebit_divergence.md)
+#: and no warm-up (the exchange returns the codec's estimate of the mean, never rescaled).
+DEFAULT_SCALES, DEFAULT_LR_WARMUP_STEPS = "rows", 0
 
 
 def _step_count(option: str, value) -> int:
@@ -72,6 +89,14 @@ def _step_count(option: str, value) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"onebit: {option} must be a non-negative int, got {value!r}")
     return value
+
+
+def saved_codec_repr(saved: str) -> str:
+    """A checkpoint's codec repr in today's spelling: onebit's ``ramp_steps=N`` (the option's
+    name until issue 30) becomes ``lr_warmup_steps=N``, the same option. Other reprs unchanged."""
+    if not isinstance(saved, str) or not saved.startswith("OneBitCodec("):
+        return saved
+    return re.sub(r"\bramp_steps=", "lr_warmup_steps=", saved)
 
 
 @register_codec("onebit")
@@ -86,29 +111,45 @@ class OneBitCodec(Codec):
     default_pattern = "auto"
 
     def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = DEFAULT_SCALES,
-                 ramp_steps: int = DEFAULT_RAMP_STEPS):
+                 lr_warmup_steps: int = DEFAULT_LR_WARMUP_STEPS, ramp_steps: Optional[int] = None,
+                 residual_cap: float = 0.0):
         """``warmup_steps``: the exchange averages the first N steps of a compression at full
         precision (:mod:`horovod_gradcomp.exchange.dense_warmup`; residuals untouched, so error
         feedback starts from zero at step N); this codec's payloads from step N on.
         ``scales``: "rows" (the default) or "columns" (the spec; see the module doc).
-        ``ramp_steps``: the averaged gradients of step t < N are scaled by (t + 1) / N
-        (:mod:`horovod_gradcomp.exchange.step_ramp`: for SGD a learning-rate warm-up; payloads,
-        residuals and bytes unchanged); 0: none.
-        The repr names ``scales`` and ``ramp_steps`` where they differ from the paper's method
-        (columns, no ramp), so checkpoints written before rows and the ramp were the defaults
-        name exactly the compression that resumes them."""
+        ``lr_warmup_steps`` (opt-in; default 0, none): the averaged gradients of step t < N are
+        multiplied by (t + 1) / N (:mod:`horovod_gradcomp.exchange.step_ramp`): a learning-rate
+        warm-up carried by the gradient itself, so clipping, logged norms and a GradScaler see the
+        scaled gradient; payloads, residuals and bytes unchanged. Prefer the optimizer's own
+        warm-up (a scheduler): it leaves the gradient alone.
+        ``ramp_steps``: the old name of ``lr_warmup_steps`` (FutureWarning; giving both is a
+        ValueError). Until issue 30 it defaulted to 300: see the module doc for checkpoints.
+        ``residual_cap`` (opt-in; default 0, none): after each encode, each group's residual is
+        scaled down to at most this many times the norm of the same group of the gradient
+        (:mod:`.residual_cap`); payloads, bytes and the averaged gradient unchanged.
+        The repr names ``scales`` and ``lr_warmup_steps`` where they differ from the paper's
+        method (columns, no warm-up), so a checkpoint names exactly the compression that resumes it."""
         super().__init__(impl)
         if scales not in SCALE_GROUPS:
             raise ValueError(f"onebit: scales must be one of {SCALE_GROUPS}, got {scales!r}")
         self.warmup_steps, self.scales = _step_count("warmup_steps", warmup_steps), scales
-        self.ramp_steps = _step_count("ramp_steps", ramp_steps)
+        if ramp_steps is not None:
+            if lr_warmup_steps != DEFAULT_LR_WARMUP_STEPS:
+                raise ValueError("onebit: ramp_steps is the old name of lr_warmup_steps; give lr_warmup_steps only")
+            warnings.warn("onebit: ramp_steps is now called lr_warmup_steps (it scales the averaged gradient: a "
+                          "learning-rate warm-up) and defaults to 0; ramp_steps=N is read as lr_warmup_steps=N",
+                          FutureWarning, stacklevel=3)
+            lr_warmup_steps = _step_count("ramp_steps", ramp_steps)
+        self.lr_warmup_steps = _step_count("lr_warmup_steps", lr_warmup_steps)
+        self.residual_cap = check_cap("onebit", residual_cap)
         if impl != "reference":
             self._C = kernels_for(impl, self.name)
 
     def __repr__(self) -> str:
         extra = f", warmup_steps={self.warmup_steps}" if self.warmup_steps else ""
         extra += f", scales={self.scales!r}" if self.scales != "columns" else ""
-        extra += f", ramp_steps={self.ramp_steps}" if self.ramp_steps else ""
+        extra += f", lr_warmup_steps={self.lr_warmup_steps}" if self.lr_warmup_steps else ""
+        extra += f", residual_cap={self.residual_cap!r}" if self.residual_cap else ""
         return f"{type(self).__name__}(impl={self.impl!r}{extra})"
 
     def _by_rows(self, shape: Sequence[int]) -> bool:
@@ -200,6 +241,8 @@ class OneBitCodec(Codec):
             bits, scales = self._C.onebit_encode(flat.contiguous(), res, groups, scales, by_rows)
         else:
             bits, scales = self._reference_encode(flat, residual, groups, by_rows, scales)
+        if residual is not None:
+            cap_residual(residual, tensor, self.residual_cap, groups, by_rows)
         return Payload({"bits": bits, "scales": scales}, tensor.shape, tensor.dtype, tensor.device)
 
     @staticmethod
@@ -268,6 +311,9 @@ class OneBitCodec(Codec):
         res = [r.view(-1) for r in residuals] if residuals is not None else None
         groups, rows = self._modes([t.shape for t in tensors])
         bits, scales = self._C.onebit_encode_many(flats, res, groups, given, rows)
+        if res is not None:
+            for t, r, g, b in zip(tensors, residuals, groups, rows):
+                cap_residual(r, t, self.residual_cap, g, b)
         return [Payload({"bits": b, "scales": s}, t.shape, t.dtype, t.device) for b, s, t in zip(bits, scales, tensors)]
 
     @staticmethod
@@ -331,6 +377,9 @@ class OneBitCodec(Codec):
         bits, scales = self._C.onebit_encode_columns_many(
             [t for t, _, _, _ in windows], None if residuals and residuals[0] is None else residuals, cols,
             [w[2] for w in windows], [w[3] for w in windows], None if scales is None else list(scales))
+        for (tensor, residual, start, stop), c in zip(windows, cols):
+            if residual is not None:
+                cap_window(residual, tensor, self.residual_cap, c, start, stop)
         return [Payload({"bits": b, "scales": s}, torch.Size((t.shape[0], stop - start)), t.dtype, t.device)
                 for b, s, (t, _, start, stop) in zip(bits, scales, windows)]
 
@@ -376,6 +425,8 @@ class OneBitCodec(Codec):
         self._check(tensor, residual)
         cols = self._window(tensor, start, stop)
         bits, scales = self._C.onebit_encode_columns(tensor, residual, cols, start, stop, scales)
+        if residual is not None:
+            cap_window(residual, tensor, self.residual_cap, cols, start, stop)
         return Payload({"bits": bits, "scales": scales}, torch.Size((tensor.shape[0], stop - start)), tensor.dtype,
                        tensor.device)
 

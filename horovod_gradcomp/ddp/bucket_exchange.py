@@ -17,6 +17,10 @@ residuals and counts are those of :meth:`StepEngine.exchange` with the same part
   -> decode of the mean;
 * two-phase pattern: stripes -> [shared scales] -> worker encode -> alltoallv -> owner
   requantization -> allgather of the owners' parts (padded to the largest) -> decode;
+* hierarchical pattern (:mod:`horovod_gradcomp.exchange.hierarchical`): alltoallv of the
+  stripes inside the node -> node means -> the inner pattern's job above among the peers (its
+  collectives on the peers' group, none of them ``last``) -> allgather of the decoded shards
+  inside the node;
 * dense pattern (a codec's ``warmup_steps``, :mod:`horovod_gradcomp.exchange.dense_warmup`):
   alltoallv of the flat fp32 slices -> the owner's sum -> allgather of the mean's slices.
 
@@ -37,6 +41,7 @@ from ..exchange.bucket import Bucket, BucketOutcome, result_tensor
 from ..exchange.encoding import StepPositions, measured_or_local_scales, with_measured
 from ..exchange.engine import BucketJob, StepEngine
 from ..exchange.fusion import pack_variable, unpack_variable
+from ..exchange.hierarchical import HierarchicalPattern
 from ..exchange.preamble import bucket_preamble
 from ..exchange.stats import allgather_wire_bytes, allreduce_wire_bytes
 from ..exchange.stripes import stripe_key
@@ -173,7 +178,35 @@ def _dense(pattern: DensePattern, comm, bucket: Bucket, stats, totals) -> Genera
     return pattern.finish(comm, bucket, flat, gathered, stats)
 
 
-_PATTERNS = {"allgather": _allgather, "two_phase": _two_phase, "dense": _dense}
+def _hierarchical(pattern: HierarchicalPattern, comm, bucket: Bucket, stats, totals
+                  ) -> Generator[Call, object, BucketOutcome]:
+    """The hierarchical pattern (see :meth:`HierarchicalPattern.exchange`): the node steps
+    around the inner pattern's job, whose calls are passed on with ``last`` cleared."""
+    node = pattern.node
+    work = pattern.scatter(bucket, stats)
+    recv = work.send
+    if node.size > 1:
+        recv = yield Call(node.alltoallv_async, (work.send, work.send_counts, work.recv_counts), "node_scatter")
+    inner = pattern.node_means(work, recv, bucket, stats)
+    work.outcome = BucketOutcome({}, 0, 0.0)
+    if inner.names:
+        flat = pattern.inner_pattern(inner)
+        job = _PATTERNS[flat.name](flat, pattern.peers, inner, stats, totals)
+        try:
+            call = next(job)
+            while True:
+                call.last = False   # the node gather still follows
+                call = job.send((yield call))
+        except StopIteration as stop:
+            work.outcome = stop.value
+    part, counts = pattern.gather_args(work, bucket, stats)
+    gathered = [part]
+    if node.size > 1:
+        gathered = yield Call(node.allgatherv_known_async, (part, counts), "node_gather", last=True)
+    return pattern.finish(work, gathered, bucket, stats)
+
+
+_PATTERNS = {"allgather": _allgather, "two_phase": _two_phase, "dense": _dense, "hierarchical": _hierarchical}
 
 
 def bucket_job(engine: StepEngine, comm, job: BucketJob, snapshot: bool) -> Job:

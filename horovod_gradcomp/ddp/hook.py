@@ -59,11 +59,25 @@ exchanges once per step, when DDP hands over the last bucket (a RuntimeWarning s
 per process). DGC without clipping goes per bucket. ``per_bucket=False`` asks for the same
 one-exchange-per-step schedule with any codec (for comparison).
 
+Sparse gradients. DDP gives a sparse gradient (``nn.Embedding(sparse=True)``) a bucket of its
+own; the hook exchanges it uncompressed, as DDP's default hook does (the mean of the ranks'
+sparse tensors, through allgathers of their indices and values), in its turn among the buckets
+(:mod:`horovod_gradcomp.ddp.sparse_exchange`). Its bytes count in ``stats()``; its values do not
+enter DGC's clipping norm. ``sparse_as_dense=True`` (Horovod's option of that name) compresses
+the dense copy instead, as one more bucket of the codec, and writes the mean back into the
+parameter's sparse gradient (every row then holds values).
+
 Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
-error) fails the step: every future of the step, those already returned and those of the
-buckets still to come, fails with a :class:`DDPExchangeError` naming the step, the bucket and
-the rank (``wait()`` raises it; it is a RuntimeError), and DDP raises its message from
-``backward()``. Per
+error) fails the step with a :class:`DDPExchangeError` naming the step, the bucket and the rank
+(its message ends with the cause's type and message; the cause is ``__cause__``), and
+``backward()`` raises that very exception. How: DDP casts each future's value to a tensor, so a
+future cannot carry a Python exception to ``backward()`` (DDP would raise "Unable to cast ... to
+Tensor"); so every future of the step completes with its bucket's buffer, and at the step's
+first bucket the hook queues a callback on the autograd engine that queues a second one, which
+runs after DDP's own end-of-backward callback (after DDP has waited for every future, so DDP's
+state stays consistent and the next step can run) and raises the step's error. A hook called
+outside a backward pass (DDP's ``Join`` on a rank that has run out of inputs) makes its futures
+raise the error from ``wait()`` instead. Per
 bucket, the memory is rolled back to where the step began (each bucket's memory is kept before
 it is encoded, as the engine does for a step of several buckets); with one exchange per step
 nothing is kept, and a failure inside the encode may leave part of the step's memory updated.
@@ -101,6 +115,7 @@ from ..transports.torch_dist import TorchDistributedCommunicator
 from .bucket_exchange import Call, bucket_job
 from .daemon_threads import DaemonThreads
 from .gloo_exit import hold_backward_context
+from .sparse_exchange import is_sparse, sparse_job
 
 
 class DDPExchangeError(RuntimeError):
@@ -133,10 +148,16 @@ def _watchdog() -> StallWatchdog:
 
 class _Step:
     """One backward pass: its buckets' jobs and names, and the futures returned to DDP, each
-    completed with its bucket's buffer when the step closes (or failed with the step's error)."""
+    completed with its bucket's buffer when the step closes (see :meth:`future_for` for a step
+    that fails)."""
 
-    def __init__(self, number: int):
+    def __init__(self, number: int, raises_from_backward: bool = False):
         self.number = number
+        #: the step's error is raised by a callback of the autograd engine (see the module doc);
+        #: otherwise each future raises it from wait()
+        self.raises_from_backward = raises_from_backward
+        self.sparse_results: List[torch.Tensor] = []   # the sparse buckets' means (the buffers)
+        self.densified: List[Tuple[torch.Tensor, torch.Tensor]] = []   # sparse_as_dense: (dense copy, buffer)
         self._lock = threading.Lock()
         self._futures: List[Tuple[torch.futures.Future, torch.Tensor]] = []
         self._settled = False
@@ -151,15 +172,24 @@ class _Step:
     def future_for(self, buffer: torch.Tensor) -> torch.futures.Future:
         """A future of ``buffer``: completed when the step closes, at once if it already has.
         For a CUDA buffer a CUDA-aware future (completing it records the completing thread's
-        stream; DDP's wait orders its own stream after it)."""
+        stream; DDP's wait orders its own stream after it). When the step's error is not raised
+        from backward (see the module doc), what DDP gets is a child future whose ``wait()``
+        raises it."""
         fut: torch.futures.Future = (torch.futures.Future(devices=[buffer.device]) if buffer.device.type == "cuda"
                                      else torch.futures.Future())
+        out = fut if self.raises_from_backward else fut.then(_raise_error_value)
         with self._lock:
             if not self._settled:
                 self._futures.append((fut, buffer))
-                return fut
-        _settle(fut, buffer, self.error)
-        return fut
+                return out
+        self._complete(fut, buffer)
+        return out
+
+    def _complete(self, fut: torch.futures.Future, buffer: torch.Tensor) -> None:
+        if self.error is None or self.raises_from_backward:
+            fut.set_result(buffer)      # DDP takes the buffer; the error is raised from backward()
+        else:
+            fut.set_result(self.error)  # the child future raises it
 
     def settle(self) -> None:
         """Complete every bucket's future: with its buffer, or with :attr:`error` when the step
@@ -170,14 +200,34 @@ class _Step:
             self._settled = True
             futures, self._futures = self._futures, []
         for fut, buffer in futures:
-            _settle(fut, buffer, self.error)
+            self._complete(fut, buffer)
 
 
-def _settle(fut: torch.futures.Future, buffer: torch.Tensor, error: Optional[BaseException]) -> None:
-    if error is None:
-        fut.set_result(buffer)
-    else:
-        fut.set_exception(error)
+def _raise_error_value(fut: torch.futures.Future):
+    """A ``then`` callback: the parent's value, or raise it when it is the step's error."""
+    value = fut.value()
+    if isinstance(value, BaseException):
+        raise value
+    return value
+
+
+def _raise_after_ddp(step: _Step) -> bool:
+    """Queue on the autograd engine a callback that queues another: the second runs after DDP's
+    end-of-backward callback (queued when DDP marked its last bucket ready, so before the first
+    runs) and raises ``step.error`` if the step failed. False when not in a backward pass."""
+    engine = torch.autograd.Variable._execution_engine
+
+    def after_ddp():
+        if step.error is not None:
+            raise step.error
+
+    def first():
+        engine.queue_callback(after_ddp)
+    try:
+        engine.queue_callback(first)
+    except RuntimeError:   # "Final callbacks can only be installed during backward pass"
+        return False
+    return True
 
 
 class _Running:
@@ -206,8 +256,9 @@ class DDPCompressionState:
             ``bucket_ready`` interval on the calling thread, and the engine's timed blocks.
     """
 
-    def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True):
+    def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True, sparse_as_dense: bool = False):
         self.compression = compression
+        self.sparse_as_dense = bool(sparse_as_dense)
         self.engine = compression.engine
         self.handoff = self.engine.handoff
         self.communicator = compression.communicator
@@ -248,10 +299,13 @@ class DDPCompressionState:
             self._timeline.add("bucket_ready", now, now)
         step = self._step
         if step is None:
-            step = self._step = _Step(self._steps)
+            step = _Step(self._steps)
+            step.raises_from_backward = _raise_after_ddp(step)
+            self._step = step
             self._steps += 1
             self._open.append(step)
-        fut = step.future_for(bucket.buffer())
+        buffer = bucket.buffer()
+        fut = step.future_for(buffer)
         last, tag = bucket.is_last(), str(bucket.index())
         if last:
             self._step = None          # the next backward is a new step
@@ -259,8 +313,16 @@ class DDPCompressionState:
         if None in names:
             self._post(self._fail, step, tag, KeyError("a bucket holds a parameter that is not in the module given "
                                                        "to hgc.ddp.register()"))
+        elif is_sparse(buffer) and self.sparse_as_dense:   # its dense copy through the codec, written back at close
+            dense = buffer.to_dense()
+            step.densified.append((dense, buffer))
+            mark = self.handoff.record("grad", (dense,))
+            self._post(self._hand_over, step, tag, names, {names[0]: dense}, last, mark)
+        elif is_sparse(buffer):   # DDP's bucket of one sparse gradient: the buffer is the gradient
+            mark = self.handoff.record("grad", (buffer._values(),))
+            self._post(self._hand_over, step, tag, names, {names[0]: buffer}, last, mark, True)
         else:
-            mark = self.handoff.record("grad", (bucket.buffer(),))   # on the stream backward wrote it on
+            mark = self.handoff.record("grad", (buffer,))   # on the stream backward wrote it on
             self._post(self._hand_over, step, tag, names, dict(zip(names, bucket.gradients())), last, mark)
         return fut
 
@@ -283,14 +345,18 @@ class DDPCompressionState:
             self._fail(step, "?", exc)
 
     def _hand_over(self, step: _Step, tag: str, names: List[str], grads: Dict[str, torch.Tensor], last: bool,
-                   mark=None):
+                   mark=None, sparse: bool = False):
         if step.error is not None:
             return
-        step.exchanged += names
-        if self.per_bucket:
+        if sparse:   # its own job in either mode, in DDP's order (not part of the codec's buckets)
+            step.sparse_results.append(grads[names[0]])
+            self._queue_job(step, tag, names, grads, snapshot=False, marks=[mark], sparse=True)
+        elif self.per_bucket:
+            step.exchanged += names
             step.partition.append(names)
             self._queue_job(step, tag, names, grads, snapshot=True, marks=[mark])
         else:
+            step.exchanged += names
             step.pending.update(grads)
             step.marks.append(mark)
         if last:
@@ -303,27 +369,34 @@ class DDPCompressionState:
                                 marks=step.marks)
             self._maybe_close(step)
 
-    def _queue_job(self, step: _Step, tag: str, names, grads, snapshot: bool, begin_step: bool = False, marks=()):
+    def _queue_job(self, step: _Step, tag: str, names, grads, snapshot: bool, begin_step: bool = False, marks=(),
+                   sparse: bool = False):
         step.running += 1
-        self._waiting.append((step, tag, names, grads, snapshot, begin_step, list(marks)))
+        self._waiting.append((step, tag, names, grads, snapshot, begin_step, list(marks), sparse))
         self._start_next()
 
     def _start_next(self) -> None:
         while self._active is None and self._waiting:
-            step, tag, names, grads, snapshot, begin_step, marks = self._waiting.pop(0)
+            step, tag, names, grads, snapshot, begin_step, marks, sparse = self._waiting.pop(0)
             if step.error is not None:
                 step.running -= 1
                 continue
             try:
                 self.handoff.wait_all(marks)   # this thread's stream after backward's writes of the bucket
                 comm = self.communicator
-                if begin_step and self.compression.state.memory.needs_all_grads:
-                    self.compression.state.memory.begin_step(grads, comm.size)
-                job = self.engine.bucket_job(names, grads, tag, comm)
-                guard = _watchdog().guard(self.engine.timeout, job.what)
+                if sparse:
+                    others = [r for r in range(comm.size) if r != comm.rank]
+                    what = (f"hgc.ddp: step {step.number}, sparse bucket {tag} ({names[0]}), rank {comm.rank} "
+                            f"waiting for ranks {others}")
+                    gen = sparse_job(comm, grads[names[0]], self.engine)
+                else:
+                    if begin_step and self.compression.state.memory.needs_all_grads:
+                        self.compression.state.memory.begin_step(grads, comm.size)
+                    job = self.engine.bucket_job(names, grads, tag, comm)
+                    what, gen = job.what, bucket_job(self.engine, comm, job, snapshot)
+                guard = _watchdog().guard(self.engine.timeout, what)
                 guard.__enter__()
-                running = _Running(bucket_job(self.engine, comm, job, snapshot), tag, step, guard,
-                                   {g.device for g in grads.values()})
+                running = _Running(gen, tag, step, guard, {g.device for g in grads.values()})
             except BaseException as exc:  # noqa: BLE001 - the step's futures carry it
                 step.running -= 1
                 self._fail(step, tag, exc)
@@ -395,8 +468,15 @@ class DDPCompressionState:
         if step.error is not None or not step.all_in or step.running:
             return
         try:
+            skipped = self.engine.step_nonfinite
             self.engine.close_step(step.exchanged)
             self.compression.index.end_step()
+            if skipped:   # every result of the step NaN, the sparse means too
+                for t in step.sparse_results:
+                    t._values().fill_(float("nan"))
+            with torch.no_grad():
+                for dense, buffer in step.densified:   # sparse_as_dense: the mean back into the sparse gradient
+                    buffer.copy_(dense.to_sparse(buffer.sparse_dim()))
         except BaseException as exc:  # noqa: BLE001
             self._fail(step, "close", exc)
             return
@@ -474,18 +554,25 @@ def _hook_group(ddp_model, group):
 
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = "onebit", *, group=None,
              communicator: Optional[TorchDistributedCommunicator] = None, per_bucket: bool = True,
-             **options) -> DDPCompressionState:
+             sparse_as_dense: bool = False, **options) -> DDPCompressionState:
     """Register the compressed exchange on ``ddp_model`` and return its state.
 
     ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
     (``hgc.Compression.<codec>`` where there is one, else ``hgc.Compression.codec``), e.g.
-    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``.
+    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``,
+    ``pattern="hierarchical", ranks_per_node=L`` (its node groups are created here).
     ``group``: the process group of the hook's collectives (None: DDP's own; see the module
     doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
-    it over (default; DGC always exchanges once per step); False: once per step. The buckets
-    are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/``process_set``
-    are not taken. DGC's momentum lives in the compression: use SGD with momentum 0. Call it on
-    every rank at the same point (it may create a process group)."""
+    it over (default; DGC with ``clip_norm`` still exchanges once per step, its clipping needing
+    the whole step's gradient norm); False: once per step.
+    ``sparse_as_dense``: a sparse gradient's bucket is exchanged uncompressed as DDP's default does
+    (False, the default) or its dense copy compressed by the codec (True, as Horovod's option of
+    that name). The buckets are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/
+    ``process_set`` are not taken. DGC's momentum lives in the compression, as under Horovod: with
+    ``momentum=None`` (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps
+    the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum
+    correction (:mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on every rank at the same
+    point (it may create a process group)."""
     if not isinstance(ddp_model, torch.nn.parallel.DistributedDataParallel):
         raise TypeError(f"hgc.ddp.register expects a DistributedDataParallel model, got {type(ddp_model).__name__}")
     for key in ("bucket_bytes", "overlap", "transport", "process_set"):
@@ -499,7 +586,9 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
     comm = communicator if communicator is not None else TorchDistributedCommunicator(_hook_group(ddp_model, group))
     compression = factory(named, communicator=comm, **options)
-    state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket)
+    compression.engine.connect_layout(comm)   # pattern="hierarchical": its groups, here on every rank (no-op otherwise)
+    state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket,
+                                sparse_as_dense=sparse_as_dense)
     ddp_model.register_comm_hook(state, _hook)
     hold_backward_context(ddp_model)   # PyTorch 2.13's abort at exit on gloo: see gloo_exit.py
     return state

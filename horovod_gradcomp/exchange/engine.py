@@ -47,7 +47,19 @@ synchronize.
 ``allgather`` for variable-size codecs, for K <= 2, and when the allgather would send less
 than ``AUTO_MIN_BYTES`` per rank (latency-bound: two collectives cost more than the bytes
 saved); otherwise whichever sends fewer bytes per rank (two-phase: about 2(K-1)/K payloads,
-allgather: K-1).
+allgather: K-1). Where the job has more than one node and more than one rank per node, all nodes
+of one size (:attr:`~horovod_gradcomp.exchange.topology.Layout.multi_level`), ``"auto"`` picks
+``hierarchical`` for every bucket instead. It looks for nodes only where a layout is given
+(``ranks_per_node``, ``HOROVOD_GRADCOMP_RANKS_PER_NODE``) or the launcher's environment says a
+node holds fewer than K ranks (:func:`~horovod_gradcomp.exchange.topology.launcher_hint`), so a
+job on one host never runs the discovery's collectives; unequal nodes, and communicators that cannot
+be split (Horovod's own collectives): the flat rule above.
+
+``pattern="hierarchical"`` (:mod:`horovod_gradcomp.exchange.hierarchical`): dense inside each
+node, the codec's own pattern (``inner_pattern``) between nodes among the ranks of one local
+rank. The layout (:mod:`horovod_gradcomp.exchange.topology`) and its two sub-communicators are
+made at the first bucket, under the stall watchdog, on every rank alike; nodes of unequal size
+are refused there with an error naming them.
 """
 from __future__ import annotations
 
@@ -72,10 +84,12 @@ from .stream_handoff import HandoffMark, StreamHandoff
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .stripes import stripe_key
 from .dense_warmup import DensePattern
+from .hierarchical import HierarchicalPattern
+from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
 from .two_phase import TwoPhasePattern
 from .watchdog import default_watchdog, resolve_timeout
 
-PATTERNS = ("allgather", "two_phase", "auto")
+PATTERNS = ("allgather", "two_phase", "hierarchical", "auto")
 #: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
 AUTO_MIN_BYTES = 1 << 16
 _warned_thread_level = False
@@ -125,7 +139,8 @@ class StepEngine:
     def __init__(self, codec: Codec, state: CompressionState, registration: Sequence[str], sizes: Mapping[str, int],
                  *, owner: str, communicator: Callable[[], object], pattern: Optional[str] = None,
                  bucket_bytes: Optional[int] = None, overlap: bool = True, check_agreement: bool = True,
-                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
+                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES,
+                 ranks_per_node: Optional[int] = None, inner_pattern: str = "auto"):
         if pattern is None:
             pattern = getattr(codec, "default_pattern", "allgather")
         if pattern not in PATTERNS:
@@ -136,6 +151,12 @@ class StepEngine:
                              "variable-size payloads; use pattern='allgather' (or 'auto')")
         if pattern == "two_phase" and not isinstance(state.memory, ErrorFeedback):
             raise ValueError(f"{owner}: pattern='two_phase' works with error feedback only")
+        if pattern == "hierarchical" and getattr(state.memory, "clip_norm", None) is not None:
+            raise ValueError(f"{owner}: pattern='hierarchical' does not take DGC's clip_norm (its clipping coefficient "
+                             "comes from one rank's whole gradient, while the hierarchical exchange encodes node "
+                             "means); clip before the exchange, or use a flat pattern")
+        self.ranks_per_node = ranks_per_node_setting(ranks_per_node, owner)  # a bad value fails here, on every rank
+        self._ranks_per_node_option = ranks_per_node
         if bucket_bytes is not None:
             BucketPlan([], {}, bucket_bytes)  # validates
         if pipeline_bytes is not None and (isinstance(pipeline_bytes, bool) or not isinstance(pipeline_bytes, int)
@@ -159,6 +180,11 @@ class StepEngine:
         if not variable and isinstance(state.memory, ErrorFeedback):
             self._patterns["two_phase"] = TwoPhasePattern(codec, chunk_bytes=self.pipeline_bytes,
                                                           threads_allowed=_threads_allowed)
+        self._patterns["hierarchical"] = HierarchicalPattern(codec, self._patterns, self.flat_auto, inner_pattern)
+        #: The node layout in use by the hierarchical pattern (None: flat exchange; see :meth:`connect_layout`).
+        self.layout = None
+        self._layout_resolved = False
+        self.expected_layout = None   # a checkpoint's layout, compared once the layout is known
         self._cv = threading.Condition()
         self._grads: Dict[str, torch.Tensor] = {}
         self._results: Dict[str, torch.Tensor] = {}
@@ -345,12 +371,13 @@ class StepEngine:
         signature, whether this rank holds a non-finite gradient (from the encode's own first
         pass where the codec has one, :mod:`horovod_gradcomp.exchange.measure`). Writes no state."""
         grads = {n: grads[n].detach() for n in names}
+        self.connect_layout(comm)
         pattern = self.choose_pattern(grads, comm.size)
         others = [r for r in range(comm.size) if r != comm.rank]
         what = (f"{self.owner}: step {self.state.step}, bucket {tag} ({len(names)} tensors, {pattern}), rank "
                 f"{comm.rank} waiting for ranks {others}")
         signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
-                     f"world size {comm.size}"] + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
+                     f"world size {comm.size}"] + ([f"layout {self.layout.key()}"] if pattern == "hierarchical" else []) + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
         measured = measure_bucket(self.codec, self.state.memory, pattern, lambda: self._units(pattern, names, grads, comm),
                                   grads, self.stats)
         return BucketJob(list(names), grads, tag, pattern, signature, measured.nonfinite, comm.size, comm.rank, what,
@@ -378,13 +405,17 @@ class StepEngine:
             self.close_bucket(job, BucketOutcome(results, 0, 0))
             return None
         if snapshot:
-            self._snapshots.append(self.state.snapshot(job.names, [stripe_key(n, job.rank) for n in job.names]))
+            if job.pattern == "hierarchical":
+                self._snapshots.append(self.state.snapshot(*self._patterns["hierarchical"].memory_keys(job.names, job.rank)))
+            else:
+                self._snapshots.append(self.state.snapshot(job.names, [stripe_key(n, job.rank) for n in job.names]))
         return Bucket(job.names, job.grads, self.state, self.order, outs, job.measured)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
-        """Keep the bucket's results (scaled by the codec's step ramp, :mod:`.step_ramp`), marked on
-        this thread's streams (:meth:`wait_results`), and add its counts to the step's totals."""
-        apply_ramp(outcome.results.values(), ramp_factor(getattr(self.codec, "ramp_steps", 0), self.state.step))
+        """Keep the bucket's results (scaled only where the codec was given an ``lr_warmup_steps``
+        opt-in, :mod:`.step_ramp`), marked on this thread's streams (:meth:`wait_results`), and add
+        its counts to the step's totals."""
+        apply_ramp(outcome.results.values(), ramp_factor(getattr(self.codec, "lr_warmup_steps", 0), self.state.step))
         mark = self.handoff.record("result", outcome.results.values())
         with self._cv:
             self._results.update(outcome.results)
@@ -392,8 +423,25 @@ class StepEngine:
             if outcome.nonfinite:  # found in the received payloads (measure kind "payloads"): on every rank
                 self._nonfinite = True
         self._totals.add(tensors=len(job.names), payload=outcome.payload,
-                         numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent)
+                         numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent,
+                         intra=outcome.info.get("intra", 0.0) if outcome.info else 0.0)
         self._totals.k = job.k
+
+    def record_sparse(self, *, numel: int, payload: int, sent: float, k: int, nonfinite: bool) -> None:
+        """A sparse DDP bucket that the hook exchanged uncompressed
+        (:mod:`horovod_gradcomp.ddp.sparse_exchange`): its counts go into the step's totals, and a
+        non-finite mean (the same on every rank) skips the whole step as a dense bucket's would."""
+        with self._cv:
+            if nonfinite:
+                self._nonfinite = True
+        self._totals.add(tensors=1, payload=payload, numel=numel, sent=sent)
+        self._totals.k = k
+
+    @property
+    def step_nonfinite(self) -> bool:
+        """True when some bucket of the step in progress found a NaN or Inf on some rank (the
+        step's results will all be NaN when it closes)."""
+        return self._nonfinite
 
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
         """This bucket's pattern (the same on every rank: it depends on shapes, K and the step only):
@@ -402,6 +450,12 @@ class StepEngine:
             return "dense"
         if self.pattern != "auto":
             return self.pattern
+        if self.layout is not None:   # "auto" on a multi-level layout (connect_layout)
+            return "hierarchical"
+        return self.flat_auto(grads, k)
+
+    def flat_auto(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
+        """The flat ``"auto"`` rule among ``k`` ranks (see the module doc): "allgather" or "two_phase"."""
         two_phase = self._patterns.get("two_phase")
         if two_phase is None or k <= 2 or not grads:
             return "allgather"
@@ -411,6 +465,54 @@ class StepEngine:
             return "allgather"
         plan = two_phase.plan(entries, k)
         return "two_phase" if max(plan.sent_bytes(r) for r in range(k)) < allgather else "allgather"
+
+    def connect_layout(self, comm) -> None:
+        """Find the node layout and make the hierarchical pattern's sub-communicators, once, where
+        the pattern may need them (see the module doc): collectives on ``comm``, under the stall
+        watchdog. Every rank calls it at its first bucket (the DDP hook: at ``register``). Raises
+        on unequal nodes with ``pattern="hierarchical"``, and when a loaded checkpoint was written
+        on another layout."""
+        if self._layout_resolved:
+            return
+        wanted = self.pattern == "hierarchical" or (
+            self.pattern == "auto" and comm.size > 2 and can_split(comm)
+            and (self.ranks_per_node is not None or launcher_hint(comm.size)))
+        if wanted:
+            with self.watchdog.guard(self.timeout, f"{self.owner}: finding the nodes (rank {comm.rank} of {comm.size})"):
+                layout = discover_layout(comm, self._ranks_per_node_option, self.owner)
+                if self.pattern == "hierarchical":
+                    require_equal(layout, self.owner)
+                if self.pattern == "hierarchical" or layout.multi_level:
+                    node, peers = sub_communicators(comm, layout, self.owner)
+                    self._patterns["hierarchical"].connect(layout, node, peers)
+                    self.layout = layout
+        self._layout_resolved = True
+        self.check_layout()
+
+    def check_layout(self) -> None:
+        """Raise ValueError when a loaded checkpoint's layout (:attr:`expected_layout`, set by
+        the adapters' ``load_state_dict``) is not the one in use (once it is known): the residuals
+        of a hierarchical exchange belong to its shards, and those depend on the layout."""
+        if not self._layout_resolved or self.expected_layout is None:
+            return
+        saved, now = self.expected_layout, (self.layout.key() if self.layout is not None else "flat")
+        self.expected_layout = None
+        if saved != now:
+            describe = (lambda key: "the flat exchange" if key == "flat"
+                        else f"a hierarchical exchange over nodes {key}")
+            raise ValueError(f"{self.owner}: this checkpoint was written by {describe(saved)}; this job runs "
+                             f"{describe(now)}. The error-feedback state belongs to the node shards of that layout: "
+                             "resume with the same layout (ranks_per_node / HOROVOD_GRADCOMP_RANKS_PER_NODE, same "
+                             "launch), or start the compression state fresh (do not load it)")
+
+    @property
+    def layout_known(self) -> bool:
+        """True once :meth:`connect_layout` has run (the layout in use is then final)."""
+        return self._layout_resolved
+
+    def layout_key(self):
+        """What a checkpoint records: the layout in use as lists of ranks, or ``"flat"``."""
+        return self.layout.key() if self.layout is not None else "flat"
 
     def _close_step(self, exchanged: List[str]) -> None:
         self.stats.record_step(self._totals)

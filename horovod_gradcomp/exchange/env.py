@@ -33,4 +33,25 @@ def flag_from_env(name: str) -> bool:
     raise ValueError(f"{name} must be 1 (on) or 0 (off), got {raw!r}")
 
 
-__all__ = ["flag_from_env", "seconds_from_env"]
+#: Ranks per node of the hierarchical exchange (:mod:`horovod_gradcomp.exchange.topology`): a
+#: positive integer that overrides what the launcher says (nodes are then consecutive blocks of
+#: ranks), so that tests can lay out 2 nodes x 2 ranks on one host.
+RANKS_PER_NODE_ENV = "HOROVOD_GRADCOMP_RANKS_PER_NODE"
+
+
+def positive_int_from_env(name: str) -> Optional[int]:
+    """The environment variable ``name`` as an integer >= 1, or None when it is unset or empty.
+    Any other value raises ValueError naming the variable."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ValueError(f"{name} must be a positive integer (ranks per node), got {raw!r}")
+    return value
+
+
+__all__ = ["RANKS_PER_NODE_ENV", "flag_from_env", "positive_int_from_env", "seconds_from_env"]

@@ -36,7 +36,8 @@ memory (:func:`check_kind`), from:
 * ``"pass"``: :func:`~horovod_gradcomp.exchange.preamble.has_nonfinite` as before, timed as the
   breakdown's ``nonfinite`` phase: DGC without clipping (its momentum correction writes the
   velocities before it selects), codecs with error feedback they do not fuse and no shared
-  scale (QSGD with ``error_feedback=True``), the dense warm-up pattern and
+  scale (QSGD with ``error_feedback=True``), the dense warm-up pattern, the hierarchical
+  pattern (its encodes read node means, which no rank holds before the preamble) and
   any other codec.
 """
 from __future__ import annotations
@@ -98,7 +99,7 @@ class Unit(NamedTuple):
 def check_kind(codec: Codec, memory, pattern: str) -> str:
     """How a bucket of ``pattern`` learns about non-finite input (one of :data:`KINDS`, see the
     module doc); the same on every rank (options and pattern only)."""
-    if pattern == "dense":
+    if pattern in ("dense", "hierarchical"):  # hierarchical: the encodes see node means, not this gradient
         return "pass"
     if isinstance(memory, DGCMemory):
         return "norm" if memory.clip_norm is not None else "pass"

@@ -38,6 +38,11 @@ class ExchangeStats:
     exchange_s: float = 0.0            # time in collectives, packing included
     decode_s: float = 0.0              # time decoding / averaging
     nonfinite_steps: int = 0           # steps skipped because some rank had a NaN or Inf gradient
+    #: Of ``bytes_sent``: what the hierarchical pattern's dense steps sent inside the node ...
+    bytes_sent_intra_node: float = 0.0
+    #: ... and everything else (between nodes: the codec's payloads, shared scales, preambles;
+    #: on a flat pattern all of ``bytes_sent``, as if every peer were on another node).
+    bytes_sent_inter_node: float = 0.0
     #: An optional :class:`~horovod_gradcomp.exchange.timeline.Timeline` that also gets every
     #: timed block as an interval (None: off). A class attribute, not a counter: not in as_dict().
     timeline = None
@@ -56,8 +61,10 @@ class ExchangeStats:
             if self.timeline is not None:
                 self.timeline.add(phase or field[:-2], t0, t1)
 
-    def record(self, *, tensors: int, payload: int, numel: int, sent: float, k: int) -> None:
+    def record(self, *, tensors: int, payload: int, numel: int, sent: float, k: int, intra: float = 0.0) -> None:
         self.steps += 1
+        self.bytes_sent_intra_node += intra
+        self.bytes_sent_inter_node += sent - intra
         self.tensors += tensors
         self.bytes_payload += payload
         self.bytes_payload_dense += 4 * numel
@@ -67,7 +74,7 @@ class ExchangeStats:
     def record_step(self, totals: "StepTotals") -> None:
         """Close a step whose buckets added up to ``totals``."""
         self.record(tensors=totals.tensors, payload=totals.payload, numel=totals.numel, sent=totals.sent,
-                    k=totals.k)
+                    k=totals.k, intra=totals.intra)
 
     def as_dict(self) -> dict:
         d = asdict(self)
@@ -86,8 +93,11 @@ class StepTotals:
     numel: int = 0
     sent: float = 0.0         # wire bytes this rank sent (collectives of data, scales and checks)
     k: int = 1
+    intra: float = 0.0        # of ``sent``: inside the node (the hierarchical pattern's dense steps)
 
-    def add(self, *, tensors: int = 0, payload: int = 0, numel: int = 0, sent: float = 0.0) -> None:
+    def add(self, *, tensors: int = 0, payload: int = 0, numel: int = 0, sent: float = 0.0,
+            intra: float = 0.0) -> None:
+        self.intra += intra
         self.tensors += tensors
         self.payload += payload
         self.numel += numel

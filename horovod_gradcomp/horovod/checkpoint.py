@@ -10,25 +10,20 @@ back, through the compression's own communicator (the same one its exchange uses
 The file holds ``{"world_size": K, "ranks": [state of rank 0, ..., state of rank K-1]}``.
 Loading into a job of another size raises ``ValueError`` naming both sizes on every rank.
 Both run under the stall watchdog with the compression's timeout, like a step's exchange.
+
+The file and the ranks' parts that travel between processes are data, not code: read only
+with ``torch.load(..., weights_only=True)`` (:mod:`horovod_gradcomp.state.checkpoint_data`); a
+file holding any other object is refused on every rank with a message saying so.
 """
 from __future__ import annotations
 
-import io
 import os
 from contextlib import contextmanager
 
 import numpy as np
 import torch
 
-
-def _to_bytes(obj) -> torch.Tensor:
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    return torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
-
-
-def _from_bytes(data: torch.Tensor):
-    return torch.load(io.BytesIO(data.numpy().tobytes()), weights_only=False)
+from ..state.checkpoint_data import UnsafeCheckpointError, from_bytes, load_data, to_bytes
 
 
 @contextmanager
@@ -50,10 +45,11 @@ def save_job_state(compression, path: str) -> None:
 
 
 def _save(compression, comm, path: str) -> None:
-    parts = comm.allgatherv(_to_bytes(compression.state_dict())) if comm.size > 1 else [
-        _to_bytes(compression.state_dict())]
+    mine = to_bytes(compression.state_dict())
+    parts = comm.allgatherv(mine) if comm.size > 1 else [mine]
     if comm.rank == 0:
-        job = {"world_size": comm.size, "ranks": [_from_bytes(p) for p in parts]}
+        job = {"world_size": comm.size,
+               "ranks": [from_bytes(p, f"save_job_state({path!r}): rank {r}'s state") for r, p in enumerate(parts)]}
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         torch.save(job, path)
 
@@ -71,19 +67,28 @@ def _load(compression, comm, path: str) -> None:
     header, parts, failure = np.zeros(k + 1, dtype=np.int64), [], None
     if rank == 0:
         try:  # a failure here must reach every rank, not leave them waiting in the collective
-            job = torch.load(path, weights_only=False)
+            job = load_data(path, f"load_job_state({path!r})")
+            if not isinstance(job, dict) or not isinstance(job.get("world_size"), int) or not isinstance(
+                    job.get("ranks"), list) or (job["world_size"] == k and len(job["ranks"]) != k):
+                raise ValueError("the file is not a job's compression state ({'world_size': K, 'ranks': [K states]})")
             header[0] = job["world_size"]
             if job["world_size"] == k:
-                parts = [_to_bytes(s) for s in job["ranks"]]
+                parts = [to_bytes(s) for s in job["ranks"]]
                 header[1:] = [p.numel() for p in parts]
         except Exception as exc:  # noqa: BLE001 - reported on every rank below
-            failure, header[0] = exc, -1
+            failure, header[0] = exc, (-2 if isinstance(exc, UnsafeCheckpointError) else -1)
     # rank 0's header (saved size, then each rank's byte count) to everyone
     headers = comm.allgather(torch.from_numpy(header).view(torch.uint8)) if k > 1 else torch.from_numpy(header).view(
         torch.uint8)[None]
     header = headers[0].view(torch.int64).numpy()
+    if int(header[0]) == -2:   # the same class on every rank; rank 0's message names the refused object
+        raise UnsafeCheckpointError(str(failure) if failure is not None else
+                                    f"load_job_state({path!r}): refused by rank 0: the file holds an object other "
+                                    "than tensors, numbers, strings and plain containers (a compression state is "
+                                    "data, not code: read with torch.load(weights_only=True) only)")
     if int(header[0]) == -1:
-        raise RuntimeError(f"load_job_state({path!r}): rank 0 could not read the file: {failure}")
+        raise RuntimeError(f"load_job_state({path!r}): rank 0 could not read the file: "
+                           + (f"{type(failure).__name__}: {failure}" if failure is not None else "see rank 0's error"))
     if int(header[0]) != k:
         raise ValueError(f"load_job_state({path!r}): the file holds the compression state of {int(header[0])} ranks; "
                          f"this job has {k}. The state cannot be redistributed to another number of ranks")
@@ -93,4 +98,4 @@ def _load(compression, comm, path: str) -> None:
         mine = comm.alltoallv(send, counts if rank == 0 else [0] * k, [counts[rank]] + [0] * (k - 1))
     else:
         mine = parts[0]
-    compression.load_state_dict(_from_bytes(mine))
+    compression.load_state_dict(from_bytes(mine, f"load_job_state({path!r}): rank {rank}'s part"))

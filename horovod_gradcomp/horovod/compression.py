@@ -26,6 +26,7 @@ from typing import Dict, Optional
 import torch
 
 from ..codecs.base import Codec
+from ..codecs.onebit import saved_codec_repr
 from ..exchange.communicator import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
@@ -57,7 +58,8 @@ class CodecCompression:
     def __init__(self, codec: Codec, named_parameters, *, error_feedback: bool = True, memory=None,
                  pattern: Optional[str] = None, bucket_bytes: Optional[int] = None, overlap: bool = True,
                  communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
-                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES):
+                 timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES,
+                 ranks_per_node: Optional[int] = None, inner_pattern: str = "auto"):
         owner = f"Compression.{codec.name}"
         self.codec = codec
         self.index = ParamIndex(named_parameters, owner=owner)
@@ -66,7 +68,8 @@ class CodecCompression:
         sizes = {n: p.numel() * p.element_size() for n, p in zip(self.index.names, self.index.params)}
         self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self._comm,
                                  pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
-                                 check_agreement=check_agreement, timeout=timeout, pipeline_bytes=pipeline_bytes)
+                                 check_agreement=check_agreement, timeout=timeout, pipeline_bytes=pipeline_bytes,
+                                 ranks_per_node=ranks_per_node, inner_pattern=inner_pattern)
         self._results: Dict[str, torch.Tensor] = {}
         self._options_checked = False
 
@@ -141,7 +144,10 @@ class CodecCompression:
         owner stripes differ between ranks: save one per rank, or the whole job's at once with
         :func:`~horovod_gradcomp.horovod.checkpoint.save_job_state`)."""
         comm = self._comm()
-        return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size, **self.state.state_dict()}
+        return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size,
+                # the node layout (None before the first bucket: the state is still empty then)
+                "layout": self.engine.layout_key() if self.engine.layout_known else None,
+                **self.state.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` of this same rank and world size (``ValueError`` otherwise:
@@ -155,12 +161,22 @@ class CodecCompression:
             raise ValueError(f"Compression.{self.codec.name}: this checkpoint holds rank {state['rank']}'s state; this "
                              f"is rank {comm.rank}. The state is per rank: load each rank's own file, or use "
                              "hgc.save_job_state / hgc.load_job_state for one file per job")
-        if state.get("codec") != repr(self.codec):
+        saved = saved_codec_repr(state.get("codec"))
+        if saved != repr(self.codec):
+            hint = ""
+            if "lr_warmup_steps=" in str(saved) and "lr_warmup_steps=" not in repr(self.codec):
+                hint = (" This checkpoint's onebit scales the averaged gradient over its first steps (ramp_steps, "
+                        "onebit's default until issue 30, is lr_warmup_steps now, default 0): pass the same "
+                        "lr_warmup_steps to resume it as it ran.")
             raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}: "
                              "build the compression with the checkpoint's options to resume it (a repr names every "
                              "option that differs from the codec's paper method, e.g. onebit's scales and "
-                             "ramp_steps: OneBitCodec(impl='native') is scales='columns', ramp_steps=0)")
+                             "lr_warmup_steps: OneBitCodec(impl='native') is scales='columns', lr_warmup_steps=0)."
+                             + hint)
         self.state.load_state_dict(state)
+        if state.get("layout") is not None:   # compared once this job's layout is known (its first bucket)
+            self.engine.expected_layout = state["layout"]
+            self.engine.check_layout()
 
     def __repr__(self) -> str:
         e = self.engine

@@ -70,7 +70,8 @@ class Compression:
               pattern: Optional[str] = None, bucket_bytes: Optional[int] = None, overlap: bool = True,
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               timeout: Optional[float] = None, transport: str = "auto", process_set=None,
-              pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, **codec_options) -> CodecCompression:
+              pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, ranks_per_node: Optional[int] = None,
+              inner_pattern: str = "auto", **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -79,7 +80,8 @@ class Compression:
         rank; allgather for K <= 2, variable-size codecs and small buckets; see
         :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`). None (the
         default): the codec's ``default_pattern``: "auto" for onebit, qsgd and terngrad,
-        "allgather" for dgc (speed and accuracy measured at K=4: README, "Exchange patterns").
+        "allgather" for dgc (why, measured at K=4: the guide's "Exchange, buckets, pipelining" page,
+        docs/guide/exchange.md).
         Two-phase quantizes each mean a second time on its owner (with the owner's own error
         feedback when ``error_feedback`` is on), except TernGrad's, whose owners send the exact
         sum. ``bucket_bytes``: exchange in buckets of about
@@ -90,6 +92,13 @@ class Compression:
         two-phase's alltoallv and allgatherv) on a communication thread while the next chunk is
         encoded and the previous one decoded (None or 0: the bucket at once; the bytes sent and
         the results are the same either way).
+
+        ``pattern="hierarchical"``: dense inside each node, the codec between nodes, every local
+        rank owning 1/L of each bucket (guide: "Multi-GPU nodes"); ``inner_pattern`` ("auto",
+        "allgather" or "two_phase") is the codec's pattern between nodes. ``ranks_per_node``: L,
+        overriding what the launcher says (None: ``HOROVOD_GRADCOMP_RANKS_PER_NODE``, else MPI's
+        shared-memory split). ``"auto"`` picks hierarchical when there are several nodes of several
+        ranks each, all of one size.
 
         ``timeout``: seconds any bucket may wait for the other ranks before the MPI job is
         aborted with an error naming the step and bucket (None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT``
@@ -117,12 +126,16 @@ class Compression:
         return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
                                 communicator=communicator, check_agreement=check_agreement, timeout=timeout,
-                                pipeline_bytes=pipeline_bytes)
+                                pipeline_bytes=pipeline_bytes, ranks_per_node=ranks_per_node,
+                                inner_pattern=inner_pattern)
 
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
                **options) -> CodecCompression:
-        """1-bit SGD with per-column reconstruction values and error feedback (Seide et al.)."""
+        """1-bit SGD (Seide et al.) with error feedback: sign bits and two reconstruction values
+        per row of each gradient (``scales="rows"``, the default) or per column (``scales="columns"``,
+        the paper's grouping). Codec options (``scales``, ``ramp_steps``, ``warmup_steps``): see
+        :class:`~horovod_gradcomp.codecs.onebit.OneBitCodec`; the exchange options: :meth:`codec`."""
         return Compression.codec("onebit", named_parameters, error_feedback=error_feedback, impl=impl, **options)
 
     @staticmethod
@@ -157,9 +170,12 @@ class Compression:
         wrapped optimizer before its first step: a ``torch.optim.SGD(momentum=m, nesterov=b)``
         hands ``m`` and ``b`` to the compression and keeps none itself (its param groups are set
         to momentum 0, with one log line), so a plain-SGD script stays plain SGD and a
-        momentum-SGD script gets DGC's momentum correction without edits. An explicit
-        ``momentum=`` requires the wrapped SGD to have momentum 0 (checked before its first step
-        unless ``check_optimizer=False``). ``clip_norm``: the gradient-norm threshold C
+        momentum-SGD script gets DGC's momentum correction without edits. Any other optimizer
+        (Adam, AdamW, ...) works too: DGC then runs without its momentum correction (momentum 0;
+        one warning per process says so) and the optimizer applies its own moments. An explicit
+        ``momentum=`` requires the wrapped SGD to have momentum 0, and an explicit momentum > 0 is
+        refused with a non-SGD optimizer (checked before its first step unless
+        ``check_optimizer=False``). ``clip_norm``: the gradient-norm threshold C
         that clipping the reduced gradient would use; each rank clips its own gradient to
         ``C * sqrt(K)`` under Horovod's default ``op=hvd.Average`` and to ``C / sqrt(K)`` (the
         paper's rule for summed gradients) under ``op=hvd.Sum``. Warm-up:
@@ -179,5 +195,6 @@ class Compression:
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
         if check_optimizer:
             comp.optimizer_guard = PlainSGDGuard([p for _, p in named], owner="Compression.dgc",
-                                                 adopt_momentum=memory.adopt_momentum if adopt else None)
+                                                 adopt_momentum=memory.adopt_momentum if adopt else None,
+                                                 momentum=0.0 if adopt else float(momentum))
         return comp

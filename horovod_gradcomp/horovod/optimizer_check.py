@@ -1,8 +1,16 @@
 """Check the optimizer that applies a compressor-owned momentum's updates (DGC).
 
-DGC keeps the momentum inside the compressor, so the optimizer Horovod wraps must be plain
-SGD: ``torch.optim.SGD`` with ``momentum=0`` (and so no Nesterov). A second momentum on top
-would silently change the algorithm, so this module raises instead.
+DGC keeps the momentum inside the compressor (its momentum correction is SGD's momentum, moved
+before the sparsification). So:
+
+* with ``torch.optim.SGD``, the optimizer must run with ``momentum=0`` (and so no Nesterov): a
+  second momentum on top would silently change the algorithm, so this module raises instead
+  (or, with ``Compression.dgc(momentum=None)``, the default, takes the SGD's momentum over);
+* with any other optimizer (Adam, AdamW, ...), DGC runs without its momentum correction
+  (momentum 0: gradients accumulate until their top-k values are sent, nothing more) and the
+  optimizer applies its own moments to the exchanged gradient. ``momentum=None`` (the default)
+  then takes momentum 0, with one warning per process saying so; an explicit ``momentum > 0`` is
+  refused (it would be SGD momentum under another optimizer's moments).
 
 The compression object never sees the optimizer (``hvd.DistributedOptimizer`` only calls
 ``compress``/``decompress``), so the check hangs on torch's global optimizer step pre-hook:
@@ -27,19 +35,39 @@ class OptimizerMismatchError(ValueError):
     """The wrapped optimizer would apply a second momentum (or is not SGD)."""
 
 
-def check_plain_sgd(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], owner: str) -> None:
+_warned_without_momentum = False
+
+
+def _warn_without_momentum(owner: str, optimizer: torch.optim.Optimizer) -> None:
+    """Once per process: DGC runs without its momentum correction under a non-SGD optimizer."""
+    global _warned_without_momentum
+    if not _warned_without_momentum:
+        _warned_without_momentum = True
+        warnings.warn(f"{owner}: the optimizer is {type(optimizer).__name__}, not SGD: DGC runs without its "
+                      "(SGD) momentum correction (momentum 0: gradients accumulate until their top-k values are "
+                      f"sent); {type(optimizer).__name__} applies its own moments to the exchanged gradient",
+                      UserWarning, stacklevel=4)
+
+
+def check_plain_sgd(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], owner: str,
+                    momentum: float = 0.0) -> None:
     """Raise :class:`OptimizerMismatchError` unless every param group of ``optimizer`` that
-    holds one of ``params`` is SGD with momentum 0; warn about weight decay (it is then
-    applied after the exchange, outside the compressor's momentum)."""
+    holds one of ``params`` is SGD with momentum 0, or the optimizer is not SGD and the
+    compression's own ``momentum`` is 0 (DGC without its momentum correction, e.g. under Adam);
+    warn about SGD's weight decay (it is then applied after the exchange, outside the
+    compressor's momentum)."""
     ours = {id(p) for p in params}
     groups = [g for g in optimizer.param_groups if any(id(p) in ours for p in g["params"])]
     if not groups:
         return
     if not isinstance(optimizer, torch.optim.SGD):
+        if momentum == 0:
+            return
         raise OptimizerMismatchError(
-            f"{owner} keeps the momentum itself, so the optimizer must be torch.optim.SGD with momentum=0; got "
-            f"{type(optimizer).__name__}. "
-            "Pass check_optimizer=False to combine DGC with another optimizer knowingly.")
+            f"{owner}: momentum={momentum} is SGD's momentum, kept in the compression; the optimizer is "
+            f"{type(optimizer).__name__}, which applies its own moments. Leave momentum unset (DGC then runs "
+            "without its momentum correction under this optimizer) or pass momentum=0; or pass "
+            "check_optimizer=False to combine them knowingly.")
     for g in groups:
         if g.get("momentum", 0) != 0 or g.get("nesterov", False):
             raise OptimizerMismatchError(
@@ -55,17 +83,17 @@ def check_plain_sgd(optimizer: torch.optim.Optimizer, params: Iterable[torch.Ten
 
 def take_momentum(optimizer: torch.optim.Optimizer, params: Iterable[torch.Tensor], owner: str):
     """``(momentum, nesterov)`` of the SGD groups holding ``params``, which are then set to
-    momentum 0 (the compression applies the momentum instead). Raises
-    :class:`OptimizerMismatchError` when the optimizer is not SGD or its groups disagree;
-    ``None`` when it holds none of ``params``."""
+    momentum 0 (the compression applies the momentum instead); ``(0.0, False)`` with one warning
+    per process when the optimizer is not SGD (Adam, AdamW: DGC without its momentum correction).
+    Raises :class:`OptimizerMismatchError` when the SGD's groups disagree; ``None`` when the
+    optimizer holds none of ``params``."""
     ours = {id(p) for p in params}
     groups = [g for g in optimizer.param_groups if any(id(p) in ours for p in g["params"])]
     if not groups:
         return None
     if not isinstance(optimizer, torch.optim.SGD):
-        raise OptimizerMismatchError(
-            f"{owner} applies the momentum itself, so it wraps torch.optim.SGD; got {type(optimizer).__name__}. "
-            "Pass check_optimizer=False and an explicit momentum= to combine DGC with another optimizer knowingly.")
+        _warn_without_momentum(owner, optimizer)
+        return 0.0, False
     found = {(float(g.get("momentum", 0.0)), bool(g.get("nesterov", False))) for g in groups}
     if len(found) > 1:
         raise OptimizerMismatchError(f"{owner}: the SGD param groups holding the compressed parameters have different "
@@ -95,13 +123,14 @@ def _remove_dead_hooks() -> None:
 class PlainSGDGuard:
     """Before the first ``step()`` of each optimizer holding the compressed parameters: hand
     its momentum to ``adopt_momentum(momentum, nesterov)`` when given (:func:`take_momentum`),
-    else run :func:`check_plain_sgd`."""
+    else run :func:`check_plain_sgd` against the compression's own ``momentum``."""
 
-    def __init__(self, params: Iterable[torch.Tensor], owner: str, adopt_momentum=None):
+    def __init__(self, params: Iterable[torch.Tensor], owner: str, adopt_momentum=None, momentum: float = 0.0):
         _remove_dead_hooks()
         self._params = [p for p in params]
         self._owner = owner
         self._adopt = adopt_momentum
+        self._momentum = momentum
         self._checked = weakref.WeakSet()
         # The global hook must not keep the guard (and its compression) alive.
         guard = weakref.ref(self)
@@ -119,7 +148,7 @@ class PlainSGDGuard:
         if optimizer in self._checked:
             return
         if self._adopt is None:
-            check_plain_sgd(optimizer, self._params, self._owner)
+            check_plain_sgd(optimizer, self._params, self._owner, self._momentum)
         else:
             taken = take_momentum(optimizer, self._params, self._owner)
             if taken is not None:

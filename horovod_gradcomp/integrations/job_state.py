@@ -5,14 +5,18 @@ stripes and DGC velocities differ between ranks). Lightning and Accelerate write
 on rank 0 only and every rank reads the whole file back, so the job's state is gathered to
 rank 0 over ``torch.distributed`` when saving, and each rank takes its own part when loading.
 The layout is that of :func:`horovod_gradcomp.save_job_state`'s file:
-``{"world_size": K, "ranks": [state of rank 0, ..., state of rank K-1]}``.
+``{"world_size": K, "ranks": [state of rank 0, ..., state of rank K-1]}``. The ranks' parts
+travel in ``torch.save``'s format and are read back with ``torch.load(weights_only=True)``
+(:mod:`horovod_gradcomp.state.checkpoint_data`): data, not code, like the checkpoint itself,
+which Lightning and Accelerate read with ``weights_only=True`` by default.
 """
 from __future__ import annotations
 
-import pickle
 from typing import List, Optional
 
 import torch
+
+from ..state.checkpoint_data import from_bytes, to_bytes
 
 
 def _to_cpu(obj):
@@ -35,8 +39,12 @@ def gather_job_state(state, group=None) -> Optional[dict]:
     mine = _to_cpu(state.state_dict())
     if not (dist.is_available() and dist.is_initialized()):
         return {"world_size": 1, "ranks": [mine]}
-    parts = _gather_bytes(pickle.dumps(mine), group)
-    return None if parts is None else {"world_size": len(parts), "ranks": [pickle.loads(p) for p in parts]}
+    parts = _gather_bytes(to_bytes(mine).numpy().tobytes(), group)
+    if parts is None:
+        return None
+    return {"world_size": len(parts),
+            "ranks": [from_bytes(torch.frombuffer(bytearray(p), dtype=torch.uint8), f"gather_job_state: rank {r}'s part")
+                      for r, p in enumerate(parts)]}
 
 
 def _gather_bytes(data: bytes, group) -> Optional[List[bytes]]:

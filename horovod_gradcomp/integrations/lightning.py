@@ -57,8 +57,8 @@ class CompressedDDPStrategy(DDPStrategy):
 
     After ``Trainer.fit`` has set up the model, :attr:`compression_state` is the hook's
     :class:`~horovod_gradcomp.ddp.DDPCompressionState` (``stats()``, ``state_dict()``).
-    DGC keeps the momentum itself: give it an optimizer without momentum (checked at its
-    first step).
+    DGC keeps the momentum itself: it takes an SGD's momentum over, and runs without its
+    momentum correction under Adam/AdamW (at the optimizer's first step).
     """
 
     def __init__(self, codec: str = "onebit", codec_options: Optional[Mapping[str, Any]] = None, **kwargs: Any):

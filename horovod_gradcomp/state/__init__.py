@@ -1,7 +1,8 @@
 """Per-rank state between steps (what ``state_dict()`` saves): error-feedback residuals, DGC's
 velocity, accumulation and warm-up, the two-phase owner residuals and the step counter."""
+from .checkpoint_data import UnsafeCheckpointError
 from .compression_state import CompressionState
 from .dgc_memory import DensitySchedule, DGCMemory
 from .error_feedback import ErrorFeedback, encode_with_residual
 
-__all__ = ["CompressionState", "DensitySchedule", "DGCMemory", "ErrorFeedback", "encode_with_residual"]
+__all__ = ["UnsafeCheckpointError", "CompressionState", "DensitySchedule", "DGCMemory", "ErrorFeedback", "encode_with_residual"]

@@ -7,8 +7,8 @@ plain copy of the model) with the same bucket partition (DDP's buckets, which th
 in ``state.last_partition``), for every codec and both patterns; the hook's state_dict must
 equal the mpi4py compression's. Then: the per-bucket hook overlaps backward (the backward halts
 halfway until a bucket's payload has completed, and a timeline shows it starting before DDP hands
-over its last bucket; not so with one exchange per step), and an error in one bucket reaches
-every future of the step on every rank.
+over its last bucket; not so with one exchange per step), and each failure reaches ``backward()``
+as the DDPExchangeError with its own message, on every rank.
 """
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ CASES = {  # id: (codec, options)
     "onebit-one_exchange": ("onebit", {"per_bucket": False}),
     "onebit-find_unused": ("onebit", {"find_unused_parameters": True}),
     "onebit-warmup": ("onebit", {"warmup_steps": 2}),   # two dense steps, then onebit
-    "onebit-ramp": ("onebit", {"ramp_steps": 3, "scales": "rows"}),   # results scaled by 1/3, 2/3, 1
+    "onebit-lr_warmup": ("onebit", {"lr_warmup_steps": 3, "scales": "rows"}),   # opt-in: results scaled by 1/3, 2/3, 1
     "terngrad": ("terngrad", {"seed": 1}),
     "terngrad-two_phase": ("terngrad", {"seed": 1, "pattern": "two_phase"}),
     "qsgd-two_phase": ("qsgd", {"bits": 4, "bucket": 32, "seed": 2, "pattern": "two_phase"}),
@@ -74,6 +74,28 @@ def batch(step, rank):
     return torch.randn(16, 12, generator=gen), torch.randint(0, 5, (16,), generator=gen)
 
 
+def step_against_mpi_path(ddp, plain, state, by_mpi, step, case):
+    """One training step of ``ddp`` (through the hook of ``state``) and of its copy ``plain``
+    (through ``by_mpi``'s engine, on DDP's bucket partition of the step): asserts the averaged
+    gradients are bitwise equal, then applies the same SGD update to both copies (so their
+    inputs stay equal). Returns the partition and the mpi4py path's results."""
+    x, y = batch(step, RANK)
+    ddp.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()
+    plain.zero_grad()
+    F.cross_entropy(plain(x), y).backward()
+    partition = state.last_partition
+    want = by_mpi.engine.exchange({n: p.grad.clone() for n, p in plain.named_parameters()}, partition=partition)
+    by_mpi.index.end_step()
+    for n, p in ddp.module.named_parameters():
+        assert torch.equal(p.grad, want[n]), f"{case} step {step}: {n} differs from the mpi4py path"
+    with torch.no_grad():
+        for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
+            p -= 0.1 * want[n]
+            q -= 0.1 * q.grad
+    return partition, want
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_ddp_hook_matches_mpi_path_bitwise(case):
     codec, options = CASES[case]
@@ -95,22 +117,9 @@ def test_ddp_hook_matches_mpi_path_bitwise(case):
     extra = {"check_optimizer": False} if codec == "dgc" else {}
     by_mpi = factory(list(plain.named_parameters()), transport="mpi", **options, **extra)
     for step in range(STEPS):
-        x, y = batch(step, RANK)
-        ddp.zero_grad()
-        F.cross_entropy(ddp(x), y).backward()
-        plain.zero_grad()
-        F.cross_entropy(plain(x), y).backward()
-        partition = state.last_partition
+        partition, _ = step_against_mpi_path(ddp, plain, state, by_mpi, step, case)
         assert sorted(n for b in partition for n in b) == sorted(n for n, _ in plain.named_parameters())
         assert len(partition) > 1 or not state.per_bucket or step == 0, f"{case}: the model should span several buckets"
-        want = by_mpi.engine.exchange({n: p.grad.clone() for n, p in plain.named_parameters()}, partition=partition)
-        by_mpi.index.end_step()
-        for n, p in ddp.module.named_parameters():
-            assert torch.equal(p.grad, want[n]), f"{case} step {step}: {n} differs from the mpi4py path"
-        with torch.no_grad():  # the same update on both copies keeps their inputs equal
-            for (n, p), q in zip(plain.named_parameters(), ddp.module.parameters()):
-                p -= 0.1 * want[n]
-                q -= 0.1 * q.grad
     a, b = flat_state(state.state_dict()), flat_state(by_mpi.state_dict())
     assert [k for k, _ in a] == [k for k, _ in b]
     assert all(torch.equal(x, y) for (_, x), (_, y) in zip(a, b))
@@ -265,7 +274,11 @@ def test_per_bucket_collectives_overlap_backward():
     _on_every_rank("; ".join(problems))
 
 
-def test_error_in_one_bucket_reaches_every_future():
+def test_error_in_one_bucket_reaches_backward_as_its_own_exception():
+    """An encode that fails in bucket 1 at step 2: ``backward()`` raises the DDPExchangeError
+    itself (its class and message, never DDP's "Unable to cast ... to Tensor"), on every rank;
+    every future of the step completed (with its buffer: DDP's state stays consistent); the
+    memory is rolled back; and the next step trains normally."""
     torch.manual_seed(2)
     layers = [nn.Linear(12, 20)] + [nn.Linear(20, 20) for _ in range(3)] + [nn.Linear(20, 5)]
     ddp = nn.parallel.DistributedDataParallel(nn.Sequential(*layers), bucket_cap_mb=0.0015)   # a layer a bucket
@@ -286,31 +299,83 @@ def test_error_in_one_bucket_reaches_every_future():
     assert len(partition) >= 3
     poisoned = partition[1][0]
     memory = state.compression.state.memory
-    encode = memory.encode
+    encode = memory.encode_many
 
-    def failing(codec, name, *args, **kwargs):
-        if name == poisoned:
-            raise ValueError(f"injected failure encoding {name}")
-        return encode(codec, name, *args, **kwargs)
-    memory.encode = failing
+    def failing(codec, names, *args, **kwargs):
+        if poisoned in names:
+            raise ValueError(f"injected failure encoding {poisoned}")
+        return encode(codec, names, *args, **kwargs)
+    memory.encode_many = failing
     before = flat_state(state.state_dict())
     futures.clear()
     x, y = batch(2, RANK)
     ddp.zero_grad()
-    with pytest.raises(RuntimeError, match=f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: ValueError: "
-                                           f"injected failure encoding {poisoned}"):
+    with pytest.raises(hgc.ddp.DDPExchangeError) as info:
         F.cross_entropy(ddp(x), y).backward()
-    assert len(futures) == len(partition)
-    deadline = time.monotonic() + 30   # DDP raised at its first failed future; the others complete alike
-    while not all(f.done() for f in futures) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    for fut in futures:
-        assert fut.done()
-        with pytest.raises(hgc.ddp.DDPExchangeError, match=f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: "
-                                                            "ValueError: injected"):
-            fut.wait()
+    assert str(info.value) == (f"hgc.ddp: step 2, bucket 1 failed on rank {RANK}: ValueError: injected failure "
+                               f"encoding {poisoned}"), str(info.value)
+    assert isinstance(info.value.__cause__, ValueError)
+    assert len(futures) == len(partition) and all(f.done() for f in futures)
     after = flat_state(state.state_dict())
     assert all(torch.equal(u, v) for (_, u), (_, v) in zip(before, after)), "the failed step's memory rolled back"
+    memory.encode_many = encode
+    ddp.zero_grad()
+    F.cross_entropy(ddp(x), y).backward()   # the next step runs: DDP and the hook are in a consistent state
+    assert state.stats()["steps"] == 3 and all(torch.isfinite(p.grad).all() for p in ddp.parameters())
+
+
+def test_a_parameter_the_hook_does_not_know_fails_with_its_message():
+    """A parameter that DDP reduces but that was frozen when the hook was registered."""
+    torch.manual_seed(3)
+    ddp = nn.parallel.DistributedDataParallel(model())
+    frozen = ddp.module[2].weight
+    frozen.requires_grad_(False)
+    hgc.ddp.register(ddp, "qsgd")
+    frozen.requires_grad_(True)
+    x, y = batch(0, RANK)
+    with pytest.raises(hgc.ddp.DDPExchangeError, match=rf"^hgc.ddp: step 0, bucket \d+ failed on rank {RANK}: "
+                                                       "KeyError: 'a bucket holds a parameter that is not in the "
+                                                       r"module given to hgc.ddp.register\(\)'$"):
+        F.cross_entropy(ddp(x), y).backward()
+
+
+@pytest.mark.skipif(SIZE < 2, reason="needs two ranks to disagree")
+def test_ranks_that_disagree_fail_with_the_mismatch_message_on_every_rank():
+    torch.manual_seed(4)
+    ddp = nn.parallel.DistributedDataParallel(model())
+    hgc.ddp.register(ddp, "qsgd", bits=4 if RANK == 0 else 2)
+    x, y = batch(0, RANK)
+    with pytest.raises(hgc.ddp.DDPExchangeError) as info:
+        F.cross_entropy(ddp(x), y).backward()
+    text = str(info.value)
+    assert text.startswith(f"hgc.ddp: step 0, bucket 0 failed on rank {RANK}: ExchangeMismatchError: "), text
+    assert "disagree" in text and "Unable to cast" not in text, text
+
+
+def test_hook_outside_backward_fails_its_futures():
+    """DDP's Join calls the hook outside a backward pass: there the futures raise the error."""
+    ddp = nn.parallel.DistributedDataParallel(model())
+    state = hgc.ddp.register(ddp, "onebit")
+
+    class Bucket:
+        def buffer(self):
+            return torch.zeros(3)
+
+        def is_last(self):
+            return True
+
+        def index(self):
+            return 0
+
+        def parameters(self):
+            return [torch.nn.Parameter(torch.zeros(3))]   # not the model's
+
+        def gradients(self):
+            return [torch.zeros(3)]
+    fut = state.on_bucket(Bucket())
+    with pytest.raises(RuntimeError, match=f"hgc.ddp: step 0, bucket 0 failed on rank {RANK}: KeyError: 'a bucket "
+                                           "holds a parameter"):
+        fut.wait()
 
 
 def test_register_rejects_bad_input():

@@ -84,7 +84,7 @@ def test_resume_is_bitwise(case):
     torch.save(first.state_dict(), buf)
     buf.seek(0)
     resumed = make(case)
-    resumed.load_state_dict(torch.load(buf, weights_only=False))
+    resumed.load_state_dict(torch.load(buf, weights_only=True))   # a compression state is data
     for t, got in enumerate(run(resumed, 3, first=3)):
         for n in SHAPES:
             assert torch.equal(got[n], straight[3 + t][n]), f"{case}: step {3 + t} {n} differs after resume"
@@ -133,8 +133,25 @@ def test_job_state_in_one_file(case, tmp_path_factory):
         with pytest.raises(ValueError, match="state of 9 ranks"):
             hgc.load_job_state(make(case), path)
     hvd.barrier()
+    if RANK == 0:   # a file holding code (as a checkpoint from elsewhere may): refused on every rank, not run
+        torch.save({"world_size": SIZE, "ranks": [{"codec": _RunsCode()} for _ in range(SIZE)]}, path)
+    hvd.barrier()
+    with pytest.raises(hgc.UnsafeCheckpointError, match=r"load_job_state\(.*\): refused"):
+        hgc.load_job_state(make(case), path)
+    assert not os.path.exists(_RAN), "the checkpoint's object ran"
+    hvd.barrier()
     if RANK == 0:
         os.remove(path)
+
+
+_RAN = f"/tmp/hgc-test-job-state-ran-{os.getppid()}"
+
+
+class _RunsCode:
+    """Unpickling it would run code (create _RAN)."""
+
+    def __reduce__(self):
+        return (os.mkdir, (_RAN,))
 
 
 NONFINITE_CASES = {  # the cases of the non-finite test beyond CASES

@@ -77,7 +77,7 @@ def assert_alltoallv_uneven(comm) -> None:
 
 
 def onebit_unramped(named_parameters, **options):
-    """``hgc.Compression.onebit`` without its step ramp (``ramp_steps=0``): the exchange's own
-    arithmetic, for tests that check it against the reference codec step by step (the ramp is
-    tested on its own in mpi_onebit_warmup.py)."""
-    return hgc.Compression.onebit(named_parameters, ramp_steps=0, **options)
+    """``hgc.Compression.onebit`` without the opt-in gradient warm-up (``lr_warmup_steps=0``, the
+    default, said explicitly): the exchange's own arithmetic, for tests that check it against the
+    reference codec step by step (the warm-up is tested on its own in mpi_onebit_warmup.py)."""
+    return hgc.Compression.onebit(named_parameters, lr_warmup_steps=0, **options)

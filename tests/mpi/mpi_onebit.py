@@ -220,7 +220,7 @@ def test_state_dict_round_trip_continues_identically():
     straight = [p.detach().clone() for p in model.parameters()]
 
     buf.seek(0)
-    saved = torch.load(buf)
+    saved = torch.load(buf, weights_only=True)
     model2 = make_model(seed=5)
     model2.load_state_dict(saved["model"])
     comp2 = onebit_unramped(model2.named_parameters())

@@ -106,12 +106,12 @@ def test_rows_mode_trains_to_identical_parameters(pattern):
 @pytest.mark.parametrize("pattern", ["allgather", "two_phase"])
 @pytest.mark.parametrize("scales", ["columns", "rows"])
 def test_ramp_scales_the_results_and_nothing_else(pattern, scales):
-    """Two copies of a model, one compression with ``ramp_steps`` and one without, the same
+    """Two copies of a model, one compression with ``lr_warmup_steps`` and one without, the same
     batches and lr 0 (the parameters stay equal): step t's averaged gradients with the ramp are
     bitwise those without it times (t + 1) / N, on every rank; residuals and bytes the same."""
     from horovod_gradcomp.exchange.step_ramp import ramp_factor
     n_ramp, models, comps, opts = 3, [], [], []
-    for tag, options in (("ramped", {"ramp_steps": n_ramp}), ("plain", {"ramp_steps": 0})):
+    for tag, options in (("ramped", {"lr_warmup_steps": n_ramp}), ("plain", {})):
         model = make_model()
         named = [(f"{tag}.{n}", p) for n, p in model.named_parameters()]
         comp = hgc.Compression.onebit(named, scales=scales, pattern=pattern, **options)

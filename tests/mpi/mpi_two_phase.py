@@ -17,6 +17,7 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.two_phase import TwoPhasePattern
 
 from .mpi_helpers import assert_alltoallv_uneven, fresh_state, gather_tensors, init, two_phase_exchange
+from .stripe_reference import part_of, put_part, ranges, ref_codec, ref_encode
 
 RANK, SIZE = init()
 
@@ -48,50 +49,6 @@ def grad(step, rank, name):
     gen = torch.Generator().manual_seed(100_000 * step + 1000 * rank + ORDER[name])
     scale = 0.5 + ORDER[name]
     return (torch.randn(SHAPES[name], generator=gen, dtype=torch.float64) * scale + 0.1 * rank).to(torch.float32)
-
-
-def ranges(n, k):
-    """k balanced contiguous ranges of n items, the first n % k one longer."""
-    out, start = [], 0
-    for s in range(k):
-        stop = start + n // k + (s < n % k)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
-def part_of(t, axis, a, b):
-    """Stripe [a, b) along ``axis`` of the 2-D view [shape[0], -1] (1-D/0-d: one column), as the
-    tensor it is encoded as: 2-D for >= 2-D tensors, flat otherwise."""
-    m = t.reshape(t.shape[0], -1) if t.dim() >= 2 else t.reshape(-1, 1)
-    p = m[a:b] if axis == "rows" else m[:, a:b]
-    return p.clone() if t.dim() >= 2 else p.reshape(-1).clone()
-
-
-def put_part(t, axis, a, b, value):
-    """Write ``value`` into stripe [a, b) of ``t`` (contiguous), in place."""
-    m = t.view(t.shape[0], -1) if t.dim() >= 2 else t.view(-1, 1)
-    p = m[a:b] if axis == "rows" else m[:, a:b]
-    p.copy_(value.reshape(p.shape))
-
-
-def ref_codec(name, options, rank):
-    opts = dict(options)
-    if name != "onebit":
-        opts["rank_stream"] = rank
-    return hgc.get_codec(name, impl="reference", **opts)
-
-
-def ref_encode(codec, x, r, opts):
-    """Encode x (+ residual r, updated in place) with the reference codec."""
-    if r is None:
-        return codec.encode(x, **opts)
-    if codec.fuses_feedback:
-        return codec.encode(x, residual=r, **opts)
-    v = x + r
-    payload = codec.encode(v, **opts)
-    r.copy_(v - codec.decode(payload))
-    return payload
 
 
 class Expected:

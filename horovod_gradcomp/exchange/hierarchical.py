@@ -1,0 +1,276 @@
+"""The hierarchical pattern: dense inside a node, the codec between nodes, every local rank an owner.
+
+A job of N nodes of L ranks each (:mod:`horovod_gradcomp.exchange.topology`). Each tensor of a
+bucket is cut into L stripes (:mod:`horovod_gradcomp.exchange.stripes`, the axis chosen as the
+two-phase pattern chooses it, :func:`~horovod_gradcomp.exchange.two_phase.choose_axis`, with L
+owners; rows for variable-size codecs); shard l of the bucket is stripe l of every tensor. One bucket, on every rank:
+
+1. Node scatter (dense, inside the node): an alltoallv on the node's communicator sends local
+   rank j stripe j of every gradient, as float32 (float64 for float64 gradients). Local rank l
+   adds the L stripes it receives in local-rank order in that type and divides by L: the node's
+   mean of shard l, cast to the gradient's dtype (:meth:`HierarchicalPattern.node_means`).
+2. Between nodes: the node means of shard l, one tensor per stripe (keys ``shard_key(name, l)``),
+   form a bucket that the codec's own pattern exchanges among the ranks with local rank l, one
+   per node (the ``peers`` communicator, N ranks): :class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
+   or :class:`~horovod_gradcomp.exchange.two_phase.TwoPhasePattern` (``inner``: either, or
+   ``"auto"``, the flat rule of :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`
+   with K = N), unchanged: its error feedback (or DGC memory) is this rank's state keyed by the
+   shard keys (the shard's owner keeps it; checkpointed with the state), its stream positions
+   count P x L shard keys (index ``i * L + l`` for the tensor of sorted index i), its encodes
+   draw from this rank's own codec stream. Every peer ends with bitwise the same mean over the
+   N nodes of shard l: the mean over all K ranks.
+3. Node gather (dense, inside the node): an allgatherv on the node's communicator of every
+   local rank's decoded shard (in the gradient's dtype); every rank writes each stripe into its
+   place of the results. Every rank of the job thus holds bitwise the same result.
+
+Traffic per rank, a bucket of B dense bytes and payload S: (L-1)/L x B x 2 inside the node
+(float32 or float64 on the wire), and what the inner pattern sends for S/L among N ranks between
+nodes: with the allgather pattern (N-1) x S/L, so a node's L NICs together carry (N-1) x S,
+against L x (K-1) x S for the flat allgather: less than 1/L of it (the guide's table).
+
+The engine keeps everything else as on the flat path: the preamble over all K ranks (its
+signature names the layout), the non-finite flag from one read of the local gradients before it
+(:func:`~horovod_gradcomp.exchange.measure.check_kind` ``"pass"``: the codecs' own measuring
+passes see node means, not this rank's gradient), snapshots of the shard keys' memory for a
+skipped step (:meth:`memory_keys`), the stall watchdog, stats (``intra`` bytes apart).
+Codec options that need the whole of one rank's gradient are refused: DGC's ``clip_norm``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import torch
+
+from .bucket import Bucket, BucketOutcome, result_tensor
+from .stats import ExchangeStats, StepTotals
+from .stripes import Stripe, stripe_key, stripes
+from .two_phase import choose_axis
+
+INNER_PATTERNS = ("auto", "allgather", "two_phase")
+
+
+def shard_key(name: str, local: int) -> str:
+    """The key of shard ``local`` (stripe ``local`` of L) of tensor ``name``: in the inner bucket,
+    the memory and the checkpoint."""
+    return f"{name}<node shard {local}>"
+
+
+def wire_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dense steps' type: float64 for float64 gradients, float32 for every other dtype."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@dataclass
+class NodeWork:
+    """One bucket between the steps (fields filled step by step).
+
+    Fields: names; shards (name -> its L stripes); mine (this rank's non-empty stripes, in name
+    order, as (name, stripe)); send, send_counts, recv_counts (the node scatter's alltoallv);
+    inner (the bucket of node means handed to the inner pattern); outcome (what it returned)."""
+    names: List[str]
+    shards: Dict[str, List[Stripe]]
+    mine: List[Tuple[str, Stripe]]
+    send: torch.Tensor
+    send_counts: List[int]
+    recv_counts: List[int]
+    inner: Optional[Bucket] = None
+    outcome: Optional[BucketOutcome] = None
+    gather_counts: List[int] = field(default_factory=list)
+
+
+class HierarchicalPattern:
+    """The node-then-peers exchange (see the module doc).
+
+    Fields: codec; inner ("auto" | "allgather" | "two_phase"); patterns (the engine's flat
+    pattern objects, name -> pattern: the inner exchange is theirs); choose (the flat auto
+    rule: ``choose(grads, k)`` -> pattern name); node, peers (the two sub-communicators, set by
+    :meth:`connect`); layout (:class:`~horovod_gradcomp.exchange.topology.Layout`)."""
+
+    name = "hierarchical"
+
+    def __init__(self, codec, patterns: Mapping[str, object], choose: Callable[[Mapping[str, torch.Tensor], int], str],
+                 inner: str = "auto"):
+        if inner not in INNER_PATTERNS:
+            raise ValueError(f"hierarchical exchange: inner_pattern must be one of {INNER_PATTERNS}, got {inner!r}")
+        if inner == "two_phase" and "two_phase" not in patterns:
+            raise ValueError(f"hierarchical exchange: inner_pattern='two_phase' needs a fixed-size codec with error "
+                             f"feedback (as pattern='two_phase' does), not {codec!r}")
+        self.codec, self.inner, self.patterns, self.choose = codec, inner, patterns, choose
+        self.layout = None
+        self.node = self.peers = None
+        self._orders: Dict[int, Dict[str, int]] = {}
+        self._shards: Dict[tuple, List[Stripe]] = {}
+
+    def connect(self, layout, node, peers) -> None:
+        """Use ``layout`` and its sub-communicators (``node``: this node's ranks; ``peers``: this
+        local rank's, one per node)."""
+        self.layout, self.node, self.peers = layout, node, peers
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.node.size
+
+    def shards(self, shape: Sequence[int], dtype: torch.dtype) -> List[Stripe]:
+        """The L stripes of a tensor: the two-phase pattern's axis rule with L owners (rows for a
+        variable-size codec, which has no fixed payload size to compare). Cached."""
+        L = self.ranks_per_node
+        key = (tuple(shape), dtype, L)
+        cut = self._shards.get(key)
+        if cut is None:
+            axis = "rows" if getattr(self.codec, "variable_size", False) else choose_axis(self.codec, shape, dtype, L)
+            if len(self._shards) >= 1024:
+                self._shards.clear()
+            cut = self._shards[key] = stripes(shape, L, axis)
+        return cut
+
+    def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
+        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
+        engine's snapshot of a step that is later skipped): this rank's shard keys, and the
+        inner two-phase owner keys of those."""
+        local, node = self.node.rank, self.peers.rank
+        keys = [shard_key(n, local) for n in names]
+        return keys, [stripe_key(k, node) for k in keys]
+
+    def order(self, order: Mapping[str, int]) -> Dict[str, int]:
+        """Shard key -> index ``i * L + l`` (i: the tensor's index in ``order``): the stream
+        positions of the inner exchange (P x L keys)."""
+        L = self.ranks_per_node
+        cached = self._orders.get(id(order))
+        if cached is None or len(cached) != len(order) * L:
+            cached = {shard_key(n, l): i * L + l for n, i in order.items() for l in range(L)}
+            if len(self._orders) > 8:
+                self._orders.clear()
+            self._orders[id(order)] = cached
+        return cached
+
+    # -- the three steps (the synchronous exchange below; the DDP hook issues the collectives itself) --
+    def scatter(self, bucket: Bucket, stats: ExchangeStats) -> NodeWork:
+        """Step 1's send side: ``(send, send_counts, recv_counts)`` of the node alltoallv in a
+        :class:`NodeWork` (segment j: stripe j of every gradient, in the wire dtype)."""
+        L, local = self.ranks_per_node, self.node.rank
+        names, grads = bucket.names, bucket.grads
+        shards = {n: self.shards(tuple(grads[n].shape), grads[n].dtype) for n in names}
+        with stats.timed("exchange_s", phase="node_scatter"):
+            segments, counts = [], []
+            for j in range(L):
+                parts = [shards[n][j].take(grads[n].detach()).reshape(-1).to(device="cpu", dtype=wire_dtype(grads[n].dtype))
+                         for n in names if shards[n][j].numel]
+                seg = _as_bytes(parts)
+                segments.append(seg)
+                counts.append(seg.numel())
+            send = torch.cat(segments) if segments else torch.empty(0, dtype=torch.uint8)
+        mine = [(n, shards[n][local]) for n in names if shards[n][local].numel]
+        mine_bytes = sum(st.numel * _itemsize(wire_dtype(grads[n].dtype)) for n, st in mine)
+        return NodeWork(list(names), shards, mine, send, counts, [mine_bytes] * L)
+
+    def node_means(self, work: NodeWork, recv: torch.Tensor, bucket: Bucket, stats: ExchangeStats) -> Bucket:
+        """Step 1's receive side: the node's mean of each of this rank's stripes (the L received
+        segments added in local-rank order in the wire dtype, divided by L, cast to the gradient's
+        dtype), as the inner pattern's :class:`Bucket`."""
+        L, local, grads = self.ranks_per_node, self.node.rank, bucket.grads
+        per_rank = work.recv_counts[0]
+        with stats.timed("decode_s", phase="node_sum"):
+            means, offset = {}, 0
+            for n, st in work.mine:
+                dt = wire_dtype(grads[n].dtype)
+                nbytes = st.numel * _itemsize(dt)
+                parts = [_typed(recv[j * per_rank + offset: j * per_rank + offset + nbytes], dt) for j in range(L)]
+                total = parts[0].clone()
+                for part in parts[1:]:       # local-rank order: the same sum on every peer of the node
+                    total.add_(part)
+                total.div_(L)
+                means[shard_key(n, local)] = total.to(grads[n].dtype).view(st.shape).to(grads[n].device)
+                offset += nbytes
+        keys = list(means)
+        work.inner = Bucket(keys, means, bucket.state, self.order(bucket.order), {}, None)
+        return work.inner
+
+    def inner_pattern(self, inner: Bucket) -> object:
+        """The flat pattern object that exchanges ``inner`` among the N peers (the same on every
+        rank: it depends on shapes and N only; an empty shard, a peer that owns no stripe,
+        still takes part)."""
+        name = self.inner
+        if name == "auto":
+            name = self.choose(inner.grads, self.peers.size)
+        return self.patterns[name]
+
+    def gather_args(self, work: NodeWork, bucket: Bucket, stats: ExchangeStats) -> Tuple[torch.Tensor, List[int]]:
+        """Step 3's send side: this rank's decoded shard as bytes, and every local rank's count."""
+        local, grads = self.node.rank, bucket.grads
+        with stats.timed("exchange_s", phase="node_gather"):
+            part = _as_bytes([work.outcome.results[shard_key(n, local)].reshape(-1).cpu() for n, _ in work.mine])
+        counts = [sum(work.shards[n][j].numel * grads[n].element_size() for n in work.names)
+                  for j in range(self.ranks_per_node)]
+        return part, counts
+
+    def finish(self, work: NodeWork, gathered: Sequence[torch.Tensor], bucket: Bucket, stats: ExchangeStats
+               ) -> BucketOutcome:
+        """Step 3's receive side: every local rank's shard written into the results; the outcome
+        with the inner pattern's payload, all bytes sent (``info["intra"]``: the two node steps'),
+        and its non-finite flag."""
+        grads, L = bucket.grads, self.ranks_per_node
+        results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in work.names}
+        with stats.timed("decode_s", phase="node_gather"):
+            for j in range(L):
+                buf, offset = gathered[j], 0
+                for n in work.names:
+                    st = work.shards[n][j]
+                    if not st.numel:
+                        continue
+                    nbytes = st.numel * grads[n].element_size()
+                    value = _typed(buf[offset:offset + nbytes], grads[n].dtype).view(st.shape)
+                    st.put(results[n], value.to(results[n].device))
+                    offset += nbytes
+        intra = float(sum(c for j, c in enumerate(work.send_counts) if j != self.node.rank)
+                      + (L - 1) * len(gathered[self.node.rank])) if L > 1 else 0.0
+        inner = work.outcome
+        info = dict(inner.info, intra=intra, inter=inner.sent, nodes=self.peers.size, ranks_per_node=L)
+        return BucketOutcome(results, inner.payload, inner.sent + intra, info, nonfinite=inner.nonfinite)
+
+    def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
+        """One bucket through the three steps (see the module doc); ``comm`` (all K ranks) is not
+        used: the node and peer communicators carry everything."""
+        node = self.node
+        work = self.scatter(bucket, stats)
+        if node.size > 1:
+            with stats.timed("exchange_s", phase="node_scatter"):
+                recv = node.alltoallv(work.send, work.send_counts, work.recv_counts)
+        else:
+            recv = work.send
+        inner = self.node_means(work, recv, bucket, stats)
+        work.outcome = (self.inner_pattern(inner).exchange(self.peers, inner, stats, totals) if inner.names
+                        else BucketOutcome({}, 0, 0.0))  # no stripe for this local rank: none for its peers either
+        part, counts = self.gather_args(work, bucket, stats)
+        if node.size > 1:
+            with stats.timed("exchange_s", phase="node_gather"):
+                gathered = node.allgatherv_known(part, counts)
+        else:
+            gathered = [part]
+        return self.finish(work, gathered, bucket, stats)
+
+    def __repr__(self) -> str:
+        where = self.layout.describe() if self.layout is not None else "not connected"
+        return f"HierarchicalPattern({self.codec!r}, inner={self.inner!r}, {where})"
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def _typed(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The bytes ``buf`` as ``dtype`` values: a view where the offset is aligned for it, else a copy
+    (a bucket mixing element sizes)."""
+    if buf.storage_offset() % _itemsize(dtype):
+        buf = buf.clone()
+    return buf.view(dtype)
+
+
+def _as_bytes(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The flat tensors ``parts`` (host) back to back as one uint8 tensor."""
+    if not parts:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.cat([p.contiguous().view(torch.uint8) for p in parts])
+
+
+__all__ = ["HierarchicalPattern", "INNER_PATTERNS", "NodeWork", "shard_key", "wire_dtype"]
