@@ -1,5 +1,5 @@
-// horovod_gradcomp._C: the `hgc` ops' schemas (ops/schemas.h, defined here once) and their CPU
-// kernels (the per-tensor kernels of csrc/cpu/, and the bucket ops tensor by tensor); their CUDA
+// horovod_gradcomp._C: the `hgc` ops' schemas (the op lists of ops/schemas.h, defined here once) and
+// their CPU kernels (the per-tensor kernels of csrc/cpu/, and the bucket ops tensor by tensor); their CUDA
 // kernels are registered by device/<codec>_ops.cpp (WITH_CUDA). The dispatcher picks the kernel
 // by the tensors' device; the Python module holds only what is not a tensor op.
 #include <torch/extension.h>
@@ -461,45 +461,10 @@ void no_cuda_kernel(const c10::OperatorHandle& op, torch::jit::Stack*) {
 // The CPU kernels, under CPU and under CompositeExplicitAutograd: the latter serves calls with no
 // tensor at all (an empty bucket), which have no device to dispatch on.
 void register_cpu_kernels(torch::Library& m) {
-  m.impl("terngrad_max_abs", &terngrad_max_abs);
-  m.impl("terngrad_sigma", &terngrad_sigma);
-  m.impl("terngrad_encode", &terngrad_encode);
-  m.impl("terngrad_decode_sum", &terngrad_decode_sum);
-  m.impl("terngrad_sum_levels", &terngrad_sum_levels);
-  m.impl("terngrad_sum_decode", &terngrad_sum_decode);
-  m.impl("terngrad_scale_stats_many", &terngrad_scale_stats_many);
-  m.impl("terngrad_encode_many", &terngrad_encode_many);
-  m.impl("terngrad_decode_sum_many", &hgc::adapt::terngrad_decode_sum_many<&terngrad_decode_sum_many>);
-  m.impl("onebit_encode", &onebit_encode);
-  m.impl("onebit_scales", &onebit_scales);
-  m.impl("onebit_scales_many", &hgc::adapt::onebit_scales_many<&onebit_scales_many>);
-  m.impl("onebit_decode", &onebit_decode);
-  m.impl("onebit_decode_sum", &onebit_decode_sum);
-  m.impl("onebit_encode_columns", &onebit_encode_columns);
-  m.impl("onebit_decode_columns", &onebit_decode_columns);
-  m.impl("onebit_encode_many", &hgc::adapt::onebit_encode_many<&onebit_encode_many>);
-  m.impl("onebit_decode_sum_many", &hgc::adapt::onebit_decode_sum_many<&onebit_decode_sum_many>);
-  m.impl("onebit_encode_columns_many", &onebit_encode_columns_many);
-  m.impl("onebit_decode_columns_many", &onebit_decode_columns_many);
-  m.impl("qsgd_encode_fixed", &qsgd_encode_fixed);
-  m.impl("qsgd_decode_fixed", &qsgd_decode_fixed);
-  m.impl("qsgd_encode_elias", &qsgd_encode_elias);
-  m.impl("qsgd_decode_elias", &qsgd_decode_elias);
-  m.impl("qsgd_encode_fixed_many", &qsgd_encode_fixed_many);
-  m.impl("qsgd_decode_fixed_many", &hgc::adapt::qsgd_decode_fixed_many<&qsgd_decode_fixed_many>);
-  m.impl("qsgd_encode_elias_many", &qsgd_encode_elias_many);
-  m.impl("qsgd_decode_elias_many", &hgc::adapt::qsgd_decode_elias_many<&qsgd_decode_elias_many>);
-  m.impl("dgc_select", &dgc_select);
-  m.impl("dgc_scatter_sum", &dgc_scatter_sum);
-  m.impl("dgc_index_encode", &dgc_index_encode);
-  m.impl("dgc_index_decode", &dgc_index_decode);
-  m.impl("dgc_accumulate", &hgc::adapt::dgc_accumulate<&dgc_accumulate>);
-  m.impl("dgc_scatter_sum_many", &hgc::adapt::dgc_sum_many<&dgc_scatter_sum_many>);
-  m.impl("dgc_decode_sum_many", &hgc::adapt::dgc_sum_many<&dgc_decode_sum_many>);
-  m.impl("dgc_accumulate_many", &dgc_accumulate_many);
-  m.impl("dgc_mask_many", &dgc_mask_many);
-  m.impl("dgc_select_many", &dgc_select_many);
-  m.impl("dgc_index_encode_many", &dgc_index_encode_many);
+  HGC_TERNGRAD_OPS(HGC_IMPL_CPU)
+  HGC_ONEBIT_OPS(HGC_IMPL_CPU)
+  HGC_QSGD_OPS(HGC_IMPL_CPU)
+  HGC_DGC_OPS(HGC_IMPL_CPU)
 }
 
 }  // namespace

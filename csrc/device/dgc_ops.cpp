@@ -377,21 +377,4 @@ std::vector<at::Tensor> dgc_index_encode_many_device(const std::vector<at::Tenso
   return codes;
 }
 
-namespace {
-// The device kernels of DGC's ops (schemas: ops/schemas.h).
-void register_dgc_device(torch::Library& m) {
-  m.impl("dgc_select", &dgc_select_device);
-  m.impl("dgc_scatter_sum", &dgc_scatter_sum_device);
-  m.impl("dgc_index_encode", &dgc_index_encode_device);
-  m.impl("dgc_index_decode", &dgc_index_decode_device);
-  m.impl("dgc_accumulate", &hgc::adapt::dgc_accumulate<&dgc_accumulate_device>);
-  m.impl("dgc_scatter_sum_many", &hgc::adapt::dgc_sum_many<&dgc_scatter_sum_many_device>);
-  m.impl("dgc_decode_sum_many", &hgc::adapt::dgc_sum_many<&dgc_decode_sum_many_device>);
-  m.impl("dgc_accumulate_many", &dgc_accumulate_many_device);
-  m.impl("dgc_mask_many", &dgc_mask_many_device);
-  m.impl("dgc_select_many", &dgc_select_many_device);
-  m.impl("dgc_index_encode_many", &dgc_index_encode_many_device);
-}
-}  // namespace
-
-HGC_DEVICE_OPS(dgc, hgc::dgc_schemas(), register_dgc_device)
+HGC_DEVICE_OPS(dgc, HGC_DGC_OPS)

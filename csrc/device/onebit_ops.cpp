@@ -306,21 +306,4 @@ void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, cons
   decode_items(items, dtypes, device, 1, 1.0);
 }
 
-namespace {
-// The device kernels of onebit's ops (schemas: ops/schemas.h).
-void register_onebit_device(torch::Library& m) {
-  m.impl("onebit_encode", &onebit_encode_device);
-  m.impl("onebit_scales", &onebit_scales_device);
-  m.impl("onebit_scales_many", &hgc::adapt::onebit_scales_many<&onebit_scales_many_device>);
-  m.impl("onebit_decode", &onebit_decode_device);
-  m.impl("onebit_decode_sum", &onebit_decode_sum_device);
-  m.impl("onebit_encode_columns", &onebit_encode_columns_device);
-  m.impl("onebit_decode_columns", &onebit_decode_columns_device);
-  m.impl("onebit_encode_many", &hgc::adapt::onebit_encode_many<&onebit_encode_many_device>);
-  m.impl("onebit_decode_sum_many", &hgc::adapt::onebit_decode_sum_many<&onebit_decode_sum_many_device>);
-  m.impl("onebit_encode_columns_many", &onebit_encode_columns_many_device);
-  m.impl("onebit_decode_columns_many", &onebit_decode_columns_many_device);
-}
-}  // namespace
-
-HGC_DEVICE_OPS(onebit, hgc::onebit_schemas(), register_onebit_device)
+HGC_DEVICE_OPS(onebit, HGC_ONEBIT_OPS)

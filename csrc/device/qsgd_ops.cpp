@@ -282,67 +282,56 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
   if (count == 0) return results;
   const int64_t K = check_elias_many_k(norms, nbits, streams, op);
   const at::Device device = norms[0][0].device();
-  // Every payload as qsgd_decode_elias checks it; their headers gathered for one read.
+  // Every payload as qsgd_decode_elias checks it (its header's values are data: checked on the
+  // device by the launcher, and here only when the launcher reports a refusal).
   std::vector<int64_t> G;
-  std::vector<at::Tensor> heads, held;  // held: the contiguous buffers the launcher reads
+  std::vector<at::Tensor> held;  // the contiguous buffers the launcher reads
+  bool empty_refused = false;    // a payload without groups whose stream is not empty
   for (std::size_t i = 0; i < count; ++i) {
     for (int64_t k = 0; k < K; ++k) {
       G.push_back(hgc::check_qsgd_elias_decode_args(norms[i][k], nbits[i][k], streams[i][k], n[i], s, bucket,
                                                     group_buckets, dtypes[i], hgc_dev::kDeviceType));
       TORCH_CHECK(norms[i][k].device() == device, op, ": payload ", k, " of tensor ", i, " is on ",
                   norms[i][k].device(), ", tensor 0's on ", device, " (a bucket is on one device)");
-      heads.push_back(nbits[i][k]);
+      empty_refused = empty_refused || (G.back() == 0 && streams[i][k].numel() != 0);
       held.push_back(norms[i][k].contiguous());
       held.push_back(nbits[i][k].contiguous());
       held.push_back(streams[i][k].contiguous());
     }
   }
   const hgc_dev::DeviceGuard guard(device);
-  // The headers decide the streams' layouts: checked on the host (one copy for the bucket), with
-  // the per-tensor op's messages, before anything reads a stream.
-  const at::Tensor head_host = hgc_dev::read_back(at::cat(heads));
-  const int64_t* nb = head_host.data_ptr<int64_t>();
-  std::vector<int64_t> starts;
-  for (std::size_t j = 0; j < G.size(); ++j) {
-    const std::vector<int64_t> st = hgc::qsgd_elias_group_starts(nb, G[j], held[3 * j + 2].numel());
-    starts.insert(starts.end(), st.begin(), st.end());
-    nb += G[j];
+  bool ok = !empty_refused;
+  if (ok) {
+    for (std::size_t i = 0; i < count; ++i) {
+      results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
+    }
+    std::vector<hgc_dev::QsgdEliasPayload> payloads(G.size());
+    for (std::size_t j = 0; j < G.size(); ++j) {
+      payloads[j] = {held[3 * j].data_ptr<float>(), held[3 * j + 1].data_ptr<int64_t>(),
+                     held[3 * j + 2].data_ptr<uint8_t>(), held[3 * j + 2].numel()};
+    }
+    std::vector<hgc_dev::QsgdEliasDecodeItem> items(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      items[i] = {hgc_dev::dev_dtype(dtypes[i]), n[i], payloads.data() + i * static_cast<std::size_t>(K),
+                  results[i].data_ptr()};
+    }
+    ok = hgc_dev::qsgd_decode_elias_sum_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count), K, s,
+                                             bucket, group_buckets, scale);
   }
-  for (std::size_t i = 0; i < count; ++i) {
-    results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
+  if (!ok) {
+    // Refused: the headers on the host (one copy), checked in bucket order with the per-tensor
+    // op's messages; when they all pass, a group's code is malformed.
+    std::vector<at::Tensor> heads;
+    for (std::size_t j = 0; j < G.size(); ++j) heads.push_back(held[3 * j + 1]);
+    const at::Tensor head_host = hgc_dev::read_back(at::cat(heads));
+    const int64_t* nb = head_host.data_ptr<int64_t>();
+    for (std::size_t j = 0; j < G.size(); ++j) {
+      hgc::qsgd_elias_group_starts(nb, G[j], held[3 * j + 2].numel());
+      nb += G[j];
+    }
   }
-  const at::Tensor start_dev =
-      hgc_dev::upload(at::tensor(at::ArrayRef<int64_t>(starts), at::TensorOptions().dtype(at::kLong)), device);
-  std::vector<hgc_dev::QsgdEliasPayload> payloads(G.size());
-  const int64_t* start_at = start_dev.data_ptr<int64_t>();
-  for (std::size_t j = 0; j < G.size(); ++j) {
-    payloads[j] = {held[3 * j].data_ptr<float>(), held[3 * j + 1].data_ptr<int64_t>(), start_at,
-                   held[3 * j + 2].data_ptr<uint8_t>()};
-    start_at += G[j] + 1;
-  }
-  std::vector<hgc_dev::QsgdEliasDecodeItem> items(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    items[i] = {hgc_dev::dev_dtype(dtypes[i]), n[i], payloads.data() + i * static_cast<std::size_t>(K),
-                results[i].data_ptr()};
-  }
-  const bool ok = hgc_dev::qsgd_decode_elias_sum_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count),
-                                                      K, s, bucket, group_buckets, scale);
   TORCH_CHECK(ok, hgc::kQsgdEliasMalformed);
   return results;
 }
 
-namespace {
-// The device kernels of QSGD's ops (schemas: ops/schemas.h).
-void register_qsgd_device(torch::Library& m) {
-  m.impl("qsgd_encode_fixed", &qsgd_encode_fixed_device);
-  m.impl("qsgd_decode_fixed", &qsgd_decode_fixed_device);
-  m.impl("qsgd_encode_elias", &qsgd_encode_elias_device);
-  m.impl("qsgd_decode_elias", &qsgd_decode_elias_device);
-  m.impl("qsgd_encode_fixed_many", &qsgd_encode_fixed_many_device);
-  m.impl("qsgd_decode_fixed_many", &hgc::adapt::qsgd_decode_fixed_many<&qsgd_decode_fixed_many_device>);
-  m.impl("qsgd_encode_elias_many", &qsgd_encode_elias_many_device);
-  m.impl("qsgd_decode_elias_many", &hgc::adapt::qsgd_decode_elias_many<&qsgd_decode_elias_many_device>);
-}
-}  // namespace
-
-HGC_DEVICE_OPS(qsgd, hgc::qsgd_schemas(), register_qsgd_device)
+HGC_DEVICE_OPS(qsgd, HGC_QSGD_OPS)

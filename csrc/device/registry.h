@@ -35,16 +35,18 @@ struct Registrar {
 
 }  // namespace hgc_dev
 
+// HGC_DEVICE_OPS(codec, OPS): the device kernels `<op>_device` of every op of the list OPS
+// (HGC_<CODEC>_OPS, ops/schemas.h).
 #if defined(HGC_TWIN)
 // The twin's kernels serve every dispatch key (CompositeExplicitAutograd): CPU tensors, and
 // calls without tensors (an empty bucket); tensors on another device meet the kernels' checks.
-#define HGC_DEVICE_OPS(codec, schemas, register_fn)                                        \
-  TORCH_LIBRARY_FRAGMENT(hgc_twin, m) { hgc::define_ops(m, schemas); }                     \
-  TORCH_LIBRARY_IMPL(hgc_twin, CompositeExplicitAutograd, m) { register_fn(m); }           \
-  namespace {                                                                              \
-  const hgc_dev::Registrar registrar_##codec(#codec, schemas);                             \
+#define HGC_DEVICE_OPS(codec, OPS)                                                           \
+  TORCH_LIBRARY_FRAGMENT(hgc_twin, m) { hgc::define_ops(m, hgc::codec##_schemas()); }        \
+  TORCH_LIBRARY_IMPL(hgc_twin, CompositeExplicitAutograd, m) { OPS(HGC_IMPL_DEVICE) }        \
+  namespace {                                                                                \
+  const hgc_dev::Registrar registrar_##codec(#codec, hgc::codec##_schemas());                \
   }
 #else
-#define HGC_DEVICE_OPS(codec, schemas, register_fn) \
-  TORCH_LIBRARY_IMPL(hgc, CUDA, m) { register_fn(m); }
+#define HGC_DEVICE_OPS(codec, OPS) \
+  TORCH_LIBRARY_IMPL(hgc, CUDA, m) { OPS(HGC_IMPL_DEVICE) }
 #endif

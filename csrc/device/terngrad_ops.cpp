@@ -181,19 +181,4 @@ std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Te
   return results;
 }
 
-namespace {
-// The device kernels of TernGrad's ops (schemas: ops/schemas.h).
-void register_terngrad_device(torch::Library& m) {
-  m.impl("terngrad_max_abs", &terngrad_max_abs_device);
-  m.impl("terngrad_sigma", &terngrad_sigma_device);
-  m.impl("terngrad_encode", &terngrad_encode_device);
-  m.impl("terngrad_decode_sum", &terngrad_decode_sum_device);
-  m.impl("terngrad_sum_levels", &terngrad_sum_levels_device);
-  m.impl("terngrad_sum_decode", &terngrad_sum_decode_device);
-  m.impl("terngrad_scale_stats_many", &terngrad_scale_stats_many_device);
-  m.impl("terngrad_encode_many", &terngrad_encode_many_device);
-  m.impl("terngrad_decode_sum_many", &hgc::adapt::terngrad_decode_sum_many<&terngrad_decode_sum_many_device>);
-}
-}  // namespace
-
-HGC_DEVICE_OPS(terngrad, hgc::terngrad_schemas(), register_terngrad_device)
+HGC_DEVICE_OPS(terngrad, HGC_TERNGRAD_OPS)

@@ -1,5 +1,5 @@
-// Adapters between the dispatcher's argument types and the kernels' (shared by _C's CPU
-// registrations in binding.cpp and the device registrations in device/<codec>_ops.cpp):
+// Adapters between the dispatcher's argument types and the kernels' (the ops marked HGC_ADAPTED
+// in ops/schemas.h: hgc::adapt::<op name>, for _C's CPU kernels and the device kernels alike):
 //   int[] dtypes      -> std::vector<at::ScalarType> (a ScalarType[] argument fails opcheck's
 //                        schema check in torch 2.13, so the dtypes travel as their codes);
 //   bool[]? by_rows   -> c10::optional<std::vector<bool>> (the dispatcher has no vector<bool>);
@@ -98,13 +98,31 @@ Tensors qsgd_decode_elias_many(const Tensors& norms, const std::vector<int64_t>&
             scale, outs);
 }
 
+// dgc_scatter_sum_many and dgc_decode_sum_many: `first` is the indices (or codes) of each tensor.
 template <auto Fn>
-Tensors dgc_sum_many(const Tensors& first, const std::vector<int64_t>& first_counts, const Tensors& values,
+Tensors dgc_sum_many(const char* op, const char* first_name, const Tensors& first,
+                     const std::vector<int64_t>& first_counts, const Tensors& values,
                      const std::vector<int64_t>& values_counts, const std::vector<int64_t>& n,
                      const std::vector<int64_t>& dtypes, double scale, const Outs& outs) {
-  constexpr const char* op = "dgc_sum_many";
-  return Fn(nest(first, first_counts, op, "indices"), nest(values, values_counts, op, "values"), n,
+  return Fn(nest(first, first_counts, op, first_name), nest(values, values_counts, op, "values"), n,
             scalar_types(dtypes, op), scale, outs);
+}
+
+template <auto Fn>
+Tensors dgc_scatter_sum_many(const Tensors& indices, const std::vector<int64_t>& indices_counts,
+                             const Tensors& values, const std::vector<int64_t>& values_counts,
+                             const std::vector<int64_t>& n, const std::vector<int64_t>& dtypes, double scale,
+                             const Outs& outs) {
+  return dgc_sum_many<Fn>("dgc_scatter_sum_many", "indices", indices, indices_counts, values, values_counts, n,
+                          dtypes, scale, outs);
+}
+
+template <auto Fn>
+Tensors dgc_decode_sum_many(const Tensors& codes, const std::vector<int64_t>& codes_counts, const Tensors& values,
+                            const std::vector<int64_t>& values_counts, const std::vector<int64_t>& n,
+                            const std::vector<int64_t>& dtypes, double scale, const Outs& outs) {
+  return dgc_sum_many<Fn>("dgc_decode_sum_many", "codes", codes, codes_counts, values, values_counts, n, dtypes,
+                          scale, outs);
 }
 
 // dgc_accumulate's kernels take u and v by non-const reference.

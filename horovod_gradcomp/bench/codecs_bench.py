@@ -24,7 +24,9 @@ Thrust sources built for the CPU) next to the native CPU kernels; its speed is n
 of the exchange, over all 161 tensors at once: csrc/device/multi_tensor.cuh), for codecs that have them. Both
 twin rows carry ``device_calls``: the device algorithm calls of one encode pass and one decode
 pass (what a GPU would launch), tensor by tensor against one bucket, and ``host_syncs``: the
-host synchronizations (reads back from the device) of the same passes.
+host synchronizations (reads back from the device) of the same passes. The ``twin-bucket`` row
+also carries ``bucket_ops``: each op the bucket pass called, in call order, with its device
+calls and host synchronizations (``[op, calls, syncs]``), printed one line per codec.
 
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
 call on the first tensor. The pure-torch reference impl is slow, so it runs
@@ -51,6 +53,7 @@ import torch
 
 from .. import available_codecs, get_codec, native_available, native_cuda_status, native_error, twin_available
 from ..native import require_twin
+from ..ops import python_name
 from ..codecs import Payload
 from ..native import NativeUnavailableError
 from .shapes import Shape, resnet50_shapes, total_numel
@@ -237,6 +240,36 @@ def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool, counter: st
     return [middle - start, counter() - middle]
 
 
+def bucket_op_counts(codec, grads: Sequence[torch.Tensor]) -> List[list]:
+    """``[[op, device calls, host syncs], ...]``: every twin op that one bucket pass over
+    ``grads`` (``encode_many``, then the bucket decode) calls, in call order, with the device
+    algorithm calls and host synchronizations that call made. The ops are wrapped on the twin
+    module for the pass (the codecs look them up there at each call) and restored after it."""
+    twin = require_twin()
+    counted: List[list] = []
+
+    def counting(name, fn):
+        def call(*args, **kwargs):
+            calls, syncs = twin.algorithm_calls(), twin.host_syncs()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counted.append([name, twin.algorithm_calls() - calls, twin.host_syncs() - syncs])
+        return call
+
+    saved = {python_name(name): getattr(twin, python_name(name)) for name in twin.ops}
+    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
+    outs = [torch.zeros_like(g) for g in grads]
+    try:
+        for name in twin.ops:
+            setattr(twin, python_name(name), counting(name, saved[python_name(name)]))
+        _decode_bucket(codec, _encode_bucket(codec, grads, residuals), outs)
+    finally:
+        for attr, fn in saved.items():
+            setattr(twin, attr, fn)
+    return counted
+
+
 def make_row(name: str, impl: str, options: Dict[str, object], numel: int, timing: Dict[str, float]) -> dict:
     """One result row: the required keys, plus ``options`` only when there are any."""
     row = {"codec": name, "impl": impl, "numel": numel,
@@ -323,6 +356,7 @@ def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] 
                     rows.append(make_row(name, "twin-bucket", options, numel, time_codec(codec, grads, n, bucket=True)))
                     rows[-1]["device_calls"] = device_calls(codec, grads, bucket=True)
                     rows[-1]["host_syncs"] = device_calls(codec, grads, bucket=True, counter="host_syncs")
+                    rows[-1]["bucket_ops"] = bucket_op_counts(codec, grads)
     if device != "cpu":
         for row in rows:
             row["device"] = device
@@ -406,6 +440,9 @@ def speedup_lines(rows: Sequence[dict]) -> List[str]:
             (e1, d1), (e2, d2) = impls["twin"]["host_syncs"], impls["twin-bucket"]["host_syncs"]
             lines.append(f"{label}: host synchronizations per pass (encode + decode): tensor by tensor {e1} + {d1}, "
                          f"as one bucket {e2} + {d2}")
+        if impls.get("twin-bucket", {}).get("bucket_ops"):
+            ops = ", ".join(f"{op} {calls}/{syncs}" for op, calls, syncs in impls["twin-bucket"]["bucket_ops"])
+            lines.append(f"{label}: per bucket op, device calls / host synchronizations: {ops}")
     return lines
 
 
