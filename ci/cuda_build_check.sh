@@ -4,7 +4,7 @@
 # machine's nvcc), build horovod_gradcomp._C WITH the CUDA kernels, and the OpenMP twin against
 # the same torch, into $CUDA_BUILD (default build-cuda/, outside the source package: the CPU
 # venv's horovod_gradcomp/_C*.so is never touched), import it, check has_cuda(), then run the
-# single-process CPU tests against that build. A compile error in csrc/device/*.cu fails this.
+# single-process CPU tests against that build. A compile error in csrc/device/ (*.cu, *_ops.cpp) fails this.
 # Idempotent: the venv and ninja's objects are reused; only changed sources are recompiled.
 # The venv holds only third-party packages (~5.5 GB of CUDA torch): it lives in $HGC_CACHE, keyed
 # by the torch spec, so that a fresh clone does not install it again (VENV_CUDA overrides).

@@ -1,5 +1,12 @@
-// The one binding file of horovod_gradcomp._C: argument checks, dispatch by device.
+// horovod_gradcomp._C: the `hgc` ops' schemas (the op lists of ops/schemas.h, defined here once) and
+// their CPU kernels (the per-tensor kernels of csrc/cpu/, and the bucket ops tensor by tensor); their CUDA
+// kernels are registered by device/<codec>_ops.cpp (WITH_CUDA). The dispatcher picks the kernel
+// by the tensors' device; the Python module holds only what is not a tensor op.
 #include <torch/extension.h>
+#include <torch/library.h>
+
+#include "ops/adapters.h"
+#include "ops/schemas.h"
 
 #include "checks.h"
 #include "cpu/gloo_exit.h"
@@ -10,20 +17,6 @@
 #include "cpu/dgc_index_cpu.h"
 #include "cpu/dgc_memory_cpu.h"
 
-#ifdef WITH_CUDA
-#include "device/dgc_ops.h"  // DGC's device path (csrc/device/dgc_ops.cpp)
-#include "device/onebit_ops.h"    // onebit's device path (csrc/device/onebit_ops.cpp)
-#include "device/qsgd_ops.h"      // QSGD's device path (csrc/device/qsgd_ops.cpp)
-#include "device/terngrad_ops.h"  // TernGrad's device path (csrc/device/terngrad_ops.cpp)
-// Device branch of a dispatch function: the CUDA op for CUDA tensors.
-#define HGC_ON_CUDA(is_cuda, call) \
-  if (is_cuda) return call
-#else
-// Built without CUDA: CUDA tensors get a clear error (the call is not compiled).
-#define HGC_ON_CUDA(is_cuda, call)                                                                    \
-  TORCH_CHECK(!(is_cuda), "horovod_gradcomp._C was built without CUDA kernels; got CUDA tensors (rebuild " \
-              "with CUDA, see hgc.native_cuda_status(), or use impl='reference')")
-#endif  // WITH_CUDA
 
 namespace {
 
@@ -32,13 +25,11 @@ namespace {
 std::tuple<at::Tensor, at::Tensor> onebit_encode(const at::Tensor& grad, const c10::optional<at::Tensor>& residual,
                                                  int64_t cols, const c10::optional<at::Tensor>& scales,
                                                  bool by_rows) {
-  HGC_ON_CUDA(grad.is_cuda(), onebit_encode_device(grad, residual, cols, scales, by_rows));
   return onebit_encode_cpu(grad, residual, cols, scales, by_rows);
 }
 
 at::Tensor onebit_scales(const at::Tensor& grad, const c10::optional<at::Tensor>& residual, int64_t cols,
                          bool by_rows) {
-  HGC_ON_CUDA(grad.is_cuda(), onebit_scales_device(grad, residual, cols, by_rows));
   return onebit_scales_cpu(grad, residual, cols, by_rows);
 }
 
@@ -50,7 +41,6 @@ c10::optional<at::Tensor> scales_at(const c10::optional<std::vector<at::Tensor>>
 at::Tensor onebit_decode_sum(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                              at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out, bool by_rows) {
   TORCH_CHECK(bits.device() == scales.device(), "onebit_decode: bits and scales are on different devices");
-  HGC_ON_CUDA(bits.is_cuda(), onebit_decode_sum_device(bits, scales, n, cols, dtype, scale, out, by_rows));
   return onebit_decode_sum_cpu(bits, scales, n, cols, dtype, scale, out, by_rows);
 }
 
@@ -58,14 +48,11 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns(const at::Tensor& full,
                                                          const c10::optional<at::Tensor>& residual, int64_t full_cols,
                                                          int64_t col0, int64_t col1,
                                                          const c10::optional<at::Tensor>& scales) {
-  HGC_ON_CUDA(full.is_cuda(), onebit_encode_columns_device(full, residual, full_cols, col0, col1, scales));
   return onebit_encode_columns_cpu(full, residual, full_cols, col0, col1, scales);
 }
 
 void onebit_decode_columns(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out, int64_t full_cols,
                            int64_t col0, int64_t col1) {
-  HGC_ON_CUDA(out.is_cuda() || bits.is_cuda() || scales.is_cuda(),
-              onebit_decode_columns_device(bits, scales, out, full_cols, col0, col1));
   onebit_decode_columns_cpu(bits, scales, out, full_cols, col0, col1);
 }
 
@@ -80,7 +67,6 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> onebit_encode_many(
                   (!by_rows.has_value() || by_rows->size() == grads.size()),
               "onebit_encode_many: give one column count (and one residual, or None; one scales, or None; one "
               "mode, or None) per gradient");
-  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_encode_many_device(grads, residuals, cols, given, by_rows));
   std::vector<at::Tensor> bits, scales;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     c10::optional<at::Tensor> res;
@@ -100,7 +86,6 @@ std::vector<at::Tensor> onebit_scales_many(const std::vector<at::Tensor>& grads,
   TORCH_CHECK(cols.size() == grads.size() && (!residuals.has_value() || residuals->size() == grads.size()) &&
                   (!by_rows.has_value() || by_rows->size() == grads.size()),
               "onebit_scales_many: give one column count (and one residual, or None; one mode, or None) per gradient");
-  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), onebit_scales_many_device(grads, residuals, cols, by_rows));
   std::vector<at::Tensor> scales;
   for (std::size_t i = 0; i < grads.size(); ++i) {
     c10::optional<at::Tensor> res;
@@ -120,8 +105,6 @@ std::vector<at::Tensor> onebit_decode_sum_many(const std::vector<at::Tensor>& bi
                   outs.size() == count && (!by_rows.has_value() || by_rows->size() == count),
               "onebit_decode_sum_many: bits, scales, n, cols, dtypes, outs (and by_rows, or None) must have one "
               "entry per tensor");
-  HGC_ON_CUDA(count > 0 && bits[0].is_cuda(),
-              onebit_decode_sum_many_device(bits, scales, n, cols, dtypes, scale, outs, by_rows));
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i) {
     results.push_back(onebit_decode_sum_cpu(bits[i], scales[i], n[i], cols[i], dtypes[i], scale, outs[i],
@@ -139,8 +122,6 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> onebit_encode_colum
                   (!given.has_value() || given->size() == fulls.size()),
               "onebit_encode_columns_many: give full_cols, col0, col1 (and a residual, or None; scales, or None) "
               "for every tensor");
-  HGC_ON_CUDA(!fulls.empty() && fulls[0].is_cuda(),
-              onebit_encode_columns_many_device(fulls, residuals, full_cols, col0, col1, given));
   std::vector<at::Tensor> bits, scales;
   for (std::size_t i = 0; i < fulls.size(); ++i) {
     c10::optional<at::Tensor> res;
@@ -159,14 +140,6 @@ void onebit_decode_columns_many(const std::vector<at::Tensor>& bits, const std::
   TORCH_CHECK(bits.size() == count && scales.size() == count && full_cols.size() == count && col0.size() == count &&
                   col1.size() == count,
               "onebit_decode_columns_many: give bits, scales, full_cols, col0 and col1 for every out");
-  if (count > 0 && outs[0].is_cuda()) {
-#ifdef WITH_CUDA
-    onebit_decode_columns_many_device(bits, scales, outs, full_cols, col0, col1);
-    return;
-#else
-    TORCH_CHECK(false, "horovod_gradcomp._C was built without CUDA kernels; got CUDA tensors (use impl='reference')");
-#endif
-  }
   for (std::size_t i = 0; i < count; ++i) onebit_decode_columns_cpu(bits[i], scales[i], outs[i], full_cols[i], col0[i], col1[i]);
 }
 
@@ -176,54 +149,44 @@ at::Tensor onebit_decode(const at::Tensor& bits, const at::Tensor& scales, int64
   return onebit_decode_sum(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out, by_rows);
 }
 
-// ---- dispatch by device (the CPU ops check their own arguments) ----
+// ---- the CPU ops check their own arguments ----
 
 double terngrad_max_abs(const at::Tensor& grad) {
-  HGC_ON_CUDA(grad.is_cuda(), terngrad_max_abs_device(grad));
   return terngrad_max_abs_cpu(grad);
 }
 
 double terngrad_sigma(const at::Tensor& grad) {
-  HGC_ON_CUDA(grad.is_cuda(), terngrad_sigma_device(grad));
   return terngrad_sigma_cpu(grad);
 }
 
 std::tuple<at::Tensor, at::Tensor> terngrad_encode(const at::Tensor& grad, double scale, double clip, int64_t key0,
                                                    int64_t key1) {
-  HGC_ON_CUDA(grad.is_cuda(), terngrad_encode_device(grad, scale, clip, key0, key1));
   return terngrad_encode_cpu(grad, scale, clip, key0, key1);
 }
 
 at::Tensor terngrad_decode_sum(const at::Tensor& codes, const at::Tensor& scales, int64_t n, at::ScalarType dtype,
                                double scale, const c10::optional<at::Tensor>& out) {
-  HGC_ON_CUDA(codes.is_cuda() || scales.is_cuda(), terngrad_decode_sum_device(codes, scales, n, dtype, scale, out));
   return terngrad_decode_sum_cpu(codes, scales, n, dtype, scale, out);
 }
 
 std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed(const at::Tensor& x, int64_t s, int64_t bucket, bool max_norm,
                                                      int64_t key) {
-  HGC_ON_CUDA(x.is_cuda(), qsgd_encode_fixed_device(x, s, bucket, max_norm, key));
   return qsgd_encode_fixed_cpu(x, s, bucket, max_norm, key);
 }
 
 at::Tensor qsgd_decode_fixed(const at::Tensor& norms, const at::Tensor& packed, int64_t n, int64_t s, int64_t bucket,
                              at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out) {
-  HGC_ON_CUDA(norms.is_cuda() || packed.is_cuda(),
-              qsgd_decode_fixed_device(norms, packed, n, s, bucket, dtype, scale, out));
   return qsgd_decode_fixed_cpu(norms, packed, n, s, bucket, dtype, scale, out);
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias(const at::Tensor& x, int64_t s, int64_t bucket,
                                                                  bool max_norm, int64_t key, int64_t group_buckets) {
-  HGC_ON_CUDA(x.is_cuda(), qsgd_encode_elias_device(x, s, bucket, max_norm, key, group_buckets));
   return qsgd_encode_elias_cpu(x, s, bucket, max_norm, key, group_buckets);
 }
 
 at::Tensor qsgd_decode_elias(const at::Tensor& norms, const at::Tensor& nbits, const at::Tensor& stream, int64_t n,
                              int64_t s, int64_t bucket, int64_t group_buckets, at::ScalarType dtype,
                              const c10::optional<at::Tensor>& out) {
-  HGC_ON_CUDA(norms.is_cuda() || nbits.is_cuda() || stream.is_cuda(),
-              qsgd_decode_elias_device(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out));
   return qsgd_decode_elias_cpu(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out);
 }
 
@@ -234,7 +197,6 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> qsgd_encode_fixed_m
                                                                                     bool max_norm,
                                                                                     const std::vector<int64_t>& keys) {
   TORCH_CHECK(keys.size() == xs.size(), "qsgd_encode_fixed_many: ", xs.size(), " tensors but ", keys.size(), " keys");
-  HGC_ON_CUDA(!xs.empty() && xs[0].is_cuda(), qsgd_encode_fixed_many_device(xs, s, bucket, max_norm, keys));
   std::vector<at::Tensor> norms, packed;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     auto payload = qsgd_encode_fixed_cpu(xs[i], s, bucket, max_norm, keys[i]);
@@ -252,8 +214,6 @@ std::vector<at::Tensor> qsgd_decode_fixed_many(const std::vector<at::Tensor>& no
   const std::size_t count = norms.size();
   TORCH_CHECK(packed.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count,
               "qsgd_decode_fixed_many: norms, packed, n, dtypes and outs must have one entry per tensor");
-  HGC_ON_CUDA(count > 0 && norms[0].is_cuda(),
-              qsgd_decode_fixed_many_device(norms, packed, n, s, bucket, dtypes, scale, outs));
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i) {
     results.push_back(qsgd_decode_fixed_cpu(norms[i], packed[i], n[i], s, bucket, dtypes[i], scale, outs[i]));
@@ -265,8 +225,6 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<at::Ten
     const std::vector<at::Tensor>& xs, int64_t s, int64_t bucket, bool max_norm, const std::vector<int64_t>& keys,
     int64_t group_buckets) {
   TORCH_CHECK(keys.size() == xs.size(), "qsgd_encode_elias_many: ", xs.size(), " tensors but ", keys.size(), " keys");
-  HGC_ON_CUDA(!xs.empty() && xs[0].is_cuda(),
-              qsgd_encode_elias_many_device(xs, s, bucket, max_norm, keys, group_buckets));
   std::vector<at::Tensor> norms, nbits, streams;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     auto payload = qsgd_encode_elias_cpu(xs[i], s, bucket, max_norm, keys[i], group_buckets);
@@ -289,8 +247,6 @@ std::vector<at::Tensor> qsgd_decode_elias_many(const std::vector<std::vector<at:
   TORCH_CHECK(nbits.size() == count && streams.size() == count && n.size() == count && dtypes.size() == count &&
                   outs.size() == count,
               "qsgd_decode_elias_many: norms, nbits, streams, n, dtypes and outs must have one entry per tensor");
-  HGC_ON_CUDA(count > 0 && !norms[0].empty() && norms[0][0].is_cuda(),
-              qsgd_decode_elias_many_device(norms, nbits, streams, n, s, bucket, group_buckets, dtypes, scale, outs));
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i) {
     const std::size_t K = norms[i].size();
@@ -311,20 +267,17 @@ std::vector<at::Tensor> qsgd_decode_elias_many(const std::vector<std::vector<at:
 }
 
 at::Tensor terngrad_sum_levels(const at::Tensor& codes, int64_t n, int64_t width) {
-  HGC_ON_CUDA(codes.is_cuda(), terngrad_sum_levels_device(codes, n, width));
   return terngrad_sum_levels_cpu(codes, n, width);
 }
 
 at::Tensor terngrad_sum_decode(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
                                at::ScalarType dtype, const c10::optional<at::Tensor>& out) {
-  HGC_ON_CUDA(levels.is_cuda(), terngrad_sum_decode_device(levels, n, k, width, mult, dtype, out));
   return terngrad_sum_decode_cpu(levels, n, k, width, mult, dtype, out);
 }
 
 // A TernGrad bucket at once: CUDA tensors in a fixed number of device calls (terngrad_ops.h); CPU
 // tensors tensor by tensor through the CPU kernels (one host call each, no launches to save).
 at::Tensor terngrad_scale_stats_many(const std::vector<at::Tensor>& grads, bool with_sigma) {
-  HGC_ON_CUDA(!grads.empty() && grads[0].is_cuda(), terngrad_scale_stats_many_device(grads, with_sigma));
   const int64_t count = static_cast<int64_t>(grads.size());
   at::Tensor stats = at::zeros({2, count}, at::kDouble);
   auto acc = stats.accessor<double, 2>();
@@ -341,7 +294,6 @@ std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> terngrad_encode_man
   const std::size_t count = grads.size();
   TORCH_CHECK(scales.size() == count && clips.size() == count && key0s.size() == count && key1s.size() == count,
               "terngrad_encode_many: give a scale, a clip, a key0 and a key1 per gradient");
-  HGC_ON_CUDA(count > 0 && grads[0].is_cuda(), terngrad_encode_many_device(grads, scales, clips, key0s, key1s));
   std::vector<at::Tensor> codes, scale_bufs;
   for (std::size_t i = 0; i < count; ++i) {
     auto payload = terngrad_encode_cpu(grads[i], scales[i], clips[i], key0s[i], key1s[i]);
@@ -358,7 +310,6 @@ std::vector<at::Tensor> terngrad_decode_sum_many(const std::vector<at::Tensor>& 
   const std::size_t count = codes.size();
   TORCH_CHECK(scales.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count,
               "terngrad_decode_sum_many: codes, scales, n, dtypes and outs must have one entry per tensor");
-  HGC_ON_CUDA(count > 0 && codes[0].is_cuda(), terngrad_decode_sum_many_device(codes, scales, n, dtypes, scale, outs));
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i) {
     results.push_back(terngrad_decode_sum_cpu(codes[i], scales[i], n[i], dtypes[i], scale, outs[i]));
@@ -368,36 +319,23 @@ std::vector<at::Tensor> terngrad_decode_sum_many(const std::vector<at::Tensor>& 
 
 std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select(const at::Tensor& x, int64_t k, int64_t sample_count,
                                                                int64_t key) {
-  HGC_ON_CUDA(x.is_cuda(), dgc_select_device(x, k, sample_count, key));
   return dgc_select_cpu(x, k, sample_count, key);
 }
 
 at::Tensor dgc_scatter_sum(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& values, int64_t n,
                            at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out) {
-  HGC_ON_CUDA(!indices.empty() && indices[0].is_cuda(),
-              dgc_scatter_sum_device(indices, values, n, dtype, scale, out));
   return dgc_scatter_sum_cpu(indices, values, n, dtype, scale, out);
 }
 
 at::Tensor dgc_index_encode(const at::Tensor& idx, int64_t n) {
-  HGC_ON_CUDA(idx.is_cuda(), dgc_index_encode_device(idx, n));
   return dgc_index_encode_cpu(idx, n);
 }
 
 at::Tensor dgc_index_decode(const at::Tensor& code, int64_t count, int64_t n) {
-  HGC_ON_CUDA(code.is_cuda(), dgc_index_decode_device(code, count, n));
   return dgc_index_decode_cpu(code, count, n);
 }
 
 void dgc_accumulate(at::Tensor& u, at::Tensor& v, const at::Tensor& g, double momentum, bool nesterov, double coef) {
-  if (g.is_cuda()) {
-#ifdef WITH_CUDA
-    dgc_accumulate_device(u, v, g, momentum, nesterov, coef);
-    return;
-#else
-    TORCH_CHECK(false, "horovod_gradcomp._C was built without CUDA kernels; got CUDA tensors (use impl='reference')");
-#endif
-  }
   dgc_accumulate_cpu(u, v, g, momentum, nesterov, coef);
 }
 
@@ -418,15 +356,10 @@ void check_dgc_sum_lists(const char* op, const DgcPayloadLists& indices, const D
                 " payloads, tensor 0 has ", indices[0].size(), " (a bucket's tensors come from the same K ranks)");
 }
 
-bool dgc_bucket_is_cuda(const DgcPayloadLists& buffers) {
-  return !buffers.empty() && !buffers[0].empty() && buffers[0][0].is_cuda();
-}
-
 std::vector<at::Tensor> dgc_scatter_sum_many(const DgcPayloadLists& indices, const DgcPayloadLists& values,
                                              const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
                                              double scale, const std::vector<c10::optional<at::Tensor>>& outs) {
   check_dgc_sum_lists("dgc_scatter_sum_many", indices, values, n, dtypes, outs);
-  HGC_ON_CUDA(dgc_bucket_is_cuda(indices), dgc_scatter_sum_many_device(indices, values, n, dtypes, scale, outs));
   std::vector<at::Tensor> results;
   for (std::size_t t = 0; t < indices.size(); ++t)
     results.push_back(dgc_scatter_sum_cpu(indices[t], values[t], n[t], dtypes[t], scale, outs[t]));
@@ -437,7 +370,6 @@ std::vector<at::Tensor> dgc_decode_sum_many(const DgcPayloadLists& codes, const 
                                             const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
                                             double scale, const std::vector<c10::optional<at::Tensor>>& outs) {
   check_dgc_sum_lists("dgc_decode_sum_many", codes, values, n, dtypes, outs);
-  HGC_ON_CUDA(dgc_bucket_is_cuda(codes), dgc_decode_sum_many_device(codes, values, n, dtypes, scale, outs));
   std::vector<at::Tensor> results;
   for (std::size_t t = 0; t < codes.size(); ++t) {
     std::vector<at::Tensor> indices;
@@ -452,7 +384,6 @@ void dgc_accumulate_many(const std::vector<at::Tensor>& u, const std::vector<at:
                          const std::vector<at::Tensor>& g, double momentum, bool nesterov, double coef) {
   TORCH_CHECK(u.size() == g.size() && v.size() == g.size(),
               "dgc_accumulate_many: u, v and g must have one entry per tensor");
-  HGC_ON_CUDA(!g.empty() && g[0].is_cuda(), dgc_accumulate_many_device(u, v, g, momentum, nesterov, coef));
   for (std::size_t i = 0; i < g.size(); ++i) {
     at::Tensor ui = u[i], vi = v[i];
     dgc_accumulate_cpu(ui, vi, g[i], momentum, nesterov, coef);
@@ -463,7 +394,6 @@ void dgc_mask_many(const std::vector<at::Tensor>& indices, const std::vector<at:
                    const c10::optional<std::vector<at::Tensor>>& u) {
   TORCH_CHECK(indices.size() == v.size() && (!u.has_value() || u->size() == v.size()),
               "dgc_mask_many: indices, v (and u) must have one entry per tensor");
-  HGC_ON_CUDA(!v.empty() && v[0].is_cuda(), dgc_mask_many_device(indices, v, u));
   for (std::size_t i = 0; i < v.size(); ++i) {
     const at::Tensor idx = indices[i].to(at::kLong);
     v[i].view(-1).index_fill_(0, idx, 0);
@@ -478,7 +408,6 @@ DgcSelection dgc_select_many(const std::vector<at::Tensor>& xs, const std::vecto
   TORCH_CHECK(k.size() == xs.size() && sample_count.size() == xs.size() && keys.size() == xs.size(),
               "dgc_select_many: xs, k, sample_count and keys must have one entry per tensor (got ", xs.size(), ", ",
               k.size(), ", ", sample_count.size(), ", ", keys.size(), ")");
-  HGC_ON_CUDA(!xs.empty() && xs[0].is_cuda(), dgc_select_many_device(xs, k, sample_count, keys));
   DgcSelection res;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     auto [idx, vals, t, path] = dgc_select_cpu(xs[i], k[i], sample_count[i], keys[i]);
@@ -495,7 +424,6 @@ DgcSelection dgc_select_many(const std::vector<at::Tensor>& xs, const std::vecto
 std::vector<at::Tensor> dgc_index_encode_many(const std::vector<at::Tensor>& indices, const std::vector<int64_t>& n) {
   TORCH_CHECK(n.size() == indices.size(), "dgc_index_encode_many: indices and n must have one entry per tensor (got ",
               indices.size(), ", ", n.size(), ")");
-  HGC_ON_CUDA(!indices.empty() && indices[0].is_cuda(), dgc_index_encode_many_device(indices, n));
   std::vector<at::Tensor> codes;
   for (std::size_t i = 0; i < indices.size(); ++i) codes.push_back(dgc_index_encode_cpu(indices[i], n[i]));
   return codes;
@@ -511,13 +439,53 @@ bool has_cuda() {
 
 }  // namespace
 
-// Kernels touch only tensors: release the GIL so that a communication thread (or Horovod's
-// hooks) can run Python while a kernel works.
-#define HGC_RELEASE_GIL py::call_guard<py::gil_scoped_release>()
+
+namespace {
+
+// Every schema of _C, codec after codec.
+std::vector<const char*> all_schemas() {
+  std::vector<const char*> all;
+  for (const auto* list : {&hgc::terngrad_schemas(), &hgc::onebit_schemas(), &hgc::qsgd_schemas(), &hgc::dgc_schemas()})
+    all.insert(all.end(), list->begin(), list->end());
+  return all;
+}
+
+#ifndef WITH_CUDA
+// The CUDA kernel of every op in a build without CUDA: a clear error, not the CPU kernel.
+void no_cuda_kernel(const c10::OperatorHandle& op, torch::jit::Stack*) {
+  TORCH_CHECK(false, op.schema().name(), ": horovod_gradcomp._C was built without CUDA kernels; got CUDA tensors "
+              "(rebuild with CUDA, see hgc.native_cuda_status(), or use impl='reference')");
+}
+#endif
+
+// The CPU kernels, under CPU and under CompositeExplicitAutograd: the latter serves calls with no
+// tensor at all (an empty bucket), which have no device to dispatch on.
+void register_cpu_kernels(torch::Library& m) {
+  HGC_TERNGRAD_OPS(HGC_IMPL_CPU)
+  HGC_ONEBIT_OPS(HGC_IMPL_CPU)
+  HGC_QSGD_OPS(HGC_IMPL_CPU)
+  HGC_DGC_OPS(HGC_IMPL_CPU)
+}
+
+}  // namespace
+
+TORCH_LIBRARY(hgc, m) { hgc::define_ops(m, all_schemas()); }
+
+TORCH_LIBRARY_IMPL(hgc, CPU, m) { register_cpu_kernels(m); }
+
+TORCH_LIBRARY_IMPL(hgc, CompositeExplicitAutograd, m) { register_cpu_kernels(m); }
+
+#ifndef WITH_CUDA
+TORCH_LIBRARY_IMPL(hgc, CUDA, m) {
+  for (const std::string& name : hgc::op_names(all_schemas()))
+    m.impl(name.c_str(), torch::CppFunction::makeFromBoxedFunction<&no_cuda_kernel>());
+}
+#endif
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.doc() = "horovod_gradcomp native codec kernels";
+  m.doc() = "horovod_gradcomp native codec kernels: the torch.ops.hgc ops (see horovod_gradcomp/ops.py)";
   m.def("has_cuda", &has_cuda, "True when built with the CUDA kernels");
+  m.attr("ops") = hgc::op_names(all_schemas());  // the ops this module registers under torch.ops.hgc
   // Holds the GIL: replacing the held object releases the previous one.
   m.def("retain_backward_context", &retain_backward_context,
         "during a backward: keep its stashed context alive (see horovod_gradcomp/ddp/gloo_exit.py)");
@@ -525,118 +493,4 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("tensors"));
   m.def("hold_latest", &hold_latest, "hold a C++ reference to each tensor under slot, releasing the slot's previous ones",
         py::arg("slot"), py::arg("tensors"));
-  m.def("onebit_encode", &onebit_encode, HGC_RELEASE_GIL,
-        "1-bit encode with fused error feedback -> (bits, scales); given scales (onebit_scales'): the pack alone",
-        py::arg("grad"), py::arg("residual"), py::arg("cols"), py::arg("scales") = py::none(),
-        py::arg("by_rows") = false);
-  m.def("onebit_scales", &onebit_scales, HGC_RELEASE_GIL, "the 1-bit encode's scales alone (read-only)",
-        py::arg("grad"), py::arg("residual"), py::arg("cols"), py::arg("by_rows") = false);
-  m.def("onebit_scales_many", &onebit_scales_many, HGC_RELEASE_GIL,
-        "onebit_scales of a bucket (CUDA: a fixed number of device calls)", py::arg("grads"), py::arg("residuals"),
-        py::arg("cols"), py::arg("by_rows") = py::none());
-  m.def("onebit_decode", &onebit_decode, HGC_RELEASE_GIL, "1-bit decode of one payload", py::arg("bits"), py::arg("scales"),
-        py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("out") = py::none(), py::arg("by_rows") = false);
-  m.def("onebit_decode_sum", &onebit_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded 1-bit payloads", py::arg("bits"),
-        py::arg("scales"), py::arg("n"), py::arg("cols"), py::arg("dtype"), py::arg("scale"),
-        py::arg("out") = py::none(), py::arg("by_rows") = false);
-  m.def("onebit_encode_columns", &onebit_encode_columns, HGC_RELEASE_GIL,
-        "1-bit encode of the column window [col0, col1) of a [n / full_cols, full_cols] tensor, residual in place",
-        py::arg("full"), py::arg("residual"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"),
-        py::arg("scales") = py::none());
-  m.def("onebit_decode_columns", &onebit_decode_columns, HGC_RELEASE_GIL,
-        "decode one 1-bit payload into the column window [col0, col1) of out", py::arg("bits"), py::arg("scales"),
-        py::arg("out"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
-  m.def("onebit_encode_many", &onebit_encode_many, HGC_RELEASE_GIL,
-        "onebit_encode of a bucket (CUDA: a fixed number of device calls) -> (bits list, scales list)",
-        py::arg("grads"), py::arg("residuals"), py::arg("cols"), py::arg("scales") = py::none(),
-        py::arg("by_rows") = py::none());
-  m.def("onebit_decode_sum_many", &onebit_decode_sum_many, HGC_RELEASE_GIL,
-        "onebit_decode_sum of a bucket (CUDA: one device call)", py::arg("bits"), py::arg("scales"), py::arg("n"),
-        py::arg("cols"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"), py::arg("by_rows") = py::none());
-  m.def("onebit_encode_columns_many", &onebit_encode_columns_many, HGC_RELEASE_GIL,
-        "onebit_encode_columns of many column windows (CUDA: a fixed number of device calls)", py::arg("fulls"),
-        py::arg("residuals"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"), py::arg("scales") = py::none());
-  m.def("onebit_decode_columns_many", &onebit_decode_columns_many, HGC_RELEASE_GIL,
-        "onebit_decode_columns of many column windows (CUDA: one device call)", py::arg("bits"), py::arg("scales"),
-        py::arg("outs"), py::arg("full_cols"), py::arg("col0"), py::arg("col1"));
-  m.def("terngrad_max_abs", &terngrad_max_abs, HGC_RELEASE_GIL, "max |grad| (NaN if any)", py::arg("grad"));
-  m.def("terngrad_sigma", &terngrad_sigma, HGC_RELEASE_GIL,
-        "population standard deviation of grad in double, fixed summation order (the clip's sigma)",
-        py::arg("grad"));
-  m.def("terngrad_encode", &terngrad_encode, HGC_RELEASE_GIL, "TernGrad stochastic ternarize + pack -> (codes, scale)",
-        py::arg("grad"), py::arg("scale"), py::arg("clip"), py::arg("key0"), py::arg("key1"));
-  m.def("terngrad_decode_sum", &terngrad_decode_sum, HGC_RELEASE_GIL, "scale * sum of K decoded TernGrad payloads",
-        py::arg("codes"), py::arg("scales"), py::arg("n"), py::arg("dtype"), py::arg("scale"),
-        py::arg("out") = py::none());
-  m.def("terngrad_sum_levels", &terngrad_sum_levels, HGC_RELEASE_GIL,
-        "biased exact sums of K TernGrad payloads as width-bit fields (two-phase owner)", py::arg("codes"),
-        py::arg("n"), py::arg("width"));
-  m.def("terngrad_sum_decode", &terngrad_sum_decode, HGC_RELEASE_GIL,
-        "(field - K) * mult of terngrad_sum_levels' fields", py::arg("levels"), py::arg("n"), py::arg("k"),
-        py::arg("width"), py::arg("mult"), py::arg("dtype"), py::arg("out") = py::none());
-  m.def("terngrad_scale_stats_many", &terngrad_scale_stats_many, HGC_RELEASE_GIL,
-        "float64 [2, count]: max |grad| of every gradient, and its clip sigma when with_sigma (else 0)",
-        py::arg("grads"), py::arg("with_sigma"));
-  m.def("terngrad_encode_many", &terngrad_encode_many, HGC_RELEASE_GIL,
-        "terngrad_encode of a bucket (CUDA: one device call) -> (codes list, scale list)", py::arg("grads"),
-        py::arg("scales"), py::arg("clips"), py::arg("key0s"), py::arg("key1s"));
-  m.def("terngrad_decode_sum_many", &terngrad_decode_sum_many, HGC_RELEASE_GIL,
-        "terngrad_decode_sum of a bucket (CUDA: two device calls)", py::arg("codes"), py::arg("scales"),
-        py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("qsgd_encode_fixed", &qsgd_encode_fixed, HGC_RELEASE_GIL, "QSGD encode, fixed-width coding -> (norms, packed)",
-        py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"));
-  m.def("qsgd_decode_fixed", &qsgd_decode_fixed, HGC_RELEASE_GIL, "scale * sum of K fixed-width QSGD payloads",
-        py::arg("norms"), py::arg("packed"), py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtype"),
-        py::arg("scale") = 1.0, py::arg("out") = py::none());
-  m.def("qsgd_encode_elias", &qsgd_encode_elias, HGC_RELEASE_GIL, "QSGD encode, Elias coding -> (norms, nbits, stream)",
-        py::arg("x"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("key"),
-        py::arg("group_buckets"));
-  m.def("qsgd_decode_elias", &qsgd_decode_elias, HGC_RELEASE_GIL, "QSGD decode of one Elias-coded payload", py::arg("norms"),
-        py::arg("nbits"), py::arg("stream"), py::arg("n"), py::arg("s"), py::arg("bucket"),
-        py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
-  m.def("qsgd_encode_fixed_many", &qsgd_encode_fixed_many, HGC_RELEASE_GIL,
-        "qsgd_encode_fixed of a bucket, one key per tensor (CUDA: a fixed number of device calls) -> (norms list, "
-        "packed list)",
-        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"));
-  m.def("qsgd_decode_fixed_many", &qsgd_decode_fixed_many, HGC_RELEASE_GIL,
-        "qsgd_decode_fixed of a bucket, one K (CUDA: one device call per dtype)", py::arg("norms"), py::arg("packed"),
-        py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("qsgd_encode_elias_many", &qsgd_encode_elias_many, HGC_RELEASE_GIL,
-        "qsgd_encode_elias of a bucket, one key per tensor (CUDA: a fixed number of device calls, one read) -> "
-        "(norms list, nbits list, stream list)",
-        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"),
-        py::arg("group_buckets"));
-  m.def("qsgd_decode_elias_many", &qsgd_decode_elias_many, HGC_RELEASE_GIL,
-        "scale * sum of each tensor's K Elias payloads (decode_mean_list's arithmetic) for a bucket",
-        py::arg("norms"), py::arg("nbits"), py::arg("streams"), py::arg("n"), py::arg("s"), py::arg("bucket"),
-        py::arg("group_buckets"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("dgc_select", &dgc_select, HGC_RELEASE_GIL, "DGC selection of about k values by magnitude -> (indices, values, "
-        "threshold, path)", py::arg("x"), py::arg("k"), py::arg("sample_count"), py::arg("key"));
-  m.def("dgc_scatter_sum", &dgc_scatter_sum, HGC_RELEASE_GIL, "scale * sum of K scattered DGC payloads", py::arg("indices"),
-        py::arg("values"), py::arg("n"), py::arg("dtype"), py::arg("scale") = 1.0, py::arg("out") = py::none());
-  m.def("dgc_index_encode", &dgc_index_encode, HGC_RELEASE_GIL, "ascending DGC indices -> compact uint8 code "
-        "(1- or 2-byte gaps, else the indices)", py::arg("indices"), py::arg("n"));
-  m.def("dgc_index_decode", &dgc_index_decode, HGC_RELEASE_GIL, "uint8 index code -> the count indices",
-        py::arg("code"), py::arg("count"), py::arg("n"));
-  m.def("dgc_accumulate_", &dgc_accumulate, HGC_RELEASE_GIL, "DGC momentum correction in place: u = m u + c g; "
-        "v += u (nesterov: v += c g + m u)", py::arg("u"), py::arg("v"), py::arg("g"), py::arg("momentum"),
-        py::arg("nesterov"), py::arg("coef") = 1.0);
-  m.def("dgc_scatter_sum_many", &dgc_scatter_sum_many, HGC_RELEASE_GIL,
-        "dgc_scatter_sum of a bucket (CUDA: a fixed number of device calls)", py::arg("indices"), py::arg("values"),
-        py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("dgc_decode_sum_many", &dgc_decode_sum_many, HGC_RELEASE_GIL,
-        "dgc_index_decode + dgc_scatter_sum of a bucket (CUDA: a fixed number of device calls)", py::arg("codes"),
-        py::arg("values"), py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("dgc_accumulate_many_", &dgc_accumulate_many, HGC_RELEASE_GIL,
-        "dgc_accumulate_ of a bucket (CUDA: one device call per dtype)", py::arg("u"), py::arg("v"), py::arg("g"),
-        py::arg("momentum"), py::arg("nesterov"), py::arg("coef") = 1.0);
-  m.def("dgc_mask_many_", &dgc_mask_many, HGC_RELEASE_GIL,
-        "zero v (and u) at each tensor's sent indices (CUDA: one device call)", py::arg("indices"), py::arg("v"),
-        py::arg("u") = py::none());
-  m.def("dgc_select_many", &dgc_select_many, HGC_RELEASE_GIL,
-        "dgc_select of a bucket, each tensor with its own k, sample_count and key (CUDA: a fixed number of device "
-        "calls) -> (indices list, values list, thresholds, paths)",
-        py::arg("xs"), py::arg("k"), py::arg("sample_count"), py::arg("keys"));
-  m.def("dgc_index_encode_many", &dgc_index_encode_many, HGC_RELEASE_GIL,
-        "dgc_index_encode of a bucket (CUDA: two device calls, one read-back)", py::arg("indices"), py::arg("n"));
 }

@@ -1,6 +1,7 @@
 """Loading of the native extension ``horovod_gradcomp._C``.
 
-The extension is built by ``setup.py`` from ``csrc/``. Nothing falls back silently:
+The extension is built by ``setup.py`` from ``csrc/``; its ops are PyTorch custom ops
+(``torch.ops.hgc.*``, bound on the module by :mod:`horovod_gradcomp.ops`). Nothing falls back silently:
 a codec asked for ``impl="native"`` raises :class:`NativeUnavailableError` (with the
 original import error) when the extension did not load.
 """
@@ -11,6 +12,9 @@ _error: str | None = None
 try:  # pragma: no branch
     import torch  # noqa: F401  (the extension links against libtorch: load it first)
     from horovod_gradcomp import _C  # type: ignore[attr-defined,no-redef]
+    from horovod_gradcomp.ops import bind as _bind
+
+    _bind(_C, "hgc")  # its ops (torch.ops.hgc.*) on the module, under their Python names
 except Exception as exc:  # noqa: BLE001 - any failure to load is reported verbatim
     _C = None
     _error = f"{type(exc).__name__}: {exc}"
@@ -81,7 +85,8 @@ def require_native():
 #
 # ``horovod_gradcomp._C_twin`` is csrc/device/ (the GPU path's Thrust sources) built by g++ with
 # Thrust's OpenMP backend: the same algorithm calls and functors as the CUDA build, run on CPU
-# tensors. It exists so that the GPU path is executed in CI; codecs use it with impl="twin".
+# tensors, its ops under torch.ops.hgc_twin. It exists so that the GPU path is executed in CI;
+# codecs use it with impl="twin".
 # HGC_TWIN_PATH=<file.so> loads that build instead (ci/build_twin_dev.py: a twin of some codecs).
 _C_twin = None
 _twin_error: str | None = None
@@ -98,6 +103,9 @@ try:  # pragma: no branch
         _sys.modules["horovod_gradcomp._C_twin"] = _C_twin
     else:
         from horovod_gradcomp import _C_twin  # type: ignore[attr-defined,no-redef]
+    from horovod_gradcomp.ops import bind as _bind
+
+    _bind(_C_twin, "hgc_twin")  # its ops (torch.ops.hgc_twin.*) on the module
 except Exception as exc:  # noqa: BLE001 - reported verbatim by require_twin
     _C_twin = None
     _twin_error = f"{type(exc).__name__}: {exc}"

@@ -78,6 +78,15 @@ def test_json_rows_cover_every_codec_and_impl(capsys):
     # mode (onebit's default; columns mode adds its column finish), one decode
     assert calls[("onebit", "twin-bucket")] == [4, 1], calls
     assert calls[("onebit", "twin")][0] > 5, calls
+    syncs = {(r["codec"], r["impl"]): r.get("host_syncs") for r in rows if r["impl"].startswith("twin")}
+    assert all(c is not None and len(c) == 2 for c in syncs.values()), syncs
+    assert syncs[("onebit", "twin-bucket")] == [0, 0] and syncs[("terngrad", "twin-bucket")] == [0, 0], syncs
+    # every codec's bucket pass, op by op: each a bucket op, at most one host synchronization each
+    ops = {r["codec"]: r.get("bucket_ops") for r in rows if r["impl"] == "twin-bucket"}
+    assert set(ops) == set(hgc.available_codecs()) and all(ops.values()), ops
+    for codec, called in ops.items():
+        assert all(op.endswith("_many") and calls >= 1 and syncs <= 1 for op, calls, syncs in called), (codec, called)
+        assert sum(s for _, _, s in called) == sum(syncs[(codec, "twin-bucket")]), (codec, called)
     numel = total_numel(resnet50_shapes()[:4])
     for r in rows:
         assert set(codecs_bench.REQUIRED_KEYS) <= set(r) and "options" not in r

@@ -18,18 +18,19 @@
 // Selection (dgc_threshold_many, dgc_compact_many): the keys to sort of every tensor (sampled
 // keys, or all keys of the exactly selected ones) widened to (tensor, uint64 key) pairs, one
 // gather and one sort by (tensor, key descending) for the bucket, every tensor's (count, threshold)
-// in one reduce_by_key over the concatenated values (read back in one copy); the estimates off by
-// more than 2x refined together (copy_if of their candidates, sort, reduce_by_key, one read-back);
-// then one copy_if of all selected positions and one for_each writing indices and values. Index
-// code (dgc_index_*_many): one reduce_by_key of every tensor's GapStats, one read-back, one
-// for_each. Their tables (Pack) go up in one copy per round.
+// in one segmented reduction over the concatenated values (segment_reduce: a scan by tensor and a
+// gather of each tensor's last value, so that nothing but the results is read back, in one copy);
+// the estimates off by more than 2x refined together (their candidates compacted by a scan and a
+// for_each, sort, segmented reduction, one read-back); then one scan of the selected flags (each position's place) and one
+// for_each writing indices and values: the compaction reads nothing back (the counts are known).
+// Index code (dgc_index_*_many): one segmented reduction of every tensor's GapStats, one
+// read-back, one for_each. Their tables (Pack) go up in one copy per round.
 #include "dgc_device.h"
 
 #include <thrust/copy.h>
 #include <thrust/count.h>
 #include <thrust/functional.h>
 #include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/discard_iterator.h>
 #include <thrust/reduce.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/zip_iterator.h>
@@ -82,14 +83,14 @@ double key_value(uint64_t t, DType dtype) {
 
 // #{i : key_i >= t}: an integer count (exact in any order).
 template <typename U> int64_t count_at(Exec& ex, const U* p, int64_t n, U t) {
-  return static_cast<int64_t>(thrust::count_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  return static_cast<int64_t>(thrust::count_if(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                                                thrust::counting_iterator<int64_t>(n), dgc::IndexAtLeast<U>{p, t}));
 }
 
 // (#{i : key_i >= t}, t) for the threshold rule th over keys in device memory: one integer
 // reduction, one read-back.
 template <typename U> dgc::CountKey count_threshold(Exec& ex, const U* p, int64_t n, dgc::ThresholdAt<U> th) {
-  return thrust::transform_reduce(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  return thrust::transform_reduce(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                                   thrust::counting_iterator<int64_t>(n), dgc::CountAtLeast<U>{p, th},
                                   dgc::CountKey{0, 0}, dgc::CombineCountKey());
 }
@@ -101,7 +102,7 @@ template <typename U> dgc::CountKey count_threshold(Exec& ex, const U* p, int64_
 template <typename U> dgc::CountKey exact_threshold(Exec& ex, const U* p, int64_t n, U lo, int64_t len, int64_t k) {
   Scratch<U> keys(ex, len);
   const auto key_of = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::KeyAt<U>{p});
-  thrust::copy_if(ex.policy(), key_of, key_of + n, keys.get(), dgc::KeyAtLeast<U>{lo});
+  thrust::copy_if(ex.policy_read(), key_of, key_of + n, keys.get(), dgc::KeyAtLeast<U>{lo});
   thrust::sort(ex.policy(), keys.get(), keys.get() + len, thrust::greater<U>());
   return count_threshold<U>(ex, p, n, dgc::ThresholdAt<U>{keys.get() + (k - 1), true});
 }
@@ -146,7 +147,7 @@ template <typename U, typename I>
 void compact_typed(Exec& ex, const U* p, int64_t n, U t, I* idx, U* vals, int64_t count) {
   if (count == 0) return;
   const auto in = thrust::make_zip_iterator(thrust::counting_iterator<I>(0), p);
-  thrust::copy_if(ex.policy(), in, in + n, p, thrust::make_zip_iterator(idx, vals), dgc::BitsAtLeast<U>{t});
+  thrust::copy_if(ex.policy_read(), in, in + n, p, thrust::make_zip_iterator(idx, vals), dgc::BitsAtLeast<U>{t});
 }
 
 template <typename I>
@@ -190,13 +191,13 @@ void scatter_typed(Exec& ex, const void* const* idx, const void* const* vals, co
 
 template <typename I> DgcIndexScan index_scan_typed(Exec& ex, const I* idx, int64_t count, int64_t n) {
   const dgc::GapStats s = thrust::transform_reduce(
-      ex.policy(), thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(count),
+      ex.policy_read(), thrust::counting_iterator<int64_t>(0), thrust::counting_iterator<int64_t>(count),
       dgc::GapAt<I>{idx, n}, dgc::GapStats{0, 0}, dgc::CombineGapStats());
   return DgcIndexScan{s.top, s.bad == 0};
 }
 
 template <typename I> bool indices_ok_typed(Exec& ex, const I* idx, int64_t count, int64_t n) {
-  return thrust::count_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
+  return thrust::count_if(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                           thrust::counting_iterator<int64_t>(count), dgc::BadIndex<I>{idx, n}) == 0;
 }
 
@@ -377,8 +378,22 @@ int esize_of(DType dtype) {
   throw std::invalid_argument("dgc: unknown dtype");
 }
 
+// sums[s] = the reduction by `op` of term(g) over segment s's concatenated positions g, for the T
+// segments of `start` (device memory, T + 1 prefix counts; every segment non-empty), left in
+// device memory: an inclusive scan by segment and a gather of each segment's last value (2 calls,
+// no read back; reduce_by_key would read its output's size). op must be associative: the
+// reductions here are of integers, so any order gives the same result.
+template <typename V, typename Term, typename Op>
+void segment_reduce(Exec& ex, const int64_t* start, int64_t T, int64_t total, Term term, Op op, V* sums) {
+  Scratch<V> scan(ex, total);
+  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
+  const auto terms = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), term);
+  thrust::inclusive_scan_by_key(ex.policy(), seg, seg + total, terms, scan.get(), thrust::equal_to<int64_t>(), op);
+  ex.for_each_index(T, dgc::SegmentLast<V>{scan.get(), start, sums});
+}
+
 // The per-tensor (count, threshold) of every rule over its tensor's values (all segments hold
-// >= 1 value): one reduce_by_key over the concatenated values, one read-back into host[].
+// >= 1 value): one segmented reduction over the concatenated values, one read-back into host[].
 void count_thresholds(Exec& ex, const Pack& p, const Segments<dgc::ThresholdRule>& rules,
                       std::vector<dgc::CountKey>& host) {
   const int64_t T = rules.size();
@@ -386,11 +401,8 @@ void count_thresholds(Exec& ex, const Pack& p, const Segments<dgc::ThresholdRule
   if (T == 0) return;
   Scratch<dgc::CountKey> sums(ex, T);
   const int64_t* start = rules.dev_start(p);
-  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
-  const auto term = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
-                                                    dgc::SegCountTerm{rules.dev_items(p), start, T});
-  thrust::reduce_by_key(ex.policy(), seg, seg + rules.total(), term, thrust::make_discard_iterator(), sums.get(),
-                        thrust::equal_to<int64_t>(), dgc::CombineCountKey());
+  segment_reduce(ex, start, T, rules.total(), dgc::SegCountTerm{rules.dev_items(p), start, T}, dgc::CombineCountKey(),
+                 sums.get());
   ex.to_host(host.data(), sums.get(), sizeof(dgc::CountKey) * static_cast<std::size_t>(T));
 }
 
@@ -668,8 +680,8 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
   }
   if (!again.empty()) {
     // Round 2: every such tensor's candidates (path 1: keys >= t0, c0 > 2k of them; path 2: all
-    // n keys) in one stable copy_if (so tensor by tensor, at base2), one segmented sort, the
-    // exact rule over them, one reduce_by_key, one read-back.
+    // n keys) compacted in order (a scan of their flags, then the writes: tensor by tensor, at
+    // base2), one segmented sort, the exact rule over them, one segmented reduction, one read-back.
     const int64_t R = static_cast<int64_t>(again.size());
     int64_t L = 0;
     std::vector<int64_t> base2(static_cast<std::size_t>(R));
@@ -692,9 +704,13 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
     exact.put(pack);
     pack.upload();
     const int64_t* start = bounds.dev_start(pack);
-    const auto keys = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
-                                                      dgc::SegKeyAt{bounds.dev_items(pack), start, R});
-    thrust::copy_if(ex.policy(), keys, keys + bounds.total(), cand.get(), dgc::KeepAtLeast{bounds.dev_items(pack)});
+    // the candidates' places (an integer scan), then their writes: no read back (L is known)
+    const dgc::KeptAt kept{dgc::SegKeyAt{bounds.dev_items(pack), start, R}, dgc::KeepAtLeast{bounds.dev_items(pack)}};
+    Scratch<int64_t> rank(ex, bounds.total());
+    thrust::transform_exclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
+                                     thrust::counting_iterator<int64_t>(bounds.total()), rank.get(), kept, int64_t(0),
+                                     thrust::plus<int64_t>());
+    ex.for_each_index(bounds.total(), dgc::WriteKept{kept, rank.get(), cand.get()});
     thrust::sort(ex.policy(), cand.get(), cand.get() + L, dgc::SegKeyOrder());
     count_thresholds(ex, pack, exact, c2);
     for (int64_t j = 0; j < R; ++j) {
@@ -707,35 +723,30 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
 
 void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count) {
   if (count <= 0) return;
-  Exec ex(ctx);
   Segments<dgc::KeyBound> bounds;  // the tensors with a selection, their positions concatenated
-  std::vector<int64_t> first;      // where each one's positions start in `pos`
-  int64_t total = 0;
+  std::vector<dgc::CompactOut> outs;
   for (int64_t t = 0; t < count; ++t) {
     const DgcCompactItem& it = items[t];
     if (it.count <= 0 || it.n <= 0) continue;
     bounds.add({it.x, esize_of(it.dtype), it.t_key}, it.n);
-    first.push_back(total);
-    total += it.count;
+    outs.push_back({it.wide, it.idx, it.vals, it.count});
   }
-  if (total == 0) return;
-  Scratch<int64_t> pos(ex, total);
-  Segments<dgc::WriteSelected> write;
-  for (int64_t t = 0, j = 0; t < count; ++t) {
-    const DgcCompactItem& it = items[t];
-    if (it.count <= 0 || it.n <= 0) continue;
-    write.add({pos.get() + first[j], bounds.start[j], it.x, esize_of(it.dtype), it.wide, it.idx, it.vals}, it.count);
-    ++j;
-  }
+  if (bounds.total() == 0) return;
+  Exec ex(ctx);
   Pack pack(ex);
   bounds.put(pack);
-  write.put(pack);
+  const std::size_t outs_at = pack.add(outs);
   pack.upload();
-  // `count` is the number selected (dgc_threshold_many's): the copy writes exactly total positions.
-  thrust::copy_if(ex.policy(), thrust::counting_iterator<int64_t>(0),
-                  thrust::counting_iterator<int64_t>(bounds.total()), pos.get(),
-                  dgc::SelectedAt{bounds.dev_items(pack), bounds.dev_start(pack), bounds.size()});
-  write.run(ex, pack);
+  // Each position's place among the selected ones (an integer scan: any order gives the same
+  // places), then the writes; `count` is the number selected (dgc_threshold_many's), known on the
+  // host, so nothing is read back.
+  Scratch<int64_t> rank(ex, bounds.total());
+  const dgc::KeptAt kept{dgc::SegKeyAt{bounds.dev_items(pack), bounds.dev_start(pack), bounds.size()},
+                         dgc::KeepAtLeast{bounds.dev_items(pack)}};
+  thrust::transform_exclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
+                                   thrust::counting_iterator<int64_t>(bounds.total()), rank.get(), kept, int64_t(0),
+                                   thrust::plus<int64_t>());
+  ex.for_each_index(bounds.total(), dgc::WriteSelected{kept, rank.get(), pack.at<dgc::CompactOut>(outs_at)});
 }
 
 void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t count, DgcIndexScan* out) {
@@ -756,11 +767,8 @@ void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t coun
   pack.upload();
   Scratch<dgc::GapStats> sums(ex, T);
   const int64_t* start = lists.dev_start(pack);
-  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
-  const auto term = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
-                                                    dgc::SegGapTerm{lists.dev_items(pack), start, T});
-  thrust::reduce_by_key(ex.policy(), seg, seg + lists.total(), term, thrust::make_discard_iterator(), sums.get(),
-                        thrust::equal_to<int64_t>(), dgc::CombineGapStats());
+  segment_reduce(ex, start, T, lists.total(), dgc::SegGapTerm{lists.dev_items(pack), start, T},
+                 dgc::CombineGapStats(), sums.get());
   std::vector<dgc::GapStats> host(static_cast<std::size_t>(T));
   ex.to_host(host.data(), sums.get(), sizeof(dgc::GapStats) * static_cast<std::size_t>(T));
   for (int64_t j = 0; j < T; ++j) out[which[j]] = DgcIndexScan{host[j].top, host[j].bad == 0};

@@ -142,10 +142,12 @@ struct DgcSelectItem {
 // dgc_threshold of every item, bitwise its thresholds, paths and counts, into out[count]. Round 1
 // for the whole bucket: the sampled keys of the sampled items and every key of the exactly
 // selected ones (m == 0, k < n) in one gather and one segmented sort ((tensor, key) pairs), the
-// per-tensor (count, threshold) of every item in one reduce_by_key, read back in ONE copy. Round 2,
-// only when an estimate is off by more than 2x (paths 1, 2), for all such items at once: their
-// candidates in one copy_if, one segmented sort, one reduce_by_key, one read-back. Algorithm
-// calls: at most 3, plus 3 with a second round; two table uploads at most.
+// per-tensor (count, threshold) of every item in one segmented reduction (a scan by tensor and a
+// gather: 2 calls), read back in ONE copy, the bucket's only host synchronization. Round 2, only
+// when an estimate is off by more than 2x (paths 1, 2), for all such items at once: their
+// candidates compacted (a scan and a for_each), one segmented sort, one segmented reduction, one
+// read-back (the second host synchronization, on this path only). Algorithm calls: at most 4,
+// plus 5 with a second round; two table uploads at most.
 void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t count, DgcThreshold* out);
 
 // One tensor of a bucket's compaction: dgc_compact's arguments (count: dgc_threshold's count of
@@ -161,8 +163,9 @@ struct DgcCompactItem {
   int64_t count;
 };
 
-// dgc_compact of every item, bitwise: one copy_if of the selected positions of all items (stable:
-// ascending), one for_each writing each item's indices and values; one table upload.
+// dgc_compact of every item, bitwise: one scan of the selected flags of all items (each selected
+// position's place in its item's output: ascending), one for_each writing each item's indices and
+// values; one table upload, no read back (item counts are dgc_threshold_many's).
 void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count);
 
 // One tensor of a bucket's index code: `count` indices (int32, or int64 when wide) of a tensor of
@@ -173,8 +176,9 @@ struct DgcIndexItem {
   int64_t count, n;
 };
 
-// dgc_index_scan of every item into out[count] (items with count 0: {0, true}): one reduce_by_key,
-// one read-back of all items' results, one table upload.
+// dgc_index_scan of every item into out[count] (items with count 0: {0, true}): one segmented
+// reduction (a scan by item and a gather), one read-back of all items' results (the op's only host
+// synchronization), one table upload.
 void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t count, DgcIndexScan* out);
 
 // The index code of every item with w[i] bytes per index into code[i] (w = 1, 2: the gap codes

@@ -418,7 +418,7 @@ struct SegCountTerm {
   }
 };
 
-// The tensor of concatenated position g (reduce_by_key's keys).
+// The tensor of concatenated position g (the keys of segment_reduce's scan by tensor).
 struct SegmentAt {
   const int64_t* start;
   int64_t segs;
@@ -449,36 +449,64 @@ struct KeepAtLeast {
   HGC_HOST_DEVICE bool operator()(const SegKey& k) const { return k.key >= b[k.seg].t; }
 };
 
-// Concatenated position g is selected: its key >= its tensor's threshold (compaction).
-struct SelectedAt {
-  const KeyBound* b;
-  const int64_t* start;
-  int64_t segs;
-  HGC_HOST_DEVICE bool operator()(int64_t g) const {
-    const int64_t s = segment_of(start, segs, g);
-    return key_at(b[s].x, b[s].esize, g - start[s]) >= b[s].t;
+// Concatenated position g is kept (1: its key >= its tensor's bound) or not (0): the flags whose
+// exclusive scan places the refinement's candidates and the compaction's selected values.
+struct KeptAt {
+  SegKeyAt at;
+  KeepAtLeast keep;
+  HGC_HOST_DEVICE int64_t operator()(int64_t g) const { return keep(at(g)) ? 1 : 0; }
+};
+
+// Writes concatenated position g's key to out[rank[g]] when it is kept (rank: KeptAt's scan).
+struct WriteKept {
+  KeptAt kept;
+  const int64_t* rank;
+  SegKey* out;
+  HGC_HOST_DEVICE void operator()(int64_t g) const {
+    const SegKey k = kept.at(g);
+    if (kept.keep(k)) out[rank[g]] = k;
   }
 };
 
-// Position q of one tensor's selection (under MultiFor): from the concatenated position pos[q]
-// (copy_if's stable output, so ascending), idx[q] = its index (int32, or int64 when wide) and
-// vals[q] = its value's bits (esize bytes).
-struct WriteSelected {
-  const int64_t* pos;
-  int64_t start;
-  const void* x;
-  int esize;
+// One tensor's outputs of a bucket's compaction: idx (int32, or int64 when wide) and vals (the
+// values' bits) of `count` entries.
+struct CompactOut {
   bool wide;
   void* idx;
   void* vals;
-  HGC_HOST_DEVICE void operator()(int64_t q) const {
-    const int64_t i = pos[q] - start;
-    if (wide) static_cast<int64_t*>(idx)[q] = i;
-    else static_cast<int32_t*>(idx)[q] = static_cast<int32_t>(i);
-    if (esize == 2) static_cast<uint16_t*>(vals)[q] = static_cast<const uint16_t*>(x)[i];
-    else if (esize == 4) static_cast<uint32_t*>(vals)[q] = static_cast<const uint32_t*>(x)[i];
-    else static_cast<uint64_t*>(vals)[q] = static_cast<const uint64_t*>(x)[i];
+  int64_t count;
+};
+
+// Concatenated position g, when selected (KeptAt: its key >= its tensor's threshold): its place q
+// among its tensor's selected positions (rank: KeptAt's exclusive scan, so ascending positions
+// get ascending places, as a stable compaction gives them), idx[q] = its index and vals[q] = its
+// value's bits (esize bytes).
+struct WriteSelected {
+  KeptAt kept;
+  const int64_t* rank;
+  const CompactOut* out;
+  HGC_HOST_DEVICE void operator()(int64_t g) const {
+    const SegKey k = kept.at(g);
+    if (!kept.keep(k)) return;
+    const KeyBound& b = kept.at.b[k.seg];
+    const CompactOut& o = out[k.seg];
+    const int64_t first = kept.at.start[k.seg], i = g - first, q = rank[g] - rank[first];
+    if (q >= o.count) return;  // (count is the threshold's count of selected keys: never)
+    if (o.wide) static_cast<int64_t*>(o.idx)[q] = i;
+    else static_cast<int32_t*>(o.idx)[q] = static_cast<int32_t>(i);
+    if (b.esize == 2) static_cast<uint16_t*>(o.vals)[q] = static_cast<const uint16_t*>(b.x)[i];
+    else if (b.esize == 4) static_cast<uint32_t*>(o.vals)[q] = static_cast<const uint32_t*>(b.x)[i];
+    else static_cast<uint64_t*>(o.vals)[q] = static_cast<const uint64_t*>(b.x)[i];
   }
+};
+
+// sums[s] = the last value of segment s of an inclusive scan by segment (every segment non-empty):
+// the segment's reduction, left in device memory (reduce_by_key would read its output's size back).
+template <typename V> struct SegmentLast {
+  const V* scan;
+  const int64_t* start;
+  V* sums;
+  HGC_HOST_DEVICE void operator()(int64_t s) const { sums[s] = scan[start[s + 1] - 1]; }
 };
 
 // Index j of one tensor's indices (int32, or int64 when wide), as int64.

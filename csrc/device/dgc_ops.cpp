@@ -377,47 +377,4 @@ std::vector<at::Tensor> dgc_index_encode_many_device(const std::vector<at::Tenso
   return codes;
 }
 
-#if defined(HGC_TWIN)
-namespace hgc_dev {
-namespace {
-namespace py = pybind11;
-// The names and arguments of _C's DGC ops (csrc/binding.cpp).
-void register_dgc_ops(py::module& m) {
-  m.def("dgc_select", &dgc_select_device, HGC_DEV_RELEASE_GIL,
-        "DGC selection of about k values by magnitude -> (indices, values, threshold, path)", py::arg("x"),
-        py::arg("k"), py::arg("sample_count"), py::arg("key"));
-  m.def("dgc_scatter_sum", &dgc_scatter_sum_device, HGC_DEV_RELEASE_GIL, "scale * sum of K scattered DGC payloads",
-        py::arg("indices"), py::arg("values"), py::arg("n"), py::arg("dtype"), py::arg("scale") = 1.0,
-        py::arg("out") = py::none());
-  m.def("dgc_index_encode", &dgc_index_encode_device, HGC_DEV_RELEASE_GIL,
-        "ascending DGC indices -> compact uint8 code (1- or 2-byte gaps, else the indices)", py::arg("indices"),
-        py::arg("n"));
-  m.def("dgc_index_decode", &dgc_index_decode_device, HGC_DEV_RELEASE_GIL, "uint8 index code -> the count indices",
-        py::arg("code"), py::arg("count"), py::arg("n"));
-  m.def("dgc_accumulate_", &dgc_accumulate_device, HGC_DEV_RELEASE_GIL,
-        "DGC momentum correction in place: u = m u + c g; v += u (nesterov: v += c g + m u)", py::arg("u"),
-        py::arg("v"), py::arg("g"), py::arg("momentum"), py::arg("nesterov"), py::arg("coef") = 1.0);
-  m.def("dgc_scatter_sum_many", &dgc_scatter_sum_many_device, HGC_DEV_RELEASE_GIL,
-        "dgc_scatter_sum of a bucket of tensors in a fixed number of device calls", py::arg("indices"),
-        py::arg("values"), py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("dgc_decode_sum_many", &dgc_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
-        "dgc_index_decode + dgc_scatter_sum of a bucket of tensors in a fixed number of device calls",
-        py::arg("codes"), py::arg("values"), py::arg("n"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("dgc_accumulate_many_", &dgc_accumulate_many_device, HGC_DEV_RELEASE_GIL,
-        "dgc_accumulate_ of a bucket of tensors (one device call per dtype)", py::arg("u"), py::arg("v"),
-        py::arg("g"), py::arg("momentum"), py::arg("nesterov"), py::arg("coef") = 1.0);
-  m.def("dgc_mask_many_", &dgc_mask_many_device, HGC_DEV_RELEASE_GIL,
-        "zero v (and u) at each tensor's sent indices (one device call)", py::arg("indices"), py::arg("v"),
-        py::arg("u") = py::none());
-  m.def("dgc_select_many", &dgc_select_many_device, HGC_DEV_RELEASE_GIL,
-        "dgc_select of a bucket of tensors, each with its own k, sample_count and key, in a fixed number of device "
-        "calls -> (indices list, values list, thresholds, paths)",
-        py::arg("xs"), py::arg("k"), py::arg("sample_count"), py::arg("keys"));
-  m.def("dgc_index_encode_many", &dgc_index_encode_many_device, HGC_DEV_RELEASE_GIL,
-        "dgc_index_encode of a bucket of index tensors (two device calls, one read-back)", py::arg("indices"),
-        py::arg("n"));
-}
-const Registrar registrar("dgc", &register_dgc_ops);
-}  // namespace
-}  // namespace hgc_dev
-#endif
+HGC_DEVICE_OPS(dgc, HGC_DGC_OPS)

@@ -32,6 +32,7 @@ namespace hgc_dev {
 
 namespace detail {
 std::atomic<int64_t>& call_counter();
+std::atomic<int64_t>& sync_counter();
 }  // namespace detail
 
 // Thrust's temporary storage from the caller's allocator (so that on CUDA it comes from
@@ -66,6 +67,14 @@ class Exec {
 #endif
   }
 
+  // policy() of an algorithm whose result the host reads (a returned value, or the end of
+  // copy_if's or reduce_by_key's output, which Thrust copies back): on CUDA the host waits for
+  // the stream, so it counts as a host synchronization too.
+  auto policy_read() {
+    detail::sync_counter().fetch_add(1, std::memory_order_relaxed);
+    return policy();
+  }
+
   // f(i) for every i in [0, n): the "kernel launch" of the device sources.
   template <typename F> void for_each_index(int64_t n, F f) {
     if (n <= 0) return;
@@ -76,9 +85,11 @@ class Exec {
   const Ctx& ctx() const { return ctx_; }
 
   // Copy `bytes` from device memory to host memory and wait for it (the small size reads
-  // of data-dependent payloads), after everything issued before on the stream.
+  // of data-dependent payloads), after everything issued before on the stream: a host
+  // synchronization, counted (detail::sync_counter).
   void to_host(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
+    detail::sync_counter().fetch_add(1, std::memory_order_relaxed);
 #if defined(HGC_TWIN)
     std::memcpy(dst, src, bytes);  // twin: device memory is host memory (after the synchronous algorithms)
 #else
@@ -88,16 +99,23 @@ class Exec {
 #endif
   }
 
-  // Copy `bytes` of host memory to device memory, ordered on the stream. The host memory must
-  // stay valid until the stream reaches the copy: callers pass memory they own until then.
+  // Copy `bytes` of host memory to device memory, ordered on the stream, without waiting: the
+  // bytes go through a pinned staging buffer (Ctx::host_alloc) that is reused only after the
+  // stream has passed the copy, so `src` may be freed at once. No host synchronization.
   void to_device(void* dst, const void* src, std::size_t bytes) {
     if (bytes == 0) return;
 #if defined(HGC_TWIN)
     std::memcpy(dst, src, bytes);
 #else
     const auto stream = static_cast<cudaStream_t>(ctx_.stream);
-    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+    if (ctx_.host_alloc == nullptr || ctx_.host_release == nullptr)
+      throw std::runtime_error("hgc_dev: Exec::to_device needs the context's pinned host allocator");
+    void* handle = nullptr;
+    void* staging = ctx_.host_alloc(bytes, &handle);
+    std::memcpy(staging, src, bytes);
+    const cudaError_t err = cudaMemcpyAsync(dst, staging, bytes, cudaMemcpyHostToDevice, stream);
+    ctx_.host_release(handle, ctx_.stream);  // reused once the stream is past the copy
+    check(err, "cudaMemcpyAsync");
 #endif
   }
 

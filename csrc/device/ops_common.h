@@ -23,6 +23,7 @@ struct DeviceGuard {
 }  // namespace hgc_dev
 #else
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/CachingHostAllocator.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 namespace hgc_dev {
@@ -54,6 +55,21 @@ inline void* alloc_bytes(std::size_t bytes, void* stream) {
   return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
 }
 inline void free_bytes(void* p, void*) { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+// Pinned staging memory of Exec::to_device from PyTorch's caching host allocator: the handle
+// owns the block; releasing it records an event on the stream, so the block is reused only
+// after the copy that reads it.
+inline void* pinned_alloc(std::size_t bytes, void** handle) {
+  auto* block = new at::DataPtr(at::getHostAllocator(at::kCUDA)->allocate(bytes));
+  *handle = block;
+  return block->get();
+}
+inline void pinned_release(void* handle, void* stream) {
+  auto* block = static_cast<at::DataPtr*>(handle);
+  const auto cuda_stream = c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream),
+                                                            c10::cuda::current_device());
+  at::getHostAllocator(at::kCUDA)->record_event(block->get(), block->get_context(), cuda_stream.unwrap());
+  delete block;
+}
 #endif
 }  // namespace detail
 
@@ -63,10 +79,28 @@ inline Ctx current_ctx() {
 #if !defined(HGC_TWIN)
   c.stream = at::cuda::getCurrentCUDAStream().stream();
   c.alloc_state = c.stream;
+  c.host_alloc = &detail::pinned_alloc;
+  c.host_release = &detail::pinned_release;
 #endif
   c.alloc = &detail::alloc_bytes;
   c.free = &detail::free_bytes;
   return c;
+}
+
+// A device tensor's values on the host: a host synchronization, counted (host_syncs()).
+inline at::Tensor read_back(const at::Tensor& t) {
+  count_host_sync();
+  return t.to(at::kCPU);
+}
+
+// Host values (a CPU tensor) as a tensor on `device`, without waiting for the copy (CUDA:
+// through pinned memory, whose block PyTorch reuses only after the copy).
+inline at::Tensor upload(const at::Tensor& host, const at::Device& device) {
+#if defined(HGC_TWIN)
+  return host.to(device);
+#else
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+#endif
 }
 
 // The dtypes present among a bucket's `dtypes`, in DType order: a bucket op runs one launch

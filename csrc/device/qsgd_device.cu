@@ -93,7 +93,7 @@ bool qsgd_decode_elias(const Ctx& ctx, DType dtype, const float* norms, const in
     ex.for_each_index(n, EliasZeros<T>{norms, bucket, s, o});
     ex.for_each_index(G, DecodeEliasGroup<T>{norms, nbits, start, stream, n, bucket, s, gb, B, o, bad.get()});
   });
-  const int any = thrust::reduce(ex.policy(), bad.get(), bad.get() + G, 0, AnyBad());
+  const int any = thrust::reduce(ex.policy_read(), bad.get(), bad.get() + G, 0, AnyBad());
   return any == 0;
 }
 
@@ -152,7 +152,7 @@ template <typename T> struct EliasLevelStages {
 
 template <typename T> struct EliasDecodeStages {
   Stage<EliasZeros<T>> zeros;
-  Stage<DecodeEliasGroup<T>> groups;
+  Stage<CheckedEliasGroup<T>> groups;
   Stage<SumDecoded<T>> sum;
 };
 
@@ -327,7 +327,8 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
   if (K <= 0) return true;
   Exec ex(ctx);
   const int64_t gb = group_buckets;
-  // Scratch: each item's K decoded payloads (K n values of its type), each group's malformed flag.
+  // Scratch: each item's K decoded payloads (K n values of its type), each group's malformed flag,
+  // each payload's header slots (its G groups + 1).
   std::vector<int64_t> dec_at(static_cast<std::size_t>(count > 0 ? count : 0), 0);
   int64_t dec_bytes = 0, flags = 0;
   for (int64_t t = 0; t < count; ++t) {
@@ -342,10 +343,14 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
     flags += K * ((B + gb - 1) / gb);
   }
   if (flags == 0) return true;
+  const int64_t slots = flags + K * count;  // at most: one slot more than its groups per payload
   Scratch<unsigned char> dec(ex, dec_bytes);
   Scratch<int> bad(ex, flags);
+  Scratch<int64_t> head_bytes(ex, slots), head_key(ex, slots), head_start(ex, slots);
+  Stage<EliasHeadBytes> heads;
   PerType<EliasDecodeStages> st;
   int* bad_at = bad.get();
+  int64_t slot = 0, payload = 0;
   for (int64_t t = 0; t < count; ++t) {
     const QsgdEliasDecodeItem& it = items[t];
     if (it.n <= 0) continue;
@@ -356,28 +361,37 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
       T* d = reinterpret_cast<T*>(mine);
       for (int64_t k = 0; k < K; ++k) {
         const QsgdEliasPayload& p = it.payloads[k];
+        heads.add(EliasHeadBytes{p.nbits, G, p.stream_bytes, payload++, head_bytes.get() + slot,
+                                 head_key.get() + slot},
+                  G + 1);
+        const DecodeEliasGroup<T> group{p.norms, p.nbits, head_start.get() + slot, p.stream, it.n, bucket, s, gb, B,
+                                        d + k * it.n, bad_at};
         set.zeros.add(EliasZeros<T>{p.norms, bucket, s, d + k * it.n}, it.n);
-        set.groups.add(DecodeEliasGroup<T>{p.norms, p.nbits, p.start, p.stream, it.n, bucket, s, gb, B, d + k * it.n,
-                                           bad_at},
-                       G);
+        set.groups.add(CheckedEliasGroup<T>{group, G, p.stream_bytes}, G);
         bad_at += G;
+        slot += G + 1;
       }
       set.sum.add(SumDecoded<T>{d, it.n, K, scale, static_cast<T*>(it.out)}, it.n);
     });
   }
   TableSet tables(ex);
+  tables.put(heads);
   st.each([&](auto& set) {
     tables.put(set.zeros);
     tables.put(set.groups);
     tables.put(set.sum);
   });
   tables.upload();
+  // every payload's group starts (an integer scan by payload: any order gives the same sums)
+  tables.run(heads);
+  thrust::exclusive_scan_by_key(ex.policy(), head_key.get(), head_key.get() + slot, head_bytes.get(),
+                                head_start.get());
   st.each([&](auto& set) {
     tables.run(set.zeros);
     tables.run(set.groups);
     tables.run(set.sum);
   });
-  const int any = thrust::reduce(ex.policy(), bad.get(), bad.get() + flags, 0, AnyBad());
+  const int any = thrust::reduce(ex.policy_read(), bad.get(), bad.get() + flags, 0, AnyBad());
   return any == 0;
 }
 

@@ -85,13 +85,13 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
                             bool max_norm, int64_t group_buckets, ByteAlloc alloc_stream, void* state,
                             int64_t* stream_at);
 
-// One of a tensor's K Elias payloads, as qsgd_decode_elias takes it (start: its G + 1 group byte
-// offsets in device memory, checked on the host).
+// One of a tensor's K Elias payloads, as qsgd_decode_elias takes it, its header (the G group bit
+// counts, nbits) unchecked: the launcher checks it on the device (see qsgd_decode_elias_sum_many).
 struct QsgdEliasPayload {
   const float* norms;
   const int64_t* nbits;
-  const int64_t* start;
   const uint8_t* stream;
+  int64_t stream_bytes;
 };
 
 // One tensor of a bucket's Elias decode-sum: its K payloads (host array) and output (n values).
@@ -104,10 +104,15 @@ struct QsgdEliasDecodeItem {
 
 // out = T(A(scale) * (((0 + A(decode(p_0))) + A(decode(p_1))) + ...)) of every item's K payloads
 // (A = Elem<T>::acc; decode = qsgd_decode_elias's values, in T): the arithmetic of
-// Codec.decode_mean_list over the per-tensor decode, in its order. Returns false when a group of
-// any payload is malformed. Calls: 3 per dtype present (zeros, groups, sum) + 1 (any
-// malformed), whatever the count; one device-to-host copy (the flag). Scratch: K n values of T
-// per item.
+// Codec.decode_mean_list over the per-tensor decode, in its order. Every payload's group starts
+// come from its header on the device (a scan of the groups' byte counts by payload); a payload
+// whose header qsgd_elias_group_starts refuses (a count out of [0, stream bits], or bytes that do
+// not add up to its stream's) is not read. Returns false when a header is refused or a group of
+// any payload is malformed (the caller finds which on the host). Items with n == 0 are skipped
+// (their headers are empty: the caller checks their stream sizes). Calls: 2 (header bytes, their
+// scan) + 3 per dtype present (zeros, groups, sum) + 1 (any refused), whatever the count; one
+// device-to-host copy (the flag), the bucket op's only host synchronization. Scratch: K n values
+// of T per item, 3 int64 per group and payload.
 bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items, int64_t count, int64_t K,
                                 int64_t s, int64_t bucket, int64_t group_buckets, double scale);
 

@@ -395,6 +395,41 @@ template <typename T> struct DecodeEliasGroup {
   HGC_HOST_DEVICE void operator()(int64_t g) const { bad[g] = group(g) ? 0 : 1; }
 };
 
+// One payload's header as byte counts, for the scan of its group starts by payload (slot g < G:
+// group g's bytes; slot G: 0, so that its start is the header's total). A count out of
+// [0, 8 stream_bytes] (qsgd_elias_group_starts refuses it) counts stream_bytes + 1 bytes: the
+// total then differs from stream_bytes, which is what CheckedEliasGroup tests.
+struct EliasHeadBytes {
+  const int64_t* nbits;
+  int64_t G, stream_bytes, payload;
+  int64_t* bytes;
+  int64_t* key;
+  HGC_HOST_DEVICE void operator()(int64_t g) const {
+    key[g] = payload;
+    if (g == G) {
+      bytes[g] = 0;
+      return;
+    }
+    const int64_t nb = nbits[g];
+    bytes[g] = nb >= 0 && nb <= 8 * stream_bytes ? (nb + 7) / 8 : stream_bytes + 1;
+  }
+};
+
+// DecodeEliasGroup of a payload whose group starts were scanned on the device (start: its G + 1
+// byte offsets): its groups are read only when the header adds up to the stream's bytes (then
+// every count is in range and every group inside the stream); else each group is flagged bad.
+template <typename T> struct CheckedEliasGroup {
+  DecodeEliasGroup<T> dec;
+  int64_t G, stream_bytes;
+  HGC_HOST_DEVICE void operator()(int64_t g) const {
+    if (dec.start[G] != stream_bytes) {
+      dec.bad[g] = 1;
+      return;
+    }
+    dec(g);
+  }
+};
+
 struct AnyBad {
   HGC_HOST_DEVICE int operator()(int a, int b) const { return a > b ? a : b; }
 };

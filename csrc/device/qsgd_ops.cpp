@@ -95,12 +95,12 @@ at::Tensor qsgd_decode_elias_device(const at::Tensor& norms, const at::Tensor& n
   // The header decides the stream's layout: its G bit counts are checked on the host (one copy),
   // with the CPU's messages, before anything reads the stream.
   const at::Tensor nb = nbits.contiguous();
-  const at::Tensor nb_host = nb.to(at::kCPU);
+  const at::Tensor nb_host = hgc_dev::read_back(nb);
   const std::vector<int64_t> start = hgc::qsgd_elias_group_starts(nb_host.data_ptr<int64_t>(), G, stream.numel());
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, norms.device(), "qsgd_decode");
   if (n == 0) return out;
   const at::Tensor start_dev =
-      at::tensor(at::ArrayRef<int64_t>(start), at::TensorOptions().dtype(at::kLong)).to(norms.device());
+      hgc_dev::upload(at::tensor(at::ArrayRef<int64_t>(start), at::TensorOptions().dtype(at::kLong)), norms.device());
   const at::Tensor nr = norms.contiguous(), st = stream.contiguous();
   const bool ok = hgc_dev::qsgd_decode_elias(hgc_dev::current_ctx(), hgc_dev::dev_dtype(dtype), nr.data_ptr<float>(),
                                              nb.data_ptr<int64_t>(), start_dev.data_ptr<int64_t>(),
@@ -282,90 +282,56 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
   if (count == 0) return results;
   const int64_t K = check_elias_many_k(norms, nbits, streams, op);
   const at::Device device = norms[0][0].device();
-  // Every payload as qsgd_decode_elias checks it; their headers gathered for one read.
+  // Every payload as qsgd_decode_elias checks it (its header's values are data: checked on the
+  // device by the launcher, and here only when the launcher reports a refusal).
   std::vector<int64_t> G;
-  std::vector<at::Tensor> heads, held;  // held: the contiguous buffers the launcher reads
+  std::vector<at::Tensor> held;  // the contiguous buffers the launcher reads
+  bool empty_refused = false;    // a payload without groups whose stream is not empty
   for (std::size_t i = 0; i < count; ++i) {
     for (int64_t k = 0; k < K; ++k) {
       G.push_back(hgc::check_qsgd_elias_decode_args(norms[i][k], nbits[i][k], streams[i][k], n[i], s, bucket,
                                                     group_buckets, dtypes[i], hgc_dev::kDeviceType));
       TORCH_CHECK(norms[i][k].device() == device, op, ": payload ", k, " of tensor ", i, " is on ",
                   norms[i][k].device(), ", tensor 0's on ", device, " (a bucket is on one device)");
-      heads.push_back(nbits[i][k]);
+      empty_refused = empty_refused || (G.back() == 0 && streams[i][k].numel() != 0);
       held.push_back(norms[i][k].contiguous());
       held.push_back(nbits[i][k].contiguous());
       held.push_back(streams[i][k].contiguous());
     }
   }
   const hgc_dev::DeviceGuard guard(device);
-  // The headers decide the streams' layouts: checked on the host (one copy for the bucket), with
-  // the per-tensor op's messages, before anything reads a stream.
-  const at::Tensor head_host = at::cat(heads).to(at::kCPU);
-  const int64_t* nb = head_host.data_ptr<int64_t>();
-  std::vector<int64_t> starts;
-  for (std::size_t j = 0; j < G.size(); ++j) {
-    const std::vector<int64_t> st = hgc::qsgd_elias_group_starts(nb, G[j], held[3 * j + 2].numel());
-    starts.insert(starts.end(), st.begin(), st.end());
-    nb += G[j];
+  bool ok = !empty_refused;
+  if (ok) {
+    for (std::size_t i = 0; i < count; ++i) {
+      results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
+    }
+    std::vector<hgc_dev::QsgdEliasPayload> payloads(G.size());
+    for (std::size_t j = 0; j < G.size(); ++j) {
+      payloads[j] = {held[3 * j].data_ptr<float>(), held[3 * j + 1].data_ptr<int64_t>(),
+                     held[3 * j + 2].data_ptr<uint8_t>(), held[3 * j + 2].numel()};
+    }
+    std::vector<hgc_dev::QsgdEliasDecodeItem> items(count);
+    for (std::size_t i = 0; i < count; ++i) {
+      items[i] = {hgc_dev::dev_dtype(dtypes[i]), n[i], payloads.data() + i * static_cast<std::size_t>(K),
+                  results[i].data_ptr()};
+    }
+    ok = hgc_dev::qsgd_decode_elias_sum_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count), K, s,
+                                             bucket, group_buckets, scale);
   }
-  for (std::size_t i = 0; i < count; ++i) {
-    results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
+  if (!ok) {
+    // Refused: the headers on the host (one copy), checked in bucket order with the per-tensor
+    // op's messages; when they all pass, a group's code is malformed.
+    std::vector<at::Tensor> heads;
+    for (std::size_t j = 0; j < G.size(); ++j) heads.push_back(held[3 * j + 1]);
+    const at::Tensor head_host = hgc_dev::read_back(at::cat(heads));
+    const int64_t* nb = head_host.data_ptr<int64_t>();
+    for (std::size_t j = 0; j < G.size(); ++j) {
+      hgc::qsgd_elias_group_starts(nb, G[j], held[3 * j + 2].numel());
+      nb += G[j];
+    }
   }
-  const at::Tensor start_dev =
-      at::tensor(at::ArrayRef<int64_t>(starts), at::TensorOptions().dtype(at::kLong)).to(device);
-  std::vector<hgc_dev::QsgdEliasPayload> payloads(G.size());
-  const int64_t* start_at = start_dev.data_ptr<int64_t>();
-  for (std::size_t j = 0; j < G.size(); ++j) {
-    payloads[j] = {held[3 * j].data_ptr<float>(), held[3 * j + 1].data_ptr<int64_t>(), start_at,
-                   held[3 * j + 2].data_ptr<uint8_t>()};
-    start_at += G[j] + 1;
-  }
-  std::vector<hgc_dev::QsgdEliasDecodeItem> items(count);
-  for (std::size_t i = 0; i < count; ++i) {
-    items[i] = {hgc_dev::dev_dtype(dtypes[i]), n[i], payloads.data() + i * static_cast<std::size_t>(K),
-                results[i].data_ptr()};
-  }
-  const bool ok = hgc_dev::qsgd_decode_elias_sum_many(hgc_dev::current_ctx(), items.data(), static_cast<int64_t>(count),
-                                                      K, s, bucket, group_buckets, scale);
   TORCH_CHECK(ok, hgc::kQsgdEliasMalformed);
   return results;
 }
 
-#if defined(HGC_TWIN)
-namespace hgc_dev {
-namespace {
-void register_qsgd_ops(pybind11::module& m) {
-  namespace py = pybind11;
-  m.def("qsgd_encode_fixed", &qsgd_encode_fixed_device, HGC_DEV_RELEASE_GIL,
-        "QSGD encode, fixed-width coding -> (norms, packed)", py::arg("x"), py::arg("s"), py::arg("bucket"),
-        py::arg("max_norm"), py::arg("key"));
-  m.def("qsgd_decode_fixed", &qsgd_decode_fixed_device, HGC_DEV_RELEASE_GIL,
-        "scale * sum of K fixed-width QSGD payloads", py::arg("norms"), py::arg("packed"), py::arg("n"), py::arg("s"),
-        py::arg("bucket"), py::arg("dtype"), py::arg("scale") = 1.0, py::arg("out") = py::none());
-  m.def("qsgd_encode_elias", &qsgd_encode_elias_device, HGC_DEV_RELEASE_GIL,
-        "QSGD encode, Elias coding -> (norms, nbits, stream)", py::arg("x"), py::arg("s"), py::arg("bucket"),
-        py::arg("max_norm"), py::arg("key"), py::arg("group_buckets"));
-  m.def("qsgd_decode_elias", &qsgd_decode_elias_device, HGC_DEV_RELEASE_GIL,
-        "QSGD decode of one Elias-coded payload", py::arg("norms"), py::arg("nbits"), py::arg("stream"), py::arg("n"),
-        py::arg("s"), py::arg("bucket"), py::arg("group_buckets"), py::arg("dtype"), py::arg("out") = py::none());
-  m.def("qsgd_encode_fixed_many", &qsgd_encode_fixed_many_device, HGC_DEV_RELEASE_GIL,
-        "qsgd_encode_fixed of a bucket (one key per tensor) in a fixed number of device calls -> (norms list, "
-        "packed list)",
-        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"));
-  m.def("qsgd_decode_fixed_many", &qsgd_decode_fixed_many_device, HGC_DEV_RELEASE_GIL,
-        "qsgd_decode_fixed of a bucket (one K) in one device call per dtype", py::arg("norms"), py::arg("packed"),
-        py::arg("n"), py::arg("s"), py::arg("bucket"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-  m.def("qsgd_encode_elias_many", &qsgd_encode_elias_many_device, HGC_DEV_RELEASE_GIL,
-        "qsgd_encode_elias of a bucket (one key per tensor) in a fixed number of device calls and one read -> "
-        "(norms list, nbits list, stream list)",
-        py::arg("xs"), py::arg("s"), py::arg("bucket"), py::arg("max_norm"), py::arg("keys"),
-        py::arg("group_buckets"));
-  m.def("qsgd_decode_elias_many", &qsgd_decode_elias_many_device, HGC_DEV_RELEASE_GIL,
-        "scale * sum of each tensor's K Elias payloads (decode_mean_list's arithmetic) for a bucket",
-        py::arg("norms"), py::arg("nbits"), py::arg("streams"), py::arg("n"), py::arg("s"), py::arg("bucket"),
-        py::arg("group_buckets"), py::arg("dtypes"), py::arg("scale"), py::arg("outs"));
-}
-const Registrar registrar("qsgd", &register_qsgd_ops);
-}  // namespace
-}  // namespace hgc_dev
-#endif
+HGC_DEVICE_OPS(qsgd, HGC_QSGD_OPS)

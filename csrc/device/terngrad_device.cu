@@ -191,7 +191,7 @@ double terngrad_max_abs(const Ctx& ctx, DType dtype, const void* g, int64_t n) {
   double m = 0.0;
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
-    m = thrust::transform_reduce(ex.policy(), thrust::counting_iterator<int64_t>(0),
+    m = thrust::transform_reduce(ex.policy_read(), thrust::counting_iterator<int64_t>(0),
                                  thrust::counting_iterator<int64_t>(n), AbsOf<T>{static_cast<const T*>(g)}, 0.0,
                                  MaxNan());
   });

@@ -133,8 +133,8 @@ TerngradPayloads terngrad_encode_many_device(const std::vector<at::Tensor>& grad
   const hgc_dev::DeviceGuard guard(device);
   const auto options = grads[0].options();
   at::Tensor codes = at::empty({code_bytes}, options.dtype(at::kByte));
-  at::Tensor scale_buf = at::empty({static_cast<int64_t>(count)}, options.dtype(at::kFloat));
-  scale_buf.copy_(at::from_blob(scale_values.data(), {static_cast<int64_t>(count)}, at::kFloat));  // one copy
+  const at::Tensor scale_buf = hgc_dev::upload(  // one copy, not waited for
+      at::from_blob(scale_values.data(), {static_cast<int64_t>(count)}, at::kFloat).clone(), device);
   std::vector<hgc_dev::TerngradEncodeItem> items;
   for (std::size_t i = 0, at_byte = 0; i < count; ++i) {
     const int64_t n = grads[i].numel(), nbytes = (n + 3) / 4;
@@ -181,39 +181,4 @@ std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Te
   return results;
 }
 
-#if defined(HGC_TWIN)
-namespace hgc_dev {
-namespace {
-void register_terngrad_ops(pybind11::module& m) {
-  m.def("terngrad_max_abs", &terngrad_max_abs_device, HGC_DEV_RELEASE_GIL, "max |grad| (NaN if any)",
-        pybind11::arg("grad"));
-  m.def("terngrad_sigma", &terngrad_sigma_device, HGC_DEV_RELEASE_GIL,
-        "population standard deviation of grad in double, fixed summation order (the clip's sigma)",
-        pybind11::arg("grad"));
-  m.def("terngrad_encode", &terngrad_encode_device, HGC_DEV_RELEASE_GIL,
-        "TernGrad stochastic ternarize + pack -> (codes, scale)", pybind11::arg("grad"), pybind11::arg("scale"),
-        pybind11::arg("clip"), pybind11::arg("key0"), pybind11::arg("key1"));
-  m.def("terngrad_decode_sum", &terngrad_decode_sum_device, HGC_DEV_RELEASE_GIL,
-        "scale * sum of K decoded TernGrad payloads", pybind11::arg("codes"), pybind11::arg("scales"),
-        pybind11::arg("n"), pybind11::arg("dtype"), pybind11::arg("scale"), pybind11::arg("out") = pybind11::none());
-  m.def("terngrad_sum_levels", &terngrad_sum_levels_device, HGC_DEV_RELEASE_GIL,
-        "biased exact sums of K TernGrad payloads as width-bit fields (two-phase owner)", pybind11::arg("codes"),
-        pybind11::arg("n"), pybind11::arg("width"));
-  m.def("terngrad_sum_decode", &terngrad_sum_decode_device, HGC_DEV_RELEASE_GIL,
-        "(field - K) * mult of terngrad_sum_levels' fields", pybind11::arg("levels"), pybind11::arg("n"),
-        pybind11::arg("k"), pybind11::arg("width"), pybind11::arg("mult"), pybind11::arg("dtype"),
-        pybind11::arg("out") = pybind11::none());
-  m.def("terngrad_scale_stats_many", &terngrad_scale_stats_many_device, HGC_DEV_RELEASE_GIL,
-        "float64 [2, count]: max |grad| of every gradient, and its clip sigma when with_sigma (else 0)",
-        pybind11::arg("grads"), pybind11::arg("with_sigma"));
-  m.def("terngrad_encode_many", &terngrad_encode_many_device, HGC_DEV_RELEASE_GIL,
-        "terngrad_encode of a bucket in one device call -> (codes list, scale list)", pybind11::arg("grads"),
-        pybind11::arg("scales"), pybind11::arg("clips"), pybind11::arg("key0s"), pybind11::arg("key1s"));
-  m.def("terngrad_decode_sum_many", &terngrad_decode_sum_many_device, HGC_DEV_RELEASE_GIL,
-        "terngrad_decode_sum of a bucket in two device calls", pybind11::arg("codes"), pybind11::arg("scales"),
-        pybind11::arg("n"), pybind11::arg("dtypes"), pybind11::arg("scale"), pybind11::arg("outs"));
-}
-const Registrar registrar("terngrad", &register_terngrad_ops);
-}  // namespace
-}  // namespace hgc_dev
-#endif
+HGC_DEVICE_OPS(terngrad, HGC_TERNGRAD_OPS)

@@ -1,6 +1,8 @@
 // horovod_gradcomp._C_twin: the device sources of csrc/device/ built by g++ with Thrust's
-// OpenMP backend, their torch ops taking CPU tensors. A test build: it runs on the CPU exactly
-// the algorithm calls and functors that _C runs on a GPU (see csrc/device/exec.cuh).
+// OpenMP backend, their ops registered under torch.ops.hgc_twin for CPU tensors (see
+// csrc/device/registry.h). A test build: it runs on the CPU exactly the algorithm calls and
+// functors that _C runs on a GPU (see csrc/device/exec.cuh). The Python module says which
+// codecs and ops this build holds and counts the device algorithm calls.
 #include <torch/extension.h>
 
 #include <algorithm>
@@ -13,12 +15,15 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("has_cuda", [] { return false; }, "False: the twin runs the device sources on the CPU");
   m.def("algorithm_calls", &hgc_dev::algorithm_calls,
         "device algorithm (Thrust) calls issued so far by this module, all threads");
+  m.def("host_syncs", &hgc_dev::host_syncs,
+        "host synchronizations (reads back from the device) issued so far by this module, all threads");
   auto regs = hgc_dev::registrations();
-  std::sort(regs.begin(), regs.end());
-  std::vector<std::string> codecs;
-  for (const auto& [codec, fn] : regs) {
-    fn(m);
-    codecs.push_back(codec);
+  std::sort(regs.begin(), regs.end(), [](const auto& a, const auto& b) { return a.codec < b.codec; });
+  std::vector<std::string> codecs, ops;
+  for (const auto& reg : regs) {
+    codecs.push_back(reg.codec);
+    ops.insert(ops.end(), reg.ops.begin(), reg.ops.end());
   }
   m.attr("codecs") = codecs;  // the codecs whose device ops this build holds
+  m.attr("ops") = ops;        // their ops, under torch.ops.hgc_twin
 }

@@ -23,7 +23,10 @@ Thrust sources built for the CPU) next to the native CPU kernels; its speed is n
 ``twin-bucket`` times the same codec through its bucket ops (``encode_many`` and the bucket decode
 of the exchange, over all 161 tensors at once: csrc/device/multi_tensor.cuh), for codecs that have them. Both
 twin rows carry ``device_calls``: the device algorithm calls of one encode pass and one decode
-pass (what a GPU would launch), tensor by tensor against one bucket.
+pass (what a GPU would launch), tensor by tensor against one bucket, and ``host_syncs``: the
+host synchronizations (reads back from the device) of the same passes. The ``twin-bucket`` row
+also carries ``bucket_ops``: each op the bucket pass called, in call order, with its device
+calls and host synchronizations (``[op, calls, syncs]``), printed one line per codec.
 
 Each figure is the median over ``--repeat`` passes (default 3) after one untimed warm-up
 call on the first tensor. The pure-torch reference impl is slow, so it runs
@@ -50,6 +53,7 @@ import torch
 
 from .. import available_codecs, get_codec, native_available, native_cuda_status, native_error, twin_available
 from ..native import require_twin
+from ..ops import python_name
 from ..codecs import Payload
 from ..native import NativeUnavailableError
 from .shapes import Shape, resnet50_shapes, total_numel
@@ -222,9 +226,10 @@ def time_codec(codec, grads: Sequence[torch.Tensor], repeat: int, bucket: bool =
     return {"encode_ms": statistics.median(enc), "decode_ms": statistics.median(dec), "bytes": nbytes}
 
 
-def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool) -> List[int]:
-    """[encode, decode]: the twin's device algorithm calls of one pass over ``grads``."""
-    counter = require_twin().algorithm_calls
+def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool, counter: str = "algorithm_calls") -> List[int]:
+    """[encode, decode]: the twin's device algorithm calls (``counter="host_syncs"``: its host
+    synchronizations) of one pass over ``grads``."""
+    counter = getattr(require_twin(), counter)
     residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
     outs = [torch.zeros_like(g) for g in grads]
     encode, decode = (_encode_bucket, _decode_bucket) if bucket else (_encode_all, _decode_all)
@@ -233,6 +238,36 @@ def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool) -> List[int
     middle = counter()
     decode(codec, payloads, outs)
     return [middle - start, counter() - middle]
+
+
+def bucket_op_counts(codec, grads: Sequence[torch.Tensor]) -> List[list]:
+    """``[[op, device calls, host syncs], ...]``: every twin op that one bucket pass over
+    ``grads`` (``encode_many``, then the bucket decode) calls, in call order, with the device
+    algorithm calls and host synchronizations that call made. The ops are wrapped on the twin
+    module for the pass (the codecs look them up there at each call) and restored after it."""
+    twin = require_twin()
+    counted: List[list] = []
+
+    def counting(name, fn):
+        def call(*args, **kwargs):
+            calls, syncs = twin.algorithm_calls(), twin.host_syncs()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                counted.append([name, twin.algorithm_calls() - calls, twin.host_syncs() - syncs])
+        return call
+
+    saved = {python_name(name): getattr(twin, python_name(name)) for name in twin.ops}
+    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
+    outs = [torch.zeros_like(g) for g in grads]
+    try:
+        for name in twin.ops:
+            setattr(twin, python_name(name), counting(name, saved[python_name(name)]))
+        _decode_bucket(codec, _encode_bucket(codec, grads, residuals), outs)
+    finally:
+        for attr, fn in saved.items():
+            setattr(twin, attr, fn)
+    return counted
 
 
 def make_row(name: str, impl: str, options: Dict[str, object], numel: int, timing: Dict[str, float]) -> dict:
@@ -315,10 +350,13 @@ def run_bench(specs: Optional[Sequence[CodecSpec]] = None, impls: Sequence[str] 
             rows.append(make_row(name, impl, options, numel, time_codec(codec, grads, n)))
             if impl == "twin":
                 rows[-1]["device_calls"] = device_calls(codec, grads, bucket=False)
+                rows[-1]["host_syncs"] = device_calls(codec, grads, bucket=False, counter="host_syncs")
                 if codec.bucket_ops([grads[0].device]):
                     _log(f"timing {name}/twin-bucket on {len(shapes)} tensors as one bucket, {n} pass(es)")
                     rows.append(make_row(name, "twin-bucket", options, numel, time_codec(codec, grads, n, bucket=True)))
                     rows[-1]["device_calls"] = device_calls(codec, grads, bucket=True)
+                    rows[-1]["host_syncs"] = device_calls(codec, grads, bucket=True, counter="host_syncs")
+                    rows[-1]["bucket_ops"] = bucket_op_counts(codec, grads)
     if device != "cpu":
         for row in rows:
             row["device"] = device
@@ -399,6 +437,12 @@ def speedup_lines(rows: Sequence[dict]) -> List[str]:
             (e1, d1), (e2, d2) = impls["twin"]["device_calls"], impls["twin-bucket"]["device_calls"]
             lines.append(f"{label}: device algorithm calls per pass (encode + decode): tensor by tensor {e1} + {d1}, "
                          f"as one bucket {e2} + {d2}")
+            (e1, d1), (e2, d2) = impls["twin"]["host_syncs"], impls["twin-bucket"]["host_syncs"]
+            lines.append(f"{label}: host synchronizations per pass (encode + decode): tensor by tensor {e1} + {d1}, "
+                         f"as one bucket {e2} + {d2}")
+        if impls.get("twin-bucket", {}).get("bucket_ops"):
+            ops = ", ".join(f"{op} {calls}/{syncs}" for op, calls, syncs in impls["twin-bucket"]["bucket_ops"])
+            lines.append(f"{label}: per bucket op, device calls / host synchronizations: {ops}")
     return lines
 
 

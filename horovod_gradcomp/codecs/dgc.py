@@ -255,7 +255,7 @@ class DGCCodec(CounterStream, Codec):
         the per-tensor calls (``last_threshold`` / ``last_path``: the last tensor's). On the device
         kernels one bucket selection (``dgc_select_many``: a fixed number of device calls, one
         read-back of the counts, two when an estimate is off by more than 2x) and one bucket index
-        coding (``dgc_index_encode_many``: two device calls, one read-back)."""
+        coding (``dgc_index_encode_many``: three device calls, one read-back)."""
         if positions is not None and len(positions) != len(tensors):
             raise ValueError(f"dgc: {len(tensors)} tensors but {len(positions)} stream positions")
         if not tensors or not self.bucket_ops([t.device for t in tensors]):
