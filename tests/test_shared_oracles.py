@@ -12,6 +12,8 @@ headers, and checked against the CPU kernels (torch.ops.hgc) and the twin (torch
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -93,3 +95,234 @@ def test_qsgd_random_stream_against_model(kernels, key, dtype):
     dec = mod.qsgd_decode_fixed(norms[None], packed[None], len(x), s, len(x), dtype, 1.0)
     got = [round(abs(v) * s) for v in dec.double().tolist()]
     assert got == qsgd_levels_model(x, s, key & MASK)
+
+
+# ---- helpers of the models below ---------------------------------------------------------------
+
+DTYPE_NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32",
+               torch.float64: "float64"}
+
+
+def modules(kernels):
+    return require_native() if kernels == "native" else require_twin()
+
+
+def exact_numpy(t: torch.Tensor) -> np.ndarray:
+    """t's values as a numpy array that holds them exactly (fp16/bf16 widened to float32)."""
+    return (t.double() if t.dtype == torch.float64 else t.float()).numpy()
+
+
+def assert_same_floats(got: np.ndarray, want: np.ndarray):
+    """Equal bit for bit, except that any NaN matches any NaN (the NaN policy is where NaNs
+    land, not their payload)."""
+    got, want = np.asarray(got), np.asarray(want)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, want.shape, got.dtype, want.dtype)
+    nan_got, nan_want = np.isnan(got), np.isnan(want)
+    np.testing.assert_array_equal(nan_got, nan_want)
+    ints = {2: np.uint16, 4: np.uint32, 8: np.uint64}[got.dtype.itemsize]
+    np.testing.assert_array_equal(got[~nan_got].view(ints), want[~nan_want].view(ints))
+
+
+def mixed_values(n: int, seed: int, dtype=torch.float64) -> torch.Tensor:
+    """n values of many magnitudes (so that the summation order shows in the result)."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, generator=gen, dtype=torch.float64)
+    return (x * torch.exp(torch.randn(n, generator=gen, dtype=torch.float64) * 6)).to(dtype)
+
+
+EDGES = [0.0, -0.0, 1e-45, -1e-45, 3e38, 3e38, -3e38, 1.0, -1.0, 1e-30]
+
+
+# ---- onebit: the summation order (row blocks, lanes) and finish_column ----------------------------
+
+# (n, groups, by_rows): one-column tensors of 0, 1, 7, 8k + 1 values (several row blocks of the
+# lane view, a partial last row), matrices across row blocks and the CPU's 1024-column tile, rows mode.
+ONEBIT_CASES = [(0, 1, False), (1, 1, False), (7, 1, False), (16385, 1, False), (40001, 1, False),
+                (7, 7, False), (257 * 3, 3, False), (129 * 1025, 1025, False), (300 * 2, 300, False),
+                (40 * 37, 40, True), (3 * 4099, 3, True), (5 * 1, 5, True), (200 * 2050, 200, True)]
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("case", ONEBIT_CASES, ids=lambda c: f"n{c[0]}-g{c[1]}{'-rows' if c[2] else ''}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16], ids=str)
+def test_onebit_scales_against_model(kernels, case, dtype):
+    from oracles_onebit import scales
+
+    mod = modules(kernels)
+    n, groups, by_rows = case
+    g = mixed_values(n, 11, dtype)
+    if n >= 2 * len(EDGES):  # extreme values (sums that overflow float32, subnormals, signed zeros)
+        g[3:3 + len(EDGES)] = torch.tensor(EDGES, dtype=torch.float64).to(dtype)
+    r = mixed_values(n, 12, dtype)
+    want = scales(exact_numpy(g), exact_numpy(r), groups, by_rows, DTYPE_NAMES[dtype])
+    assert_same_floats(mod.onebit_scales(g, r, groups, by_rows).numpy(), want)
+    assert_same_floats(mod.onebit_scales_many([g], [r], [groups], [by_rows])[0].numpy(), want)
+    rr = r.clone()
+    _, enc_scales = mod.onebit_encode(g, rr, groups, None, by_rows)
+    assert_same_floats(enc_scales.numpy(), want)
+    want_plain = scales(exact_numpy(g), None, groups, by_rows, DTYPE_NAMES[dtype])
+    assert_same_floats(mod.onebit_scales(g, None, groups, by_rows).numpy(), want_plain)
+
+
+def test_onebit_model_order_shows_in_the_data():
+    """The data above tell the order apart: another row block or lane count, or the column sums
+    in float64 throughout, give other scales for many groups (so the kernels' agreement on the
+    same data pins the order down)."""
+    from oracles_onebit import ROW_BLOCK, LANES, scales
+
+    rows = exact_numpy(mixed_values(200 * 2050, 11, torch.float32))  # ONEBIT_CASES' rows-mode case
+    base = scales(rows, None, 200, True, "float32")
+    assert (base != scales(rows, None, 200, True, "float32", row_block=ROW_BLOCK // 2)).sum() > 20
+    assert (base != scales(rows, None, 200, True, "float32", lanes=LANES // 2)).sum() > 20
+    mat = exact_numpy(mixed_values(129 * 1025, 11, torch.float32))  # ONEBIT_CASES' widest matrix
+    base = scales(mat, None, 1025, False, "float32")
+    assert (base != scales(mat, None, 1025, False, "float32", row_block=ROW_BLOCK // 2)).sum() > 100
+    wide = scales(mat.astype(np.float64), None, 1025, False, "float64").astype(np.float32)
+    assert (base != wide).sum() > 100
+
+
+# Columns of a [rows, cols] matrix, one edge case each (finish_column's policy): all non-negative
+# (a- = 0), all negative (a+ = 0), signed zeros (-0.0 counts as non-negative), a NaN (to the
+# negative side: a- NaN), +inf and -inf, float32 overflow of a block sum, sub-normal means, and
+# quotients that round (p / c in float64, then to float32 once).
+FINISH_COLUMNS = [
+    [1.0, 2.0, 3.0, 0.0, 5.0, 0.5, 0.25],
+    [-1.0, -2.0, -3.0, -4.0, -5.0, -0.5, -0.25],
+    [0.0, -0.0, -0.0, 0.0, -0.0, -0.0, -0.0],
+    [1.0, float("nan"), -1.0, 2.0, -2.0, 3.0, -3.0],
+    [float("inf"), 1.0, -1.0, float("-inf"), 2.0, -2.0, 0.0],
+    [3e38, 3e38, -3e38, -3e38, 1.0, -1.0, 3e38],
+    [1e-45, 1e-45, -1e-45, 0.0, 3e-45, -3e-45, 1e-45],
+    [1.0, 1.0, 1.0, 2.0, -1.0, -1.0, -2.0],
+    [0.1, 0.7, 1.3, -0.3, -0.9, 0.2, -0.4],
+    [1e-38, 3e-39, 2e-40, -1e-38, -3e-39, -2e-40, 0.0],
+]
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_onebit_finish_column_edges(kernels, dtype):
+    from oracles_onebit import scales
+
+    mod = modules(kernels)
+    cols = torch.tensor(FINISH_COLUMNS, dtype=torch.float64).t().contiguous()  # [rows, cols]
+    if dtype == torch.float64:  # means beyond float32's range: float32(p / c) is inf / 0
+        cols = torch.cat([cols, torch.tensor([[1e300, -1e-300]] * cols.shape[0], dtype=torch.float64)], 1)
+    g = cols.to(dtype).flatten()
+    groups = cols.shape[1]
+    want = scales(exact_numpy(g), None, groups, False, DTYPE_NAMES[dtype])
+    assert_same_floats(mod.onebit_scales(g, None, groups).numpy(), want)
+    # the columns as rows (rows mode), and each column alone as a one-column tensor
+    t = cols.t().contiguous().to(dtype).flatten()
+    assert_same_floats(mod.onebit_scales(t, None, groups, True).numpy(),
+                       scales(exact_numpy(t), None, groups, True, DTYPE_NAMES[dtype]))
+    for j in range(groups):
+        c = cols[:, j].contiguous().to(dtype)
+        assert_same_floats(mod.onebit_scales(c, None, 1).numpy(), scales(exact_numpy(c), None, 1, False,
+                                                                          DTYPE_NAMES[dtype]))
+    # the policy itself, spelled out for a few columns
+    w = want.reshape(2, groups)
+    assert w[0, 0] == np.float32(11.75 / 7) and w[1, 0] == 0
+    assert w[0, 1] == 0 and w[1, 1] == np.float32(-15.75 / 7)
+    assert w[0, 2] == 0 and not np.signbit(w[0, 2]) and w[1, 2] == 0
+    assert np.isnan(w[1, 3]) and not np.isnan(w[0, 3])
+
+
+# ---- TernGrad: the fixed-order sums (lanes, BlockSum) and the random stream ------------------------
+
+TERNGRAD_SIZES = [0, 1, 7, 8193, 65536, 65537, 200003]
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("n", TERNGRAD_SIZES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16], ids=str)
+def test_terngrad_fixed_order_sums_against_model(kernels, n, dtype):
+    from oracles_terngrad import max_abs, sigma
+
+    mod = modules(kernels)
+    g = (mixed_values(n, 21) + 3.0).to(dtype)  # a mean away from 0: the squares' pass matters
+    x = g.double().numpy()
+    want_sigma, want_max = sigma(x), max_abs(x)
+    assert mod.terngrad_sigma(g) == want_sigma
+    assert mod.terngrad_max_abs(g) == want_max
+    other = mixed_values(5, 22).to(dtype)
+    stats = mod.terngrad_scale_stats_many([g, other, g[:0]], True)
+    assert stats.dtype == torch.float64
+    assert stats.tolist() == [[want_max, max_abs(other.double().numpy()), 0.0],
+                              [want_sigma, sigma(other.double().numpy()), 0.0]]
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+def test_terngrad_sums_nonfinite(kernels):
+    """NaN anywhere: max |g| and sigma NaN; an inf: max inf, sigma NaN (inf - inf)."""
+    from oracles_terngrad import max_abs, sigma
+
+    mod = modules(kernels)
+    for bad in (float("nan"), float("inf")):
+        g = mixed_values(70001, 23)
+        g[65536 + 17] = bad
+        x = g.numpy()
+        assert math.isnan(sigma(x))
+        assert math.isnan(mod.terngrad_sigma(g))
+        got, want = mod.terngrad_max_abs(g), max_abs(x)
+        assert got == want or (math.isnan(got) and math.isnan(want))
+
+
+def test_terngrad_model_order_shows_in_the_data():
+    """The data above tell the order apart: other lane or block counts, or an exact sum, give
+    another sigma (so the kernels' agreement pins the order down)."""
+    from oracles_terngrad import SUM_BLOCK, SUM_LANES, fixed_order_sum, sigma
+
+    for n in (8193, 65537, 200003):
+        x = (mixed_values(n, 21) + 3.0).numpy()
+        assert sigma(x) != sigma(x, block=SUM_BLOCK // 2)
+        if n > SUM_LANES:
+            assert sigma(x) != sigma(x, lanes=SUM_LANES // 2)
+            assert fixed_order_sum(x) != math.fsum(x)
+
+
+TERNGRAD_KEYS = [(0, 0), (12345, 0xFFFFFFFF), (0xFFFFFFF0, 7), (0x9E3779B9, 0x7F4A7C15)]
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("keys", TERNGRAD_KEYS, ids=lambda k: f"{k[0]:x}-{k[1]:x}")
+@pytest.mark.parametrize("n", [0, 1, 7, 33, 8193])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_terngrad_random_stream_against_model(kernels, keys, n, dtype):
+    from oracles_terngrad import encode_codes
+
+    mod = modules(kernels)
+    key0, key1 = keys
+    acc = np.float64 if dtype == torch.float64 else np.float32
+    s = 2.0
+    gen = torch.Generator().manual_seed(31 + n)
+    g = (torch.rand(n, generator=gen, dtype=torch.float64) * 2 - 1) * s  # |g| uniform in [0, s]
+    if n >= 33:  # edges: zeros, NaN (never selected), +-inf, +-s (always selected)
+        g[:8] = torch.tensor([0.0, -0.0, float("nan"), float("inf"), float("-inf"), s, -s, 1e-30])
+    g = g.to(dtype)
+    x = exact_numpy(g)
+    for clip in (float("inf"), 0.75):
+        want = encode_codes(x, s, clip, key0, key1, acc)
+        codes, scales = mod.terngrad_encode(g, s, clip, key0, key1)
+        np.testing.assert_array_equal(codes.numpy(), want)
+        assert scales.tolist() == [s]
+        codes_many, _ = mod.terngrad_encode_many([g, g[: n // 2].clone()], [s, s], [clip, clip], [key0, key0],
+                                                 [key1, key1])
+        np.testing.assert_array_equal(codes_many[0].numpy(), want)
+        np.testing.assert_array_equal(codes_many[1].numpy(), encode_codes(x[: n // 2], s, clip, key0, key1, acc))
+    zero, _ = mod.terngrad_encode(g, 0.0, float("inf"), key0, key1)
+    assert not zero.any()
+
+
+def test_terngrad_model_stream_shows_in_the_codes():
+    """The codes depend on every part of the stream: another key, another shift of the word or
+    another first multiplier changes them (so the kernels' agreement pins the stream down)."""
+    import oracles_terngrad as T
+
+    x = ((torch.rand(8193, generator=torch.Generator().manual_seed(5), dtype=torch.float64) * 2 - 1) * 2).float()
+    x = x.numpy()
+    base = T.encode_codes(x, 2.0, float("inf"), 12345, 99, np.float32)
+    assert not np.array_equal(base, T.encode_codes(x, 2.0, float("inf"), 12346, 99, np.float32))
+    assert not np.array_equal(base, T.encode_codes(x, 2.0, float("inf"), 12345, 98, np.float32))
+    u = T.uniforms(8193, 12345, 99, np.float32)
+    assert 0.0 <= u.min() and u.max() < 1.0 and abs(float(u.mean()) - 0.5) < 0.02
