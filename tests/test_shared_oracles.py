@@ -1,14 +1,22 @@
 """Independent oracles of pieces the CPU kernels and the device sources share (issue 32 item 4):
 a bug in a shared header is the same on both sides, so the bitwise twin test cannot see it.
-Each model here is plain numpy, written from the spec (docs, ALGORITHMS.md), not from the
-headers, and checked against the CPU kernels (torch.ops.hgc) and the twin (torch.ops.hgc_twin).
+Each model is plain numpy / Python, written from the spec (docs, ALGORITHMS.md, the codecs' module
+docs and the order the headers' comments state), not from the headers' code, and checked against
+the CPU kernels (torch.ops.hgc) and the twin (torch.ops.hgc_twin). ci/planted_faults.py plants a
+one-line fault in each helper and shows these tests fail (docs/results/planted_faults.md).
 
 - csrc/dgc_accumulate_step.h (DGC's momentum correction of one value): every product and sum
-  rounded on its own in the tensor's dtype.
+  rounded on its own in the tensor's dtype; non-finite values, momentum 0, sizes 0, 1, 7, 8193.
 - csrc/splitmix64.h and the counter-based stream of QSGD's stochastic rounding: value i of a
   tensor draws the low (i even) or high (i odd) 32 bits of mix64(key + (i // 2 + 1) * golden),
   and rounds its level up when (word >> 8) < frac * 2^24 (QSGD's levels, recovered from the
   decoded values of inputs whose levels are exact in float).
+- onebit's column statistics (csrc/device/onebit_functors.h: the row-block / lane summation order
+  and finish_column), tests/oracles_onebit.py.
+- TernGrad's fixed-order sums (lanes, BlockSum) and its random stream (mix32, the uniforms and the
+  2-bit codes), tests/oracles_terngrad.py.
+- QSGD's Elias reader (csrc/elias_bit_reader.h) through the Elias decode: hand-built, truncated,
+  malformed and fuzzed streams, values or the decoder's error, tests/oracles_elias.py.
 """
 from __future__ import annotations
 
@@ -326,3 +334,184 @@ def test_terngrad_model_stream_shows_in_the_codes():
     assert not np.array_equal(base, T.encode_codes(x, 2.0, float("inf"), 12345, 98, np.float32))
     u = T.uniforms(8193, 12345, 99, np.float32)
     assert 0.0 <= u.min() and u.max() < 1.0 and abs(float(u.mean()) - 0.5) < 0.02
+
+
+# ---- QSGD's Elias reader (csrc/elias_bit_reader.h) through qsgd_decode_elias ------------------------
+
+def _elias_decode(mod, norms, nbits, stream, n, s, d, gb, dtype=torch.float32):
+    return mod.qsgd_decode_elias(torch.tensor(norms, dtype=torch.float32), torch.tensor(nbits, dtype=torch.int64),
+                                 torch.tensor(list(stream), dtype=torch.uint8), n, s, d, gb, dtype)
+
+
+def _elias_expect(mod, norms, nbits, stream, n, s, d, gb, dtype=torch.float32):
+    """Decodes with the kernels and the model: equal values, or the model's error in the kernels' message."""
+    import oracles_elias as E
+
+    try:
+        q = E.levels(nbits, stream, n, s, d, gb)
+    except E.EliasError as err:
+        with pytest.raises(RuntimeError, match=str(err).split(" (")[0]):
+            _elias_decode(mod, norms, nbits, stream, n, s, d, gb, dtype)
+        return None
+    acc = np.float64 if dtype == torch.float64 else np.float32
+    want = E.values(q, np.asarray(norms, np.float32), s, d, acc)
+    want = want.astype({torch.float16: np.float16, torch.float32: np.float32, torch.float64: np.float64}[dtype])
+    got = _elias_decode(mod, norms, nbits, stream, n, s, d, gb, dtype)
+    assert_same_floats(got.numpy(), want)
+    return q
+
+
+def _random_levels(n, s, density, seed):
+    rng = np.random.default_rng(seed)
+    q = rng.integers(1, s + 1, n) * rng.choice([-1, 1], n)
+    q[rng.random(n) >= density] = 0
+    return q.tolist()
+
+
+# (n, bucket d, group_buckets, s, density): sizes 1, 7, 8k + 1; one value per bucket; the largest
+# levels (gamma codes of 2 * 23 + 1 bits); empty buckets; a partial last bucket and group.
+ELIAS_CASES = [(1, 1, 1, 1, 1.0), (7, 3, 2, 5, 0.6), (8193, 512, 3, 127, 0.3), (8193, 64, 1, (1 << 24) - 1, 0.5),
+               (100, 1, 7, 3, 0.5), (600, 200, 2, 9, 0.0), (1000, 1000, 1, 1, 1.0), (4097, 4096, 1, 2, 0.01)]
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("case", ELIAS_CASES, ids=lambda c: f"n{c[0]}-d{c[1]}-g{c[2]}-s{c[3]}")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16], ids=str)
+def test_elias_reader_hand_built_streams(kernels, case, dtype):
+    import oracles_elias as E
+
+    mod = modules(kernels)
+    n, d, gb, s, density = case
+    q = _random_levels(n, s, density, n + d)
+    nbits, groups = E.encode(q, d, gb)
+    stream = b"".join(E.pack(bits) for bits in groups)
+    B = -(-n // d)
+    norms = [float(1 + b % 5) for b in range(B)]
+    if B > 2:
+        norms[1] = float("inf")  # its zeros decode to 0 * inf = NaN, its levels to +-inf
+    assert _elias_expect(mod, norms, nbits, stream, n, s, d, gb, dtype).tolist() == q
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("s", [1, 7, 255])
+def test_elias_model_reads_the_kernels_streams(kernels, s):
+    """The model decodes what the kernels encode, and the kernels' decode matches it."""
+    mod = modules(kernels)
+    x = torch.randn(20000, generator=torch.Generator().manual_seed(41))
+    norms, nbits, stream = mod.qsgd_encode_elias(x, s, 512, True, 99, 16)
+    q = _elias_expect(mod, norms.tolist(), nbits.tolist(), bytes(stream.numpy()), 20000, s, 512, 16)
+    assert np.count_nonzero(q) > 1000
+
+
+def _hand_cases():
+    """(name, n, d, gb, s, nbits, stream bytes): malformed and edge streams built bit by bit."""
+    import oracles_elias as E
+
+    g, P = E.gamma_bits, E.pack
+    good = g(3) + g(1) + [0] + g(2) + g(2) + [1] + g(3)  # 2 nonzeros: +2 at 0, -3 at 2 (d = 4, s = 3)
+    cases = [
+        ("valid", 4, 4, 1, 3, [len(good)], P(good)),
+        ("truncated by one bit", 4, 4, 1, 3, [len(good) - 1], P(good)),
+        ("truncated to its bytes", 4, 4, 1, 3, [8 * (len(good) // 8)], P(good)[:len(good) // 8]),
+        ("one bit too many", 4, 4, 1, 3, [len(good) + 1], P(good + [0])),
+        ("trailing one bit", 4, 4, 1, 3, [len(good) + 1], P(good + [1])),
+        ("empty stream", 4, 4, 1, 3, [0], b""),
+        ("header above the bucket", 4, 4, 1, 3, [len(g(6))], P(g(6))),
+        ("header of a full bucket", 2, 2, 1, 1, [len(g(3) + (g(1) + [0] + g(1)) * 2)], P(g(3) + (g(1) + [0] + g(1)) * 2)),
+        ("gap past the bucket", 4, 4, 1, 3, [len(g(2) + g(5) + [0] + g(1))], P(g(2) + g(5) + [0] + g(1))),
+        ("last position", 4, 4, 1, 3, [len(g(2) + g(4) + [1] + g(3))], P(g(2) + g(4) + [1] + g(3))),
+        ("level above s", 4, 4, 1, 3, [len(g(2) + g(1) + [0] + g(4))], P(g(2) + g(1) + [0] + g(4))),
+        ("level s", 4, 4, 1, 3, [len(g(2) + g(1) + [0] + g(3))], P(g(2) + g(1) + [0] + g(3))),
+        ("32 zeros (no gamma)", 4, 4, 1, 3, [40], P([0] * 32 + [1] + [0] * 7)),
+        ("31 zeros (a gamma too large)", 4, 4, 1, 3, [63], P([0] * 31 + [1] + [0] * 31)),
+        ("sign bit past the end", 4, 4, 1, 3, [len(g(2) + g(1))], P(g(2) + g(1) + [1] + g(1))),
+        ("level past the end", 4, 4, 1, 3, [len(g(2) + g(1)) + 1], P(g(2) + g(1) + [1] + g(1))),
+        ("two groups", 8, 4, 1, 3, [len(good), len(g(1))], P(good) + P(g(1))),
+        ("second group short", 8, 4, 1, 3, [len(good), 0], P(good)),
+        ("group claims more than the stream", 4, 4, 1, 3, [8 * len(P(good)) + 1], P(good)),
+        ("negative bit count", 4, 4, 1, 3, [-1], P(good)),
+        ("stream longer than the header", 4, 4, 1, 3, [len(good)], P(good) + b"\0"),
+        ("bit counts past the stream", 8, 4, 1, 3, [len(good), len(good)], P(good) + b"\0"),
+    ]
+    return cases
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("case", _hand_cases(), ids=lambda c: c[0])
+def test_elias_reader_malformed_and_edge_streams(kernels, case):
+    """Each hand-built stream decodes as the model says: values, or the error the decoder defines
+    (malformed code; header that does not fit the stream)."""
+    import oracles_elias as E
+
+    name, n, d, gb, s, nbits, stream = case
+    try:
+        E.levels(nbits, stream, n, s, d, gb)
+        valid = True
+    except E.EliasError:
+        valid = False
+    assert valid == (name in ("valid", "header of a full bucket", "last position", "level s", "two groups")), name
+    _elias_expect(modules(kernels), [2.0] * (-(-n // d)), nbits, stream, n, s, d, gb)
+
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+def test_elias_reader_fuzz_against_model(kernels):
+    """Valid streams, unchanged or with one random change (a bit flipped, the bit count moved, the
+    stream cut or grown): the kernels agree with the model on every one, values or error."""
+    import oracles_elias as E
+
+    mod = modules(kernels)
+    rng = np.random.default_rng(5)
+    outcomes = {"values": 0, "error": 0}
+    for trial in range(300):
+        n, d, gb, s = int(rng.integers(1, 300)), int(rng.integers(1, 40)), int(rng.integers(1, 4)), int(rng.integers(1, 20))
+        q = _random_levels(n, s, float(rng.random()), trial)
+        nbits, groups = E.encode(q, d, gb)
+        g = int(rng.integers(0, len(groups)))
+        bits = list(groups[g])
+        kind = trial % 5
+        if kind == 0 and bits:
+            bits[int(rng.integers(0, len(bits)))] ^= 1
+        elif kind == 1:
+            nbits[g] = max(0, nbits[g] + int(rng.integers(-3, 4)))
+        elif kind == 2:
+            bits = bits[: int(rng.integers(0, len(bits) + 1))]
+            nbits[g] = len(bits)
+        elif kind == 3:
+            bits = bits + [int(b) for b in rng.integers(0, 2, int(rng.integers(1, 12)))]
+            nbits[g] = len(bits)
+        groups[g] = bits
+        stream = b"".join(E.pack(b) for b in groups)
+        got = _elias_expect(mod, [1.0] * (-(-n // d)), nbits, stream, n, s, d, gb)
+        outcomes["values" if got is not None else "error"] += 1
+    assert outcomes["values"] > 60 and outcomes["error"] > 150, outcomes
+
+
+# ---- DGC's accumulate step: non-finite values, momentum 0, sizes, a bucket of tensors --------------
+
+@pytest.mark.parametrize("kernels", ["native", "twin"])
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("momentum", [0.0, 0.9, 0.999])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_dgc_accumulate_nonfinite_and_sizes(kernels, nesterov, momentum, dtype):
+    mod = modules(kernels)
+    sizes = [0, 1, 7, 8193]
+    special = torch.tensor([float("nan"), float("inf"), float("-inf"), 0.0, -0.0, 1e-45, 3e38], dtype=torch.float64)
+    gs, us, vs = [], [], []
+    for k, n in enumerate(sizes):
+        g, u, v = (mixed_values(n, 50 + 3 * k + j) for j in range(3))
+        if n >= 7:
+            g[:7], u[:7], v[:7] = special, special.roll(2), special.roll(4)
+        gs.append(g.to(dtype)), us.append(u.to(dtype)), vs.append(v.to(dtype))
+    for coef in (1.0, 0.5):
+        want = [accumulate_model(u.numpy().copy(), v.numpy().copy(), g.numpy(), momentum, coef, nesterov)
+                for u, v, g in zip(us, vs, gs)]
+        uu, vv = [u.clone() for u in us], [v.clone() for v in vs]
+        mod.dgc_accumulate_many_(uu, vv, gs, momentum, nesterov, coef)
+        for (eu, ev), u, v in zip(want, uu, vv):
+            assert_same_floats(u.numpy(), eu)
+            assert_same_floats(v.numpy(), ev)
+        for (eu, ev), u, v, g in zip(want, us, vs, gs):
+            u, v = u.clone(), v.clone()
+            mod.dgc_accumulate_(u, v, g, momentum, nesterov, coef)
+            assert_same_floats(u.numpy(), eu)
+            assert_same_floats(v.numpy(), ev)
