@@ -93,9 +93,8 @@ def flags():
     incs = build.twin_include_dirs(inc) + cpp_extension.include_paths() + [sysconfig.get_paths()["include"]]
     cflags = ["-fPIC", "-DTORCH_EXTENSION_NAME=_C_twin", "-DTORCH_API_INCLUDE_EXTENSION_H"]
     cflags += [f"-I{d}" for d in incs] + build.twin_cxx_flags()
-    libdir = os.path.join(os.path.dirname(cpp_extension.__file__), "..", "..", "lib")
-    ldflags = ["-shared", "-fopenmp", f"-L{os.path.normpath(libdir)}", "-lc10", "-ltorch_cpu", "-ltorch",
-               "-ltorch_python"]
+    ldflags = ["-shared", "-fopenmp"] + [f"-L{d}" for d in cpp_extension.library_paths()]
+    ldflags += ["-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python"]
     return cflags, ldflags
 
 
@@ -106,11 +105,11 @@ def compile_one(cflags, src: str, obj: str) -> None:
 
 
 def build_fault(name: str, work: str, common: str, cflags, ldflags) -> str:
-    """The twin of the fault's codec built from a faulty copy; returns the .so path."""
+    """The twin of the fault's codec built from a faulty copy; returns the .so path. An object
+    already in WORK/<fault> is reused (remove WORK to rebuild)."""
     helper, path, orig, faulty, codec, _ = FAULTS[name]
     d = os.path.join(work, name)
     tree = os.path.join(d, "tree")
-    shutil.rmtree(d, ignore_errors=True)
     tree_copy(tree)
     with open(os.path.join(tree, path)) as f:
         text = f.read()
@@ -130,14 +129,17 @@ def build_fault(name: str, work: str, common: str, cflags, ldflags) -> str:
 
 
 def oracle_tests(so: str | None, select: str) -> tuple:
-    """(exit status, last summary line) of the oracle tests `select` against the twin `so`."""
+    """(exit status, pytest's summary line and its first failing test) of the oracle tests `select`
+    against the twin `so`."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     if so:
         env["HGC_TWIN_PATH"] = so
     p = subprocess.run([sys.executable, "-m", "pytest", "tests/test_shared_oracles.py", "-q", "-p", "no:cacheprovider",
-                        "-k", select], cwd=ROOT, env=env, capture_output=True, text=True)
-    tail = [line for line in p.stdout.splitlines() if line.strip()]
-    return p.returncode, (tail[-1] if tail else p.stderr.strip()[-200:])
+                        "-rf", "-k", select], cwd=ROOT, env=env, capture_output=True, text=True)
+    lines = [line for line in p.stdout.splitlines() if line.strip()]
+    summary = lines[-1].strip("= ") if lines else p.stderr.strip()[-200:]
+    failed = [line.split(" - ")[0].split("::")[-1] for line in lines if line.startswith("FAILED ")]
+    return p.returncode, summary + (f"; first: `{failed[0]}`" if failed else "")
 
 
 def main(argv=None) -> int:
