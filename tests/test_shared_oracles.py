@@ -34,9 +34,10 @@ def accumulate_model(u, v, g, m, c, nesterov):
     h = g * c (when c != 1); u' = u * m + h; v' = v + u' (nesterov: v' = (v + h) + u' * m)."""
     t = u.dtype.type
     m, c = t(m), t(c)
-    h = g * c if c != t(1) else g.copy()
-    un = (u * m) + h
-    vn = (v + h) + (un * m) if nesterov else v + un
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN follow IEEE, as in the kernels
+        h = g * c if c != t(1) else g.copy()
+        un = (u * m) + h
+        vn = (v + h) + (un * m) if nesterov else v + un
     return un, vn
 
 
