@@ -405,7 +405,9 @@ def test_elias_model_reads_the_kernels_streams(kernels, s):
 
 
 def _hand_cases():
-    """(name, n, d, gb, s, nbits, stream bytes): malformed and edge streams built bit by bit."""
+    """(name, n, d, gb, s, nbits, stream bytes): malformed and edge streams built bit by bit. The
+    reader's long-code path (a gamma of 2N + 1 > 57 bits) can only end in "malformed" at QSGD's
+    sizes (levels below 2^24, N >= 29 needs a bucket of 2^29 values): the "31 zeros" case takes it."""
     import oracles_elias as E
 
     g, P = E.gamma_bits, E.pack
