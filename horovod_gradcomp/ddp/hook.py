@@ -466,7 +466,10 @@ class DDPCompressionState:
             self._start_next()
 
     def _maybe_close(self, step: _Step) -> None:
-        if step.error is not None or not step.all_in or step.running:
+        """Close ``step`` once every bucket is in and no job of it runs. Called again for a step
+        already closed (a job that ran to its end inside :meth:`_queue_job`, as one may where no
+        collective waits, closes the step before :meth:`_hand_over` asks): nothing to do."""
+        if step.error is not None or not step.all_in or step.running or step not in self._open:
             return
         try:
             skipped = self.engine.step_nonfinite
