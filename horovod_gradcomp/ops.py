@@ -12,11 +12,7 @@ from __future__ import annotations
 
 import torch
 
-# The codes of torch's ScalarType enum (c10/core/ScalarType.h): a dtype list travels as codes.
-DTYPE_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, torch.int64: 4,
-               torch.float16: 5, torch.float32: 6, torch.float64: 7, torch.complex64: 9,
-               torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15}
-CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
+from .dtype_codes import CODE_DTYPES, DTYPE_CODES  # noqa: F401 - (a dtype list travels as codes; re-exported)
 
 # Ops that work in place: their Python names end in "_" (the schemas' names do not).
 IN_PLACE = ("dgc_accumulate", "dgc_accumulate_many", "dgc_mask_many")

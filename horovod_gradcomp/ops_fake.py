@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import torch
 
+from .dtype_codes import CODE_DTYPES
+
 _U8, _F32, _F64 = torch.uint8, torch.float32, torch.float64
 
 
 def _dtype(code):
-    from .ops import CODE_DTYPES
-
     return CODE_DTYPES.get(code, code) if isinstance(code, int) else code
 
 
