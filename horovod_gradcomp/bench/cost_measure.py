@@ -197,7 +197,9 @@ def _exchange_args(**overrides) -> argparse.Namespace:
     return args
 
 
-def _compute_only_ms(args) -> float:
+def compute_only_ms(args) -> float:
+    """ms per step of ResNet-50 without communication (``bench exchange --np 1 --configs none``):
+    the model's ``compute`` input when ``--compute-ms`` is not given."""
     ns = _exchange_args(np=1, net="none", rates=None, shapes="resnet50", steps=5, warmup=2, timeout=args.timeout)
     rows = eb.launch(ns, ["none"], [None])
     return rows[0]["ms_per_step"]

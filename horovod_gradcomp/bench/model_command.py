@@ -14,7 +14,7 @@ import statistics
 import sys
 
 from . import cost_model
-from .cost_measure import _compute_only_ms, measure_contention, measure_in_situ, measure_inputs, run_check
+from .cost_measure import compute_only_ms, measure_contention, measure_in_situ, measure_inputs, run_check
 from .cost_model import Inputs, format_check, inputs_table, table
 from .cost_nodes import nodes_table
 
@@ -56,7 +56,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.measure:
-            compute = args.compute_ms if args.compute_ms is not None else _compute_only_ms(args)
+            compute = args.compute_ms if args.compute_ms is not None else compute_only_ms(args)
             in_situ, in_situ_cpu = measure_in_situ(args.timeout) if args.in_situ else ({}, {})
             contention = measure_contention(int(args.cores)) if args.in_situ and args.cores >= 2 else {}
             inputs = measure_inputs(compute, args.repeat, in_situ, contention, in_situ_cpu)
