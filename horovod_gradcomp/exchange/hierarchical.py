@@ -152,14 +152,15 @@ class HierarchicalPattern:
         names, grads = bucket.names, bucket.grads
         shards = {n: self.shards(tuple(grads[n].shape), grads[n].dtype) for n in names}
         with stats.timed("exchange_s", phase="node_scatter"):
-            segments, counts = [], []
+            counts = [sum(shards[n][j].numel * _itemsize(wire_dtype(grads[n].dtype)) for n in names)
+                      for j in range(L)]
+            send = torch.empty(sum(counts), dtype=torch.uint8)
+            offset = 0
             for j in range(L):
-                parts = [shards[n][j].take(grads[n].detach()).reshape(-1).to(device="cpu", dtype=wire_dtype(grads[n].dtype))
-                         for n in names if shards[n][j].numel]
-                seg = _as_bytes(parts)
-                segments.append(seg)
-                counts.append(seg.numel())
-            send = torch.cat(segments) if segments else torch.empty(0, dtype=torch.uint8)
+                for n in names:
+                    st = shards[n][j]
+                    if st.numel:
+                        offset = _copy_in(send, offset, st.window(grads[n].detach()), wire_dtype(grads[n].dtype))
         mine = [(n, shards[n][local]) for n in names if shards[n][local].numel]
         mine_bytes = sum(st.numel * _itemsize(wire_dtype(grads[n].dtype)) for n, st in mine)
         return NodeWork(list(names), shards, mine, send, counts, [mine_bytes] * L)
@@ -264,6 +265,20 @@ def _typed(buf: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     if buf.storage_offset() % _itemsize(dtype):
         buf = buf.clone()
     return buf.view(dtype)
+
+
+def _copy_in(buf: torch.Tensor, offset: int, value: torch.Tensor, dtype: torch.dtype) -> int:
+    """Write ``value`` (any device, dtype and strides) as ``dtype`` into the bytes of ``buf`` (host
+    uint8) from ``offset``, in row-major order; returns the offset after it. One copy straight
+    from the gradient where the offset is aligned for ``dtype`` (a bucket of one element size
+    always is), else a converted copy first."""
+    nbytes = value.numel() * _itemsize(dtype)
+    dst = buf[offset:offset + nbytes]
+    if offset % _itemsize(dtype) == 0:
+        dst.view(dtype).view(value.shape).copy_(value)
+    else:
+        dst.copy_(value.to(device="cpu", dtype=dtype).contiguous().view(-1).view(torch.uint8))
+    return offset + nbytes
 
 
 def _as_bytes(parts: Sequence[torch.Tensor]) -> torch.Tensor:

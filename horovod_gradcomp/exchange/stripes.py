@@ -106,12 +106,17 @@ class Stripe:
         """True when :meth:`take` of a contiguous tensor returns a view (rows axis)."""
         return self.axis == "rows"
 
+    def window(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The stripe of ``tensor`` (of ``full_shape``) as a 2-D slice of its matrix view, without
+        a copy when ``tensor`` is contiguous (a strided view for the columns axis); its row-major
+        order is :meth:`take`'s."""
+        m = tensor.reshape(self.matrix)
+        return m[self.start:self.stop] if self.axis == "rows" else m[:, self.start:self.stop]
+
     def take(self, tensor: torch.Tensor) -> torch.Tensor:
         """The stripe of ``tensor`` (of ``full_shape``), contiguous, of shape :attr:`shape`:
         a view of ``tensor`` when it is contiguous and :attr:`is_view`, else a copy."""
-        m = tensor.reshape(self.matrix)
-        part = m[self.start:self.stop] if self.axis == "rows" else m[:, self.start:self.stop]
-        return part.contiguous().view(self.shape)
+        return self.window(tensor).contiguous().view(self.shape)
 
     def put(self, tensor: torch.Tensor, value: torch.Tensor) -> None:
         """Write ``value`` (of :attr:`shape`) into the stripe of ``tensor`` (contiguous, of
