@@ -15,7 +15,8 @@
 #   fuzz      the fuzz corpus through the CUDA decoders;
 #   others    every other test marked requires_cuda (the cuda parameter of the codec tests, the
 #             CUDA stagings of tests/test_staging.py, real events in tests/test_stream_handoff.py);
-#   exchange  compression.exchange() of CUDA gradients at -np 2 on one GPU vs the CPU path; then
+#   exchange  compression.exchange() of CUDA gradients at -np 2 on one GPU vs the CPU path (the allgather,
+#             two-phase and hierarchical patterns); then
 #             the staging (the direct path on CUDA buffers when MPI is CUDA-aware, with a
 #             HOROVOD_GRADCOMP_HOST_STAGING=1 rerun; SKIPPED with the MPI's name otherwise) and
 #             the stream hand-over (gradients written on a side stream, exchanged on the engine's

@@ -1,5 +1,8 @@
 """Run under ``mpirun -np 2`` on one GPU (ci/gpu_check.sh): ``compression.exchange()`` of CUDA
-gradients against the same gradients on the CPU, for every codec and both patterns.
+gradients against the same gradients on the CPU, for every codec and both flat patterns, and the
+hierarchical pattern (issue 31) as one node of two ranks (``ranks_per_node=2``: the node's dense
+reduce-scatter and allgather of CUDA gradients, the shard codec between nodes trivially) and as
+two nodes of one rank (``ranks_per_node=1``: every shard through the inner pattern).
 
 Both ranks share cuda:0. Each case runs two steps (so error feedback / DGC state is used)
 on the first 40 ResNet-50 shapes, seeded per rank and step. Checks: every result is a CUDA
@@ -48,6 +51,11 @@ CASES = [
     ("qsgd", "two_phase", {"bits": 4}),
     ("qsgd", "allgather", {"bits": 4, "coding": "elias"}),
     ("dgc", "allgather", {"density": 0.01}),
+    ("onebit", "hierarchical", {"ranks_per_node": 2}),
+    ("terngrad", "hierarchical", {"ranks_per_node": 2}),
+    ("dgc", "hierarchical", {"density": 0.01, "ranks_per_node": 2}),
+    ("onebit", "hierarchical", {"ranks_per_node": 1}),
+    ("qsgd", "hierarchical", {"bits": 4, "coding": "elias", "ranks_per_node": 1}),
 ]
 SHAPES = resnet50_shapes()[:40]
 
