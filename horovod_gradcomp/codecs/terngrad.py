@@ -145,6 +145,9 @@ class TernGradCodec(CounterStream, Codec):
     shared_scale = True
     fuses_feedback = False
     error_feedback_default = False
+    #: Under the Adam family: clipping at 1.0 sigma (the ternary values' second moment s*|g|,
+    #: s the largest |g|, inflates Adam's denominator; clipping lowers s: docs/results/adam_table.md).
+    adam_defaults = {"clip": 1.0}
     default_pattern = "auto"   # two-phase owners send exact sums: TernGrad's math, fewer bytes from K = 4
 
     def __init__(self, impl: str = "native", seed: int = 0, rank_stream: int = 0,
