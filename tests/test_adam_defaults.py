@@ -178,3 +178,20 @@ def test_the_guard_leaves_a_resumed_state_alone():
     _backward(model)
     torch.optim.Adam(model.parameters()).step()
     assert comp.adapted_options == {"density": 0.1} and comp.codec.density == 0.1
+
+
+def test_a_checkpoint_from_before_the_adam_defaults_resumes_as_it_ran():
+    """A state written under Adam at the SGD defaults (no adapted_options): after the load,
+    neither the first compress nor the first step takes the Adam defaults."""
+    from horovod_gradcomp.horovod.adam_defaults import AdamDefaultsGuard
+    model = _model()
+    old = _make("terngrad", model).state_dict()
+    old.pop("adapted_options")
+    comp = _make("terngrad", model)
+    comp.load_state_dict(old)
+    guard = AdamDefaultsGuard(comp, model.parameters())   # noqa: F841
+    opt = _AdamDistributed(model.parameters(), comp)
+    _backward(model)
+    opt.exchange()
+    opt.step()
+    assert comp.codec.clip is None and comp.adapted_options == {}

@@ -20,7 +20,8 @@ Rules:
   it, the DDP hook learns the optimizer at its first ``step()`` (:class:`AdamDefaultsGuard`):
   the Adam defaults then hold from the second step on, and the log line says so.
 * What was taken is logged once (one line) and saved in the compression's checkpoint, which
-  applies it again on load, so a run resumes with the options it ran with.
+  applies it again on load. After a load nothing more is taken, so a run resumes with the
+  options it ran with (also one written before these defaults existed).
 """
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ def is_adam_family(optimizer) -> bool:
 
 
 def pending_adam_defaults(compression) -> Dict[str, object]:
-    """The codec's ``adam_defaults`` that the user did not pass and that are not in force yet."""
+    """The codec's ``adam_defaults`` that the user did not pass and that are not in force yet;
+    none after a checkpoint was loaded (it resumes with the options it ran with)."""
+    if compression.options_from_checkpoint:
+        return {}
     codec = compression.codec
     return {k: v for k, v in type(codec).adam_defaults.items()
             if k not in compression.explicit_options and getattr(codec, k, None) != v}
@@ -104,7 +108,5 @@ class AdamDefaultsGuard:
         if self._done or not any(id(p) in self._ids for g in optimizer.param_groups for p in g["params"]):
             return
         self._done = True
-        if compression.adapted_options:   # resumed from a checkpoint that had taken them
-            return
         apply_adam_defaults(compression, optimizer, when=f"from step {compression.state.step} on (the first step "
                             "used the plain defaults: pass optimizer= to have them from the first step)")

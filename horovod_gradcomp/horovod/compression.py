@@ -77,6 +77,8 @@ class CodecCompression:
         self.explicit_options: frozenset = frozenset()
         #: Codec options set after construction (the Adam defaults taken): saved in checkpoints.
         self.adapted_options: Dict[str, object] = {}
+        #: True once a checkpoint was loaded: its options stand (no Adam defaults taken after it).
+        self.options_from_checkpoint = False
 
     @property
     def memory(self):
@@ -197,6 +199,7 @@ class CodecCompression:
                              "lr_warmup_steps: OneBitCodec(impl='native') is scales='columns', lr_warmup_steps=0)."
                              + hint)
         self.state.load_state_dict(state)
+        self.options_from_checkpoint = True
         if state.get("layout") is not None:   # compared once this job's layout is known (its first bucket)
             self.engine.expected_layout = state["layout"]
             self.engine.check_layout()
