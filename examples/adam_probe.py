@@ -30,9 +30,15 @@ VARIANTS = {
     "qsgd": ("qsgd", {"norm": "max"}, False, None),
     "terngrad": ("terngrad", {}, False, None),
     "terngrad-clip2.5": ("terngrad", {"clip": 2.5}, False, None),
+    "terngrad-clip1.5": ("terngrad", {"clip": 1.5}, False, None),
+    "terngrad-clip1.0": ("terngrad", {"clip": 1.0}, False, None),
+    "terngrad-clip0.5": ("terngrad", {"clip": 0.5}, False, None),
+    "terngrad-clip0.25": ("terngrad", {"clip": 0.25}, False, None),
+    "terngrad-clip2.0": ("terngrad", {"clip": 2.0}, False, None),
     "terngrad-ef": ("terngrad", {}, True, None),
     "dgc-0.001": ("dgc", {}, False, 0.001),
     "dgc-0.01": ("dgc", {}, False, 0.01),
+    "dgc-0.05": ("dgc", {}, False, 0.05),
     "dgc-0.1": ("dgc", {}, False, 0.1),
 }
 

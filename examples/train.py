@@ -293,6 +293,7 @@ def main(argv=None):
                 "onebit_adam_warmup": args.onebit_adam_warmup if own_exchange else None, "clip_norm": args.clip_norm, "seed": args.seed,
                 "codec_options": {k: v for k, v in options.items() if isinstance(v, (int, float, str, bool))},
                 "dgc_schedule": repr(compression.memory.schedule) if own_momentum else None,
+                "adam_defaults_taken": dict(getattr(compression, "adapted_options", {})),   # the codec's, under Adam
                 "nan_at": args.nan_at, "nan_rank": args.nan_rank if args.nan_at is not None else None,
                 "skipped_steps_per_rank": [len(s) for s in skipped_all], "skipped_at": skipped_all[0],
                 "same_skips_on_all_ranks": same_skips, "nonfinite_steps": stats.get("nonfinite_steps"),

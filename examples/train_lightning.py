@@ -35,9 +35,9 @@ from common import add_codec_args, all_gather_digests, load_data, params_digest,
 class DigitsMLP(L.LightningModule):
     """examples/train.py's digits model: 64 -> hidden -> ReLU -> 10, SGD."""
 
-    def __init__(self, hidden=128, lr=0.05, momentum=0.9):
+    def __init__(self, hidden=128, lr=0.05, momentum=0.9, optimizer="sgd"):
         super().__init__()
-        self.lr, self.momentum = lr, momentum
+        self.lr, self.momentum, self.optimizer_name = lr, momentum, optimizer
         self.net = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
     def forward(self, x):
@@ -48,12 +48,16 @@ class DigitsMLP(L.LightningModule):
         return F.cross_entropy(self(x), y)
 
     def configure_optimizers(self):
+        if self.optimizer_name == "adam":   # the codecs take their Adam defaults (docs/guide/adam.md)
+            return torch.optim.Adam(self.parameters(), lr=self.lr)
         return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=self.momentum)
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_codec_args(p, "none | " + " | ".join(hgc.available_codecs()))
+    p.add_argument("--optimizer", choices=("sgd", "adam"), default="sgd",
+                   help="torch.optim.SGD (with --momentum) or torch.optim.Adam")
     p.add_argument("--devices", type=int, default=2, help="CPU processes")
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--batch-size", type=int, default=32, help="per process")
@@ -85,7 +89,7 @@ def main(argv=None):
             options = {"momentum": momentum, "warmup_length": 4, "warmup_unit": "epoch", **options}
             momentum = 0.0
         strategy = CompressedDDPStrategy(args.codec, codec_options=options)
-    model = DigitsMLP(args.hidden, args.lr, momentum)
+    model = DigitsMLP(args.hidden, args.lr, momentum, args.optimizer)
     if args.codec == "none":  # plain DDP; the codec's strategy does this itself
         hgc.ddp.hold_backward_context(model)   # PyTorch 2.13 can abort gloo jobs at exit without it
     callbacks = [ModelCheckpoint(dirpath=args.ckpt_dir, filename="{epoch}", save_top_k=-1)] if args.ckpt_dir else []
@@ -114,6 +118,8 @@ def main(argv=None):
                 "params_digest": digests[0], "seconds": seconds, "hook_steps": stats.get("steps"),
                 "bytes_sent_per_step": stats.get("bytes_sent_per_step"),
                 "bytes_dense_per_step": stats.get("bytes_dense_per_step"), "wire_ratio": stats.get("wire_ratio"),
+                "optimizer": args.optimizer,
+                "adam_defaults_taken": dict(state.compression.adapted_options) if state is not None else None,
             }), flush=True)
     return 0 if identical else 3
 

@@ -93,6 +93,8 @@ def effective_default(option: str, default, codec: Optional[str]):
         return cls.error_feedback_default
     if option == "pattern":
         return cls.default_pattern
+    if codec == "dgc" and option == "density":   # the SGD default (the Adam family's: adam_defaults)
+        return cls.DEFAULT_DENSITY
     if codec == "qsgd" and option == "bits":   # levels s = 2^(bits-1) - 1 when neither is given
         return (hgc.get_codec("qsgd", impl="reference").s + 1).bit_length()
     return default

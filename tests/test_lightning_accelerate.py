@@ -233,3 +233,15 @@ def test_rank_part_refuses_another_world_size():
     assert job1["world_size"] == 1 and torch.equal(job1["ranks"][0]["r"], torch.ones(3))
     JobCompressionState(held).load_state_dict({"world_size": 1, "ranks": [{"rank": 0, "r": torch.zeros(3)}]})
     assert torch.equal(held.value["r"], torch.zeros(3))
+
+
+def test_lightning_with_adam_takes_the_adam_defaults():
+    """The strategy's hook never sees the optimizer (Lightning creates it after the hook): the
+    guard takes the codec's Adam defaults at the first step(), which under Lightning runs the
+    backward inside it (its closure), so before the first exchange."""
+    proc = lightning_proc("--codec", "terngrad", "--optimizer", "adam", "--lr", "0.003", "--epochs", "1")
+    r = last_json(proc)
+    assert r["optimizer"] == "adam" and r["adam_defaults_taken"] == {"clip": 1.0}, r
+    assert r["params_identical"] is True and r["hook_steps"] == r["global_step"] > 0, r
+    said = [line for line in proc.stderr.splitlines() if "took the Adam defaults" in line]
+    assert said and all("clip=1.0 from step 0 on" in line for line in said), said

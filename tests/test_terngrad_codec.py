@@ -333,3 +333,14 @@ def test_cuda_reference_and_native_error():
     assert ref.decode(p).device == g.device
     with pytest.raises(RuntimeError, match="without CUDA kernels for terngrad"):
         _codec("native").encode(g)
+
+
+def test_warmup_steps_option():
+    """``warmup_steps=N``: the exchange's dense pattern for the first N steps (as onebit's);
+    named in the repr only when set (older checkpoints' reprs unchanged)."""
+    from horovod_gradcomp.codecs.terngrad import TernGradCodec
+    assert "warmup_steps" not in repr(TernGradCodec(impl="reference"))
+    assert "warmup_steps=100" in repr(TernGradCodec(impl="reference", warmup_steps=100))
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ValueError, match="warmup_steps must be an int >= 0"):
+            TernGradCodec(impl="reference", warmup_steps=bad)

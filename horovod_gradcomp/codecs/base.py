@@ -37,6 +37,11 @@ class Codec:
     #: exact sums, see codecs/ternary_sum.py; onebit's column stripes are encoded in place).
     #: DGC's payloads vary in size, so it has the allgather only.
     default_pattern: str = "allgather"
+    #: Codec options that replace the constructor's defaults when the wrapped optimizer is of
+    #: the Adam family and the user did not pass them (:mod:`horovod_gradcomp.horovod.adam_defaults`;
+    #: measured on the char model: docs/results/adam_table.md). Empty: the same defaults for every
+    #: optimizer.
+    adam_defaults: dict = {}
 
     #: The implementations a codec can be built with: "native" (``_C``: the CPU kernels, and
     #: the device kernels for CUDA tensors), "reference" (pure torch, the oracle) and "twin"

@@ -109,6 +109,9 @@ class OneBitCodec(Codec):
     #: allgather's CPU, so it wins on slow links and stays ahead of fp16 on fast ones
     #: (docs/results/README.md, "Column windows").
     default_pattern = "auto"
+    #: Under the Adam family: the first 100 steps averaged exactly (what hurts onebit under Adam
+    #: is the start of training: docs/results/adam_table.md).
+    adam_defaults = {"warmup_steps": 100}
 
     def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = DEFAULT_SCALES,
                  lr_warmup_steps: int = DEFAULT_LR_WARMUP_STEPS, ramp_steps: Optional[int] = None,

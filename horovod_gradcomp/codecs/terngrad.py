@@ -145,11 +145,19 @@ class TernGradCodec(CounterStream, Codec):
     shared_scale = True
     fuses_feedback = False
     error_feedback_default = False
+    #: Under the Adam family: clipping at 1.0 sigma (the ternary values' second moment s*|g|,
+    #: s the largest |g|, inflates Adam's denominator; clipping lowers s: docs/results/adam_table.md).
+    adam_defaults = {"clip": 1.0}
     default_pattern = "auto"   # two-phase owners send exact sums: TernGrad's math, fewer bytes from K = 4
 
     def __init__(self, impl: str = "native", seed: int = 0, rank_stream: int = 0,
-                 clip: Optional[float] = None):
+                 clip: Optional[float] = None, warmup_steps: int = 0):
+        """``warmup_steps``: the exchange averages the first N steps at full precision
+        (:mod:`horovod_gradcomp.exchange.dense_warmup`), this codec's payloads from step N on."""
         super().__init__(impl)
+        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
+            raise ValueError(f"terngrad: warmup_steps must be an int >= 0, got {warmup_steps!r}")
+        self.warmup_steps = warmup_steps
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise TypeError(f"terngrad: seed must be an int, got {seed!r}")
         if isinstance(rank_stream, bool) or not isinstance(rank_stream, int):
@@ -166,7 +174,8 @@ class TernGradCodec(CounterStream, Codec):
     def __repr__(self) -> str:
         # rank_stream is left out on purpose: it differs between ranks by design, and the
         # adapter's agreement check compares repr(codec) across ranks.
-        return f"{type(self).__name__}(impl={self.impl!r}, seed={self.seed}, clip={self.clip})"
+        extra = f", warmup_steps={self.warmup_steps}" if self.warmup_steps else ""
+        return f"{type(self).__name__}(impl={self.impl!r}, seed={self.seed}, clip={self.clip}{extra})"
 
     # -- helpers ------------------------------------------------------------------
     def _check(self, tensor: torch.Tensor) -> None:

@@ -110,6 +110,7 @@ import torch
 from ..codecs import available_codecs
 from ..exchange.timeline import Interval
 from ..exchange.watchdog import StallWatchdog
+from ..horovod.adam_defaults import AdamDefaultsGuard
 from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .arguments import refuse_options, require_ddp_model
@@ -575,8 +576,12 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     ``process_set`` are not taken. DGC's momentum lives in the compression, as under Horovod: with
     ``momentum=None`` (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps
     the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum
-    correction (:mod:`horovod_gradcomp.horovod.optimizer_check`). Call it on every rank at the same
-    point (it may create a process group)."""
+    correction (:mod:`horovod_gradcomp.horovod.optimizer_check`). ``optimizer=``: the optimizer
+    that steps the parameters; under the Adam family (Adam, AdamW, NAdam, RAdam, Adamax) the codec's
+    Adam defaults (TernGrad ``clip=1.0``, DGC ``density=0.1``, onebit ``warmup_steps=100``) replace
+    the options not given, from the first step; without it they are taken at the optimizer's first
+    ``step()`` and hold from the second step on (:mod:`horovod_gradcomp.horovod.adam_defaults`).
+    Call it on every rank at the same point (it may create a process group)."""
     require_ddp_model(ddp_model, "hgc.ddp.register")
     refuse_options(options, ("bucket_bytes", "overlap", "transport", "process_set"), "hgc.ddp.register",
                    "to the DDP hook (DDP's buckets are exchanged on a torch.distributed group: set bucket_cap_mb on "
@@ -588,6 +593,8 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
     comm = communicator if communicator is not None else TorchDistributedCommunicator(_hook_group(ddp_model, group))
     compression = factory(named, communicator=comm, **options)
+    if options.get("optimizer") is None:   # the Adam defaults at the first step() (adam_defaults.py)
+        compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
     compression.engine.connect_layout(comm)   # pattern="hierarchical": its groups, here on every rank (no-op otherwise)
     state = DDPCompressionState(compression, {id(p): n for n, p in named}, per_bucket=per_bucket,
                                 sparse_as_dense=sparse_as_dense)

@@ -32,6 +32,7 @@ from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
+from .adam_defaults import apply_adam_defaults
 from .options_check import calling_optimizer, calling_parameter, check_dense, check_horovod_options, reduction_of
 from .param_index import ParamIndex
 
@@ -72,6 +73,12 @@ class CodecCompression:
                                  ranks_per_node=ranks_per_node, inner_pattern=inner_pattern)
         self._results: Dict[str, torch.Tensor] = {}
         self._options_checked = False
+        #: Codec options the user passed (never replaced by the Adam defaults; set by the factories).
+        self.explicit_options: frozenset = frozenset()
+        #: Codec options set after construction (the Adam defaults taken): saved in checkpoints.
+        self.adapted_options: Dict[str, object] = {}
+        #: True once a checkpoint was loaded: its options stand (no Adam defaults taken after it).
+        self.options_from_checkpoint = False
 
     @property
     def memory(self):
@@ -90,6 +97,7 @@ class CodecCompression:
             check_horovod_options(optimizer, f"Compression.{self.codec.name}", self._comm())
             if hasattr(self.state.memory, "set_reduction"):  # DGC's clipping threshold refers to it
                 self.state.memory.set_reduction(reduction_of(optimizer))
+            apply_adam_defaults(self, optimizer)   # before the first gradient is encoded
             self._options_checked = True
         check_dense(tensor, f"Compression.{self.codec.name}")
         name = self.index.name_of(tensor, lambda: calling_parameter(self))
@@ -128,7 +136,19 @@ class CodecCompression:
         self._results.clear()
         self.index.end_step()
 
-    # -- schedule, introspection and checkpoints ------------------------------------
+    # -- options, schedule, introspection and checkpoints ----------------------------
+    def set_options(self, options: Dict[str, object]) -> None:
+        """Set codec options after construction (the Adam defaults; every rank the same, before
+        the first exchange or on load): on the codec, and on a memory that keeps one of them
+        (DGC's density schedule). Recorded in ``adapted_options``."""
+        for name, value in options.items():
+            if not hasattr(self.codec, name):
+                raise ValueError(f"Compression.{self.codec.name}: no codec option {name!r}")
+            setattr(self.codec, name, value)
+            if hasattr(self.memory, "set_option"):
+                self.memory.set_option(name, value)
+            self.adapted_options[name] = value
+
     def set_epoch(self, epoch: int) -> None:
         """Tell the compression the training epoch (DGC's density warm-up by epoch); every
         rank must call it with the same value, before the epoch's first step."""
@@ -145,6 +165,7 @@ class CodecCompression:
         :func:`~horovod_gradcomp.horovod.checkpoint.save_job_state`)."""
         comm = self._comm()
         return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size,
+                "adapted_options": dict(self.adapted_options),
                 # the node layout (None before the first bucket: the state is still empty then)
                 "layout": self.engine.layout_key() if self.engine.layout_known else None,
                 **self.state.state_dict()}
@@ -161,6 +182,10 @@ class CodecCompression:
             raise ValueError(f"Compression.{self.codec.name}: this checkpoint holds rank {state['rank']}'s state; this "
                              f"is rank {comm.rank}. The state is per rank: load each rank's own file, or use "
                              "hgc.save_job_state / hgc.load_job_state for one file per job")
+        adapted = {k: v for k, v in dict(state.get("adapted_options") or {}).items()
+                   if k not in self.explicit_options}
+        if adapted:   # the Adam defaults the run had taken: the same options again, before comparing
+            self.set_options(adapted)
         saved = saved_codec_repr(state.get("codec"))
         if saved != repr(self.codec):
             hint = ""
@@ -174,6 +199,7 @@ class CodecCompression:
                              "lr_warmup_steps: OneBitCodec(impl='native') is scales='columns', lr_warmup_steps=0)."
                              + hint)
         self.state.load_state_dict(state)
+        self.options_from_checkpoint = True
         if state.get("layout") is not None:   # compared once this job's layout is known (its first bucket)
             self.engine.expected_layout = state["layout"]
             self.engine.check_layout()

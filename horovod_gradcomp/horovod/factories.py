@@ -33,6 +33,8 @@ from ..codecs.registry import codec_class
 from ..exchange.communicator import MPICommunicator
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.dgc_memory import DensitySchedule, DGCMemory
+from ..codecs.dgc import DGCCodec
+from .adam_defaults import apply_adam_defaults
 from .compression import CodecCompression
 from .dense import DenseCompression
 from .optimizer_check import PlainSGDGuard
@@ -71,7 +73,8 @@ class Compression:
               communicator: Optional[MPICommunicator] = None, check_agreement: bool = True,
               timeout: Optional[float] = None, transport: str = "auto", process_set=None,
               pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES, ranks_per_node: Optional[int] = None,
-              inner_pattern: str = "auto", **codec_options) -> CodecCompression:
+              inner_pattern: str = "auto", optimizer: Optional[torch.optim.Optimizer] = None,
+              **codec_options) -> CodecCompression:
         """Any registered codec (see ``hgc.available_codecs()``) behind the same adapter.
 
         ``pattern``: "allgather" (every payload to every rank: (K-1) payloads sent per rank),
@@ -114,7 +117,14 @@ class Compression:
         Horovod's collectives on Gloo or a process set, else mpi4py).
 
         Stochastic codecs (those taking ``rank_stream``) get this rank's number unless told
-        otherwise, so each rank draws its own random stream."""
+        otherwise, so each rank draws its own random stream.
+
+        ``optimizer``: the optimizer that steps these parameters, when the caller knows it
+        (the DDP hook, Lightning, Accelerate). Under the Adam family (Adam, AdamW, NAdam, RAdam,
+        Adamax) the codec's ``adam_defaults`` replace the options not given here
+        (:mod:`~horovod_gradcomp.horovod.adam_defaults`); under Horovod the
+        ``DistributedOptimizer`` is found at the first ``compress`` without it."""
+        explicit = frozenset(codec_options)
         if error_feedback is None:
             error_feedback = codec_class(name).error_feedback_default
         if communicator is None:
@@ -123,11 +133,14 @@ class Compression:
             raise ValueError(f"Compression.{name}: pass either communicator= or transport=/process_set=, not both")
         if "rank_stream" in inspect.signature(codec_class(name)).parameters and "rank_stream" not in codec_options:
             codec_options["rank_stream"] = communicator.rank
-        return CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
+        comp = CodecCompression(get_codec(name, **codec_options), named_parameters, error_feedback=error_feedback,
                                 memory=memory, pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
                                 communicator=communicator, check_agreement=check_agreement, timeout=timeout,
                                 pipeline_bytes=pipeline_bytes, ranks_per_node=ranks_per_node,
                                 inner_pattern=inner_pattern)
+        comp.explicit_options = explicit
+        apply_adam_defaults(comp, optimizer)
+        return comp
 
     @staticmethod
     def onebit(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
@@ -158,11 +171,12 @@ class Compression:
                                  **options)
 
     @staticmethod
-    def dgc(named_parameters: NamedParameters, *, density: float = 0.001, momentum: Optional[float] = None,
+    def dgc(named_parameters: NamedParameters, *, density: Optional[float] = None, momentum: Optional[float] = None,
             nesterov: Optional[bool] = None, momentum_masking: bool = True, clip_norm: Optional[float] = None,
             warmup_start: float = 0.25, warmup_length: int = 0, warmup_unit: str = "step",
             check_optimizer: bool = True, impl: str = "native", communicator: Optional[MPICommunicator] = None,
-            check_agreement: bool = True, timeout: Optional[float] = None, **options) -> CodecCompression:
+            check_agreement: bool = True, timeout: Optional[float] = None,
+            optimizer: Optional[torch.optim.Optimizer] = None, **options) -> CodecCompression:
         """Deep Gradient Compression (Lin et al.): top-``density`` sparsification of the
         momentum-corrected accumulated velocity (see :mod:`horovod_gradcomp.state.dgc_memory`).
 
@@ -182,8 +196,13 @@ class Compression:
         ``warmup_length`` steps (or epochs with ``warmup_unit="epoch"``, then call
         ``compression.set_epoch(epoch)`` at the start of each epoch) during which the density
         falls exponentially from ``warmup_start`` to ``density``. Codec options: ``sample``
-        (fraction of values sampled for the threshold estimate), ``seed``."""
+        (fraction of values sampled for the threshold estimate), ``seed``.
+
+        ``density``: None (the default) is 0.001, the paper's, under SGD and 0.1 under the Adam
+        family (``DGCCodec.adam_defaults``; ``optimizer=`` as :meth:`codec`)."""
         named = list(named_parameters)
+        given = {"density"} if density is not None else set()
+        density = DGCCodec.DEFAULT_DENSITY if density is None else density
         schedule = DensitySchedule(density, start=warmup_start, length=warmup_length, unit=warmup_unit)
         adopt = momentum is None
         if adopt and not check_optimizer:
@@ -193,6 +212,8 @@ class Compression:
                            momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt)
         comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
+        comp.explicit_options = frozenset(options) | given
+        apply_adam_defaults(comp, optimizer)
         if check_optimizer:
             comp.optimizer_guard = PlainSGDGuard([p for _, p in named], owner="Compression.dgc",
                                                  adopt_momentum=memory.adopt_momentum if adopt else None,

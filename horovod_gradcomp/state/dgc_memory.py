@@ -181,6 +181,13 @@ class DGCMemory:
             raise ValueError(f"dgc: the optimizer's momentum must be in [0, 1), got {momentum!r}")
         self.momentum, self.nesterov = float(momentum), bool(nesterov)
 
+    def set_option(self, name: str, value) -> None:
+        """A codec option set after construction (:meth:`CodecCompression.set_options`): ``density``
+        is the schedule's final density (its start raised to it when below); others are not kept here."""
+        if name == "density":
+            s = self.schedule
+            self.schedule = DensitySchedule(value, start=max(s.start, float(value)), length=s.length, unit=s.unit)
+
     def set_epoch(self, epoch: int) -> None:
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}")

@@ -63,6 +63,35 @@ def test_codec_trains_with_adam(codec, optimizer, monkeypatch):
     assert sum(losses[-5:]) / 5 < 0.85 * sum(losses[:5]) / 5, f"{codec} with {optimizer}: {losses}"
     assert compression.stats()["steps"] == STEPS
     assert_identical_across_ranks(model)
+    # the codec's Adam defaults, taken at the first compress on every rank (adam_defaults.py)
+    assert compression.adapted_options == type(compression.codec).adam_defaults
+    assert all(getattr(compression.codec, k) == v for k, v in compression.adapted_options.items())
+
+
+@needs_peers
+@pytest.mark.parametrize("codec", ["dgc", "onebit", "terngrad"])
+@pytest.mark.parametrize("given", [False, True])
+def test_ddp_hook_takes_the_adam_defaults(codec, given):
+    """The DDP hook never sees the optimizer: with optimizer= the Adam defaults hold from the
+    first step, without it from the optimizer's first step() on; ranks stay identical."""
+    import copy
+    from .mpi_helpers import init_gloo
+    init_gloo("adam_defaults")
+    torch.manual_seed(0)
+    plain = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.Tanh(), torch.nn.Linear(32, 3))
+    ddp = torch.nn.parallel.DistributedDataParallel(copy.deepcopy(plain), bucket_cap_mb=0.001)
+    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    state = hgc.ddp.register(ddp, codec, **({"optimizer": opt} if given else {}))
+    comp = state.compression
+    expected = type(comp.codec).adam_defaults
+    assert comp.adapted_options == (expected if given else {})
+    for step in range(3):
+        x, y = _data(step)
+        opt.zero_grad()
+        F.cross_entropy(ddp(x), y).backward()
+        opt.step()
+        assert comp.adapted_options == expected
+    assert_identical_across_ranks(ddp.module)
 
 
 @needs_peers

@@ -1,0 +1,112 @@
+"""Adam-aware codec defaults: one table per codec, applied once the wrapped optimizer is known.
+
+Adam and its relatives divide each coordinate's step by a running estimate of that
+coordinate's gradient magnitude. A codec whose payload changes that magnitude (TernGrad's
+ternary values have second moment ``s*|g|``; DGC delivers a coordinate's accumulation as one
+large value) shrinks Adam's steps; the SGD defaults that suit plain SGD lose 16-60% of
+test loss under Adam on the char model (docs/results/adam_table.md). Each codec class lists,
+in ``Codec.adam_defaults``, the options that replace its constructor defaults under the Adam
+family: TernGrad a clip, DGC a larger density, onebit a dense warm-up.
+
+Rules:
+
+* The Adam family is :data:`ADAM_FAMILY` (Adam, AdamW, NAdam, RAdam, Adamax: every optimizer
+  here that divides by a per-coordinate moment estimate). Only Adam and AdamW were measured.
+* An option the user passed explicitly is never replaced (``CodecCompression.explicit_options``).
+* Where the optimizer is learnt: under Horovod from the ``DistributedOptimizer`` calling
+  ``compress``, before the first gradient is encoded (every rank runs the same optimizer
+  class). An ``optimizer=`` argument to the factories (and so to ``hgc.ddp.register``, whose
+  options the Lightning / Accelerate strategies pass on) applies them at construction. Without
+  it, the DDP hook learns the optimizer at its first ``step()`` (:class:`AdamDefaultsGuard`):
+  the Adam defaults then hold from the second step on, and the log line says so.
+* What was taken is logged once (one line) and saved in the compression's checkpoint, which
+  applies it again on load. After a load nothing more is taken, so a run resumes with the
+  options it ran with (also one written before these defaults existed).
+"""
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Dict, Iterable, Optional
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from .optimizer_check import _dead_handles, _remove_dead_hooks
+
+#: The optimizers served by the codecs' ``adam_defaults`` (subclasses included: Horovod's
+#: ``DistributedOptimizer`` is a subclass of the optimizer it wraps).
+ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax)
+
+_log = logging.getLogger("horovod_gradcomp")
+
+
+def is_adam_family(optimizer) -> bool:
+    """True when ``optimizer`` is (a subclass of) one of :data:`ADAM_FAMILY`."""
+    return isinstance(optimizer, ADAM_FAMILY)
+
+
+def pending_adam_defaults(compression) -> Dict[str, object]:
+    """The codec's ``adam_defaults`` that the user did not pass and that are not in force yet;
+    none after a checkpoint was loaded (it resumes with the options it ran with)."""
+    if compression.options_from_checkpoint:
+        return {}
+    codec = compression.codec
+    return {k: v for k, v in type(codec).adam_defaults.items()
+            if k not in compression.explicit_options and getattr(codec, k, None) != v}
+
+
+def apply_adam_defaults(compression, optimizer: Optional[object], when: str = "") -> Dict[str, object]:
+    """When ``optimizer`` is of the Adam family, set the codec's ``adam_defaults`` that the
+    user did not pass on ``compression`` (recorded in ``compression.adapted_options``, logged
+    once, with ``when`` appended) and return them; ``{}`` (nothing changed) for any other optimizer or None."""
+    if optimizer is None or not is_adam_family(optimizer):
+        return {}
+    taken = pending_adam_defaults(compression)
+    if taken:
+        compression.set_options(taken)
+        _log.warning("Compression.%s: the optimizer is %s (Adam family): took the Adam defaults %s%s (pass them "
+                     "explicitly to override; docs/guide/adam.md)", compression.codec.name,
+                     _family_name(optimizer), ", ".join(f"{k}={v}" for k, v in taken.items()),
+                     f" {when}" if when else "")
+    return taken
+
+
+def _family_name(optimizer) -> str:
+    for cls in type(optimizer).__mro__:
+        if cls in ADAM_FAMILY:
+            return cls.__name__
+    return type(optimizer).__name__
+
+
+class AdamDefaultsGuard:
+    """For an exchange that never sees the optimizer (the DDP hook, and through it the Lightning
+    and Accelerate strategies) and was given no ``optimizer=``: before the first ``step()`` of an
+    optimizer holding one of ``params``, :func:`apply_adam_defaults` with it. The gradients of
+    that first step were already exchanged with the plain defaults; the Adam defaults hold from
+    the next step on (every rank at the same step: DDP's backward has returned, its exchange is
+    idle). Pass ``optimizer=`` to have them from the first step."""
+
+    def __init__(self, compression, params: Iterable[torch.Tensor]):
+        _remove_dead_hooks()
+        self._ids = {id(p) for p in params}
+        self._done = False
+        comp = weakref.ref(compression)   # the global hook must not keep the compression alive
+        guard = weakref.ref(self)
+
+        def hook(optimizer, args, kwargs):
+            me, c = guard(), comp()
+            if me is not None and c is not None:
+                me.check(c, optimizer)
+            return None
+
+        self._handle = register_optimizer_step_pre_hook(hook)
+        weakref.finalize(self, _dead_handles.append, self._handle)
+
+    def check(self, compression, optimizer) -> None:
+        """Act once, at the first step of an optimizer holding the compressed parameters."""
+        if self._done or not any(id(p) in self._ids for g in optimizer.param_groups for p in g["params"]):
+            return
+        self._done = True
+        apply_adam_defaults(compression, optimizer, when=f"from step {compression.state.step} on (the first step "
+                            "used the plain defaults: pass optimizer= to have them from the first step)")
