@@ -139,7 +139,7 @@ def codec_rows(name: str, options: Dict[str, object], grads: Sequence[torch.Tens
     rows = []
     for i, (op, _, calls, syncs) in enumerate(passes[0]):
         ms = statistics.median(p[i][1] for p in passes)
-        row = {"codec": name, "op": op, "device": device, "op_ms": round(ms, 4), "copy_ms": round(floor_ms, 4),
+        row = {"codec": name, "op": op, "device": device, "op_ms": round(ms, 6), "copy_ms": round(floor_ms, 6),
                "ratio": round(ms / max(floor_ms, 1e-9), 2), "calls": calls, "syncs": syncs, "bytes": nbytes}
         if options:
             row["options"] = dict(options)
