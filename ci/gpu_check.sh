@@ -22,11 +22,14 @@
 #             the stream hand-over (gradients written on a side stream, exchanged on the engine's
 #             and the wire thread's streams, results read back on the side stream);
 #   ddp_nccl  the DDP hook on NCCL: needs one GPU per process (says so and passes with one GPU);
-#   bench     python -m horovod_gradcomp.bench codecs --device cuda (figures in the JSON).
+#   bench     python -m horovod_gradcomp.bench codecs --device cuda (figures in the JSON);
+#   devtime   python -m horovod_gradcomp.bench devtime --device cuda: per codec, each bucket op's
+#             device time on ResNet-50's gradients next to a device-to-device copy of the same
+#             bytes (the memory-bandwidth floor), with its device calls and host synchronizations.
 #
 # Steps can be run in separate calls (the device tool allows 10 minutes a command): e.g.
 # `ci/gpu_check.sh deps toolkit mpi build tests` then `ci/gpu_check.sh toolkit mpi fuzz others
-# exchange ddp_nccl bench` on the same warm machine. Each step's output goes to
+# exchange ddp_nccl bench devtime` on the same warm machine. Each step's output goes to
 # $OUTDIR/<step>.log; the summary (one line per step) to $OUTDIR/summary.txt. Exit status 0
 # only when every step run passed.
 set -uo pipefail
@@ -41,7 +44,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(deps toolkit mpi build tests fuzz others exchange ddp_nccl bench)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(deps toolkit mpi build tests fuzz others exchange ddp_nccl bench devtime)
 T0=$(date +%s)
 FAILED=0
 log() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
@@ -153,11 +156,16 @@ bench() {
     "$PY" -m horovod_gradcomp.bench codecs --device cuda --json --repeat 5 --reference-repeat 1 \
         > "$OUTDIR/bench_codecs_cuda.json" && cat "$OUTDIR/bench_codecs_cuda.json"
 }
-export -f deps toolkit mpi_ok mpi build pytest_q tests fuzz others exchange ddp_nccl bench
+devtime() {
+    "$PY" -m horovod_gradcomp.bench devtime --device cuda --repeat 5 --json > "$OUTDIR/devtime_cuda.json" &&
+        "$PY" -c 'import json, sys; from horovod_gradcomp.bench.devtime_bench import format_table
+print(format_table(json.load(open(sys.argv[1]))))' "$OUTDIR/devtime_cuda.json"
+}
+export -f deps toolkit mpi_ok mpi build pytest_q tests fuzz others exchange ddp_nccl bench devtime
 export NVCC
 
 declare -A LIMIT=([deps]=120 [toolkit]=30 [mpi]=120 [build]=540 [tests]=540 [fuzz]=540 [others]=420
-                  [exchange]=420 [ddp_nccl]=300 [bench]=300)
+                  [exchange]=420 [ddp_nccl]=300 [bench]=300 [devtime]=300)
 for s in "${STEPS[@]}"; do
     [ -n "${LIMIT[$s]:-}" ] || { log "unknown step '$s' (steps: ${!LIMIT[*]})"; exit 2; }
     run_step "$s" "${LIMIT[$s]}" "$s"

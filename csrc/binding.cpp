@@ -16,6 +16,9 @@
 #include "cpu/dgc_cpu.h"
 #include "cpu/dgc_index_cpu.h"
 #include "cpu/dgc_memory_cpu.h"
+#ifdef WITH_CUDA
+#include "device/context.h"
+#endif
 
 
 namespace {
@@ -486,6 +489,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "horovod_gradcomp native codec kernels: the torch.ops.hgc ops (see horovod_gradcomp/ops.py)";
   m.def("has_cuda", &has_cuda, "True when built with the CUDA kernels");
   m.attr("ops") = hgc::op_names(all_schemas());  // the ops this module registers under torch.ops.hgc
+#ifdef WITH_CUDA
+  // The CUDA kernels' counters (csrc/device/exec.cuh), as the twin has them: bench devtime reads them.
+  m.def("algorithm_calls", &hgc_dev::algorithm_calls, "device algorithm (Thrust) calls issued so far, all threads");
+  m.def("host_syncs", &hgc_dev::host_syncs, "host synchronizations (reads back from the GPU) issued so far, all threads");
+#endif
   // Holds the GIL: replacing the held object releases the previous one.
   m.def("retain_backward_context", &retain_backward_context,
         "during a backward: keep its stashed context alive (see horovod_gradcomp/ddp/gloo_exit.py)");

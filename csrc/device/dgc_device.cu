@@ -24,7 +24,7 @@
 // for_each, sort, segmented reduction, one read-back); then one scan of the selected flags (each position's place) and one
 // for_each writing indices and values: the compaction reads nothing back (the counts are known).
 // Index code (dgc_index_*_many): one segmented reduction of every tensor's GapStats, one
-// read-back, one for_each. Their tables (Pack) go up in one copy per round.
+// read-back, one for_each. Their tables (a TableSet) go up in one copy per round.
 #include "dgc_device.h"
 
 #include <thrust/copy.h>
@@ -270,27 +270,6 @@ template <typename T> struct SumStages {
   }
 };
 
-// The sum stages of the four dtypes, each run in DType order (one launch sequence per dtype present).
-struct AllSumStages {
-  SumStages<half_t> h;
-  SumStages<bf16_t> b;
-  SumStages<float> f;
-  SumStages<double> d;
-  explicit AllSumStages(int64_t K) : h(K), b(K), f(K), d(K) {}
-  void put(TableSet& tables) {
-    h.put(tables);
-    b.put(tables);
-    f.put(tables);
-    d.put(tables);
-  }
-  void run(TableSet& tables) const {
-    h.run(tables);
-    b.run(tables);
-    f.run(tables);
-    d.run(tables);
-  }
-};
-
 template <bool kClip, bool kNesterov>
 void accumulate_many_typed(Exec& ex, const DgcAccumulateItem* items, int64_t count, double m, double c) {
   Stage<dgc::Accumulate<float, kClip, kNesterov>> f32;
@@ -315,58 +294,6 @@ void accumulate_many_typed(Exec& ex, const DgcAccumulateItem* items, int64_t cou
 }
 
 // ---- a bucket's selection and index code -------------------------------------------------------
-
-// Host arrays (per-tensor functors or descriptors, prefix counts) packed into ONE upload, then
-// read by the algorithms through their device pointers: TableSet's idea for tables that are not
-// only for_each stages (the segmented reductions, copy_if and sorts read them too).
-class Pack {
- public:
-  explicit Pack(Exec& ex) : ex_(ex) {}
-  template <typename T> std::size_t add(const std::vector<T>& v) {
-    static_assert(std::is_trivially_copyable<T>::value, "packed as bytes");
-    static_assert(alignof(T) <= kAlign, "aligned to kAlign");
-    const std::size_t at = (host_.size() + kAlign - 1) / kAlign * kAlign;
-    host_.resize(at + v.size() * sizeof(T));
-    if (!v.empty()) std::memcpy(host_.data() + at, v.data(), v.size() * sizeof(T));
-    return at;
-  }
-  void upload() {
-    device_.reset(new Scratch<unsigned char>(ex_, static_cast<int64_t>(host_.size())));
-    ex_.to_device(device_->get(), host_.data(), host_.size());
-  }
-  template <typename T> const T* at(std::size_t offset) const {
-    return reinterpret_cast<const T*>(device_->get() + offset);
-  }
-
- private:
-  static constexpr std::size_t kAlign = 16;
-  Exec& ex_;
-  std::vector<unsigned char> host_;
-  std::unique_ptr<Scratch<unsigned char>> device_;
-};
-
-// Per-tensor descriptors (or functors) and their prefix counts over a concatenated index space.
-template <typename F> struct Segments {
-  std::vector<F> items;
-  std::vector<int64_t> start{0};
-  std::size_t items_at = 0, start_at = 0;
-  void add(const F& f, int64_t count) {
-    items.push_back(f);
-    start.push_back(start.back() + (count > 0 ? count : 0));
-  }
-  int64_t total() const { return start.back(); }
-  int64_t size() const { return static_cast<int64_t>(items.size()); }
-  void put(Pack& p) {
-    items_at = p.add(items);
-    start_at = p.add(start);
-  }
-  const F* dev_items(const Pack& p) const { return p.at<F>(items_at); }
-  const int64_t* dev_start(const Pack& p) const { return p.at<int64_t>(start_at); }
-  // One for_each of MultiFor<F> over every segment (F a per-tensor functor).
-  void run(Exec& ex, const Pack& p) const {
-    if (total() > 0) ex.for_each_index(total(), MultiFor<F>{dev_items(p), dev_start(p), size()});
-  }
-};
 
 int esize_of(DType dtype) {
   switch (dtype) {
@@ -394,14 +321,14 @@ void segment_reduce(Exec& ex, const int64_t* start, int64_t T, int64_t total, Te
 
 // The per-tensor (count, threshold) of every rule over its tensor's values (all segments hold
 // >= 1 value): one segmented reduction over the concatenated values, one read-back into host[].
-void count_thresholds(Exec& ex, const Pack& p, const Segments<dgc::ThresholdRule>& rules,
+void count_thresholds(Exec& ex, const TableSet& tables, const Stage<dgc::ThresholdRule>& rules,
                       std::vector<dgc::CountKey>& host) {
-  const int64_t T = rules.size();
+  const int64_t T = rules.tensors();
   host.assign(static_cast<std::size_t>(T), dgc::CountKey{0, 0});
   if (T == 0) return;
   Scratch<dgc::CountKey> sums(ex, T);
-  const int64_t* start = rules.dev_start(p);
-  segment_reduce(ex, start, T, rules.total(), dgc::SegCountTerm{rules.dev_items(p), start, T}, dgc::CombineCountKey(),
+  const int64_t* start = tables.starts(rules);
+  segment_reduce(ex, start, T, rules.total(), dgc::SegCountTerm{tables.items(rules), start, T}, dgc::CombineCountKey(),
                  sums.get());
   ex.to_host(host.data(), sums.get(), sizeof(dgc::CountKey) * static_cast<std::size_t>(T));
 }
@@ -544,25 +471,19 @@ bool dgc_scatter_sum_many(const Ctx& ctx, const DgcSumTensor* tensors, int64_t c
     }
   }
   // The sums, per dtype.
-  AllSumStages sum(K);
+  PerDtype<SumStages> sum(K);
   float* cursor = acc.get();
   for (int64_t t = 0; t < count; ++t) {
     const DgcSumTensor& tt = tensors[t];
-    const DgcSumPayload* pays = payloads + t * K;
-    const int64_t* pbase = base.data() + t * K;
-    switch (tt.dtype) {
-      case DType::kHalf: sum.h.add(tt, pays, pbase, idx.get(), scale, cursor); break;
-      case DType::kBFloat16: sum.b.add(tt, pays, pbase, idx.get(), scale, cursor); break;
-      case DType::kFloat: sum.f.add(tt, pays, pbase, idx.get(), scale, cursor); break;
-      case DType::kDouble: sum.d.add(tt, pays, pbase, idx.get(), scale, cursor); break;
-      default: throw std::invalid_argument("dgc_scatter_sum_many: unknown dtype");
-    }
+    with_dtype(sum, tt.dtype, nullptr, [&](auto& set, const auto*) {
+      set.add(tt, payloads + t * K, base.data() + t * K, idx.get(), scale, cursor);
+    });
   }
   TableSet tables(ex);
   tables.put(steps);
   tables.put(indices);
   tables.put(per_payload);
-  sum.put(tables);
+  sum.each([&](auto& set) { set.put(tables); });
   tables.upload();
 
   tables.run(steps);
@@ -574,7 +495,7 @@ bool dgc_scatter_sum_many(const Ctx& ctx, const DgcSumTensor* tensors, int64_t c
   for (int64_t p = 0; p < P; ++p)
     if (bad[p] != 0) return false;  // nothing written: the caller names the payload
 
-  sum.run(tables);
+  sum.each([&](auto& set) { set.run(tables); });  // in DType order
   return true;
 }
 
@@ -637,8 +558,8 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
     }
   }
   Scratch<dgc::SegKey> pool(ex, M);
-  Segments<dgc::GatherSegKeys> gather;
-  Segments<dgc::ThresholdRule> rules;
+  Stage<dgc::GatherSegKeys> gather;
+  Stage<dgc::ThresholdRule> rules;
   for (int64_t t = 0; t < count; ++t) {
     const DgcSelectItem& it = items[t];
     const int es = esize_of(it.dtype);
@@ -650,13 +571,13 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
   }
   std::vector<dgc::CountKey> c;
   {
-    Pack pack(ex);
-    gather.put(pack);
-    rules.put(pack);
-    pack.upload();
-    gather.run(ex, pack);
+    TableSet tables(ex);
+    tables.put(gather);
+    tables.put(rules);
+    tables.upload();
+    tables.run(gather);
     if (M > 0) thrust::sort(ex.policy(), pool.get(), pool.get() + M, dgc::SegKeyOrder());
-    count_thresholds(ex, pack, rules, c);  // the bucket's read-back
+    count_thresholds(ex, tables, rules, c);  // the bucket's read-back
   }
   // The paths; the estimates off by more than 2x go to round 2 (candidates >= lo, len of them).
   std::vector<int64_t> again;
@@ -690,8 +611,8 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
       L += len[j];
     }
     Scratch<dgc::SegKey> cand(ex, L);
-    Segments<dgc::KeyBound> bounds;
-    Segments<dgc::ThresholdRule> exact;
+    Stage<dgc::KeyBound> bounds;
+    Stage<dgc::ThresholdRule> exact;
     for (int64_t j = 0; j < R; ++j) {
       const DgcSelectItem& it = items[again[j]];
       const int es = esize_of(it.dtype);
@@ -699,20 +620,20 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
       exact.add({it.x, es, 2, cand.get() + base2[j] + (it.k - 1)}, it.n);
     }
     std::vector<dgc::CountKey> c2;
-    Pack pack(ex);
-    bounds.put(pack);
-    exact.put(pack);
-    pack.upload();
-    const int64_t* start = bounds.dev_start(pack);
+    TableSet tables(ex);
+    tables.put(bounds);
+    tables.put(exact);
+    tables.upload();
+    const int64_t* start = tables.starts(bounds);
     // the candidates' places (an integer scan), then their writes: no read back (L is known)
-    const dgc::KeptAt kept{dgc::SegKeyAt{bounds.dev_items(pack), start, R}, dgc::KeepAtLeast{bounds.dev_items(pack)}};
+    const dgc::KeptAt kept{dgc::SegKeyAt{tables.items(bounds), start, R}, dgc::KeepAtLeast{tables.items(bounds)}};
     Scratch<int64_t> rank(ex, bounds.total());
     thrust::transform_exclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
                                      thrust::counting_iterator<int64_t>(bounds.total()), rank.get(), kept, int64_t(0),
                                      thrust::plus<int64_t>());
     ex.for_each_index(bounds.total(), dgc::WriteKept{kept, rank.get(), cand.get()});
     thrust::sort(ex.policy(), cand.get(), cand.get() + L, dgc::SegKeyOrder());
-    count_thresholds(ex, pack, exact, c2);
+    count_thresholds(ex, tables, exact, c2);
     for (int64_t j = 0; j < R; ++j) {
       out[again[j]].key = c2[j].key;
       out[again[j]].count = c2[j].count;
@@ -723,7 +644,7 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
 
 void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count) {
   if (count <= 0) return;
-  Segments<dgc::KeyBound> bounds;  // the tensors with a selection, their positions concatenated
+  Stage<dgc::KeyBound> bounds;  // the tensors with a selection, their positions concatenated
   std::vector<dgc::CompactOut> outs;
   for (int64_t t = 0; t < count; ++t) {
     const DgcCompactItem& it = items[t];
@@ -733,25 +654,25 @@ void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count
   }
   if (bounds.total() == 0) return;
   Exec ex(ctx);
-  Pack pack(ex);
-  bounds.put(pack);
-  const std::size_t outs_at = pack.add(outs);
-  pack.upload();
+  TableSet tables(ex);
+  tables.put(bounds);
+  const std::size_t outs_at = tables.add(outs);
+  tables.upload();
   // Each position's place among the selected ones (an integer scan: any order gives the same
   // places), then the writes; `count` is the number selected (dgc_threshold_many's), known on the
   // host, so nothing is read back.
   Scratch<int64_t> rank(ex, bounds.total());
-  const dgc::KeptAt kept{dgc::SegKeyAt{bounds.dev_items(pack), bounds.dev_start(pack), bounds.size()},
-                         dgc::KeepAtLeast{bounds.dev_items(pack)}};
+  const dgc::KeptAt kept{dgc::SegKeyAt{tables.items(bounds), tables.starts(bounds), bounds.tensors()},
+                         dgc::KeepAtLeast{tables.items(bounds)}};
   thrust::transform_exclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
                                    thrust::counting_iterator<int64_t>(bounds.total()), rank.get(), kept, int64_t(0),
                                    thrust::plus<int64_t>());
-  ex.for_each_index(bounds.total(), dgc::WriteSelected{kept, rank.get(), pack.at<dgc::CompactOut>(outs_at)});
+  ex.for_each_index(bounds.total(), dgc::WriteSelected{kept, rank.get(), tables.at<dgc::CompactOut>(outs_at)});
 }
 
 void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t count, DgcIndexScan* out) {
   if (count <= 0) return;
-  Segments<dgc::IndexList> lists;
+  Stage<dgc::IndexList> lists;
   std::vector<int64_t> which;
   for (int64_t t = 0; t < count; ++t) {
     out[t] = DgcIndexScan{0, true};
@@ -761,23 +682,24 @@ void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t coun
   }
   if (which.empty()) return;
   Exec ex(ctx);
-  const int64_t T = lists.size();
-  Pack pack(ex);
-  lists.put(pack);
-  pack.upload();
+  const int64_t T = lists.tensors();
+  TableSet tables(ex);
+  tables.put(lists);
+  tables.upload();
   Scratch<dgc::GapStats> sums(ex, T);
-  const int64_t* start = lists.dev_start(pack);
-  segment_reduce(ex, start, T, lists.total(), dgc::SegGapTerm{lists.dev_items(pack), start, T},
+  const int64_t* start = tables.starts(lists);
+  segment_reduce(ex, start, T, lists.total(), dgc::SegGapTerm{tables.items(lists), start, T},
                  dgc::CombineGapStats(), sums.get());
-  std::vector<dgc::GapStats> host(static_cast<std::size_t>(T));
-  ex.to_host(host.data(), sums.get(), sizeof(dgc::GapStats) * static_cast<std::size_t>(T));
+  // (sized by `which`, T of them: a size the compiler can see is not negative)
+  std::vector<dgc::GapStats> host(which.size());
+  ex.to_host(host.data(), sums.get(), sizeof(dgc::GapStats) * host.size());
   for (int64_t j = 0; j < T; ++j) out[which[j]] = DgcIndexScan{host[j].top, host[j].bad == 0};
 }
 
 void dgc_index_write_many(const Ctx& ctx, const DgcIndexItem* items, const int* w, uint8_t* const* code,
                           int64_t count) {
   if (count <= 0) return;
-  Segments<dgc::WriteIndexCode> write;
+  Stage<dgc::WriteIndexCode> write;
   for (int64_t t = 0; t < count; ++t) {
     if (w[t] != 1 && w[t] != 2 && w[t] != 4 && w[t] != 8)
       throw std::invalid_argument("dgc_index_write_many: w must be 1, 2, 4 or 8");
@@ -787,10 +709,10 @@ void dgc_index_write_many(const Ctx& ctx, const DgcIndexItem* items, const int* 
   }
   if (write.total() == 0) return;
   Exec ex(ctx);
-  Pack pack(ex);
-  write.put(pack);
-  pack.upload();
-  write.run(ex, pack);
+  TableSet tables(ex);
+  tables.put(write);
+  tables.upload();
+  tables.run(write);
 }
 
 }  // namespace hgc_dev

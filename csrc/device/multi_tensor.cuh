@@ -8,8 +8,11 @@
 // the index inside its tensor. So every tensor's values are computed by the very functor, and
 // in the very order, of its single-tensor launch: the results are bitwise the same.
 //
-// The stages' tables (functors and prefix counts) are built on the host and reach device memory
-// in one copy per launcher call (TableSet::upload); in the twin that copy is a memcpy.
+// The stages' tables (functors and prefix counts), and any other per-tensor table a launcher's
+// algorithms read (descriptors of segmented reductions, sorts, compactions: TableSet::add), are
+// built on the host and reach device memory in one copy per launcher call (TableSet::upload); in
+// the twin that copy is a memcpy. A bucket holding several dtypes keeps one set of stages per
+// storage type (PerDtype), each run in DType order.
 #pragma once
 
 #include <cstdint>
@@ -80,12 +83,25 @@ class TableSet {
     ex_.to_device(device_->get(), host_.data(), host_.size());
   }
 
+  // Any other table (per-tensor descriptors read by algorithms other than run()): its offset in
+  // the upload, for at<T>() once uploaded.
+  template <typename T> std::size_t add(const std::vector<T>& v) {
+    static_assert(std::is_trivially_copyable<T>::value, "tables are copied to device memory as bytes");
+    static_assert(alignof(T) <= kAlign, "tables are aligned to kAlign");
+    return append(v.data(), v.size() * sizeof(T));
+  }
+
+  // Device pointers, valid after upload(): a table added at `offset`; a put() stage's functors
+  // and its tensors() + 1 prefix counts.
+  template <typename T> const T* at(std::size_t offset) const {
+    return reinterpret_cast<const T*>(device_->get() + offset);
+  }
+  template <typename F> const F* items(const Stage<F>& s) const { return at<F>(s.fn_offset_); }
+  template <typename F> const int64_t* starts(const Stage<F>& s) const { return at<int64_t>(s.start_offset_); }
+
   template <typename F> void run(const Stage<F>& s) {
     if (s.total() == 0) return;
-    const unsigned char* base = device_->get();
-    ex_.for_each_index(s.total(), MultiFor<F>{reinterpret_cast<const F*>(base + s.fn_offset_),
-                                              reinterpret_cast<const int64_t*>(base + s.start_offset_),
-                                              s.tensors()});
+    ex_.for_each_index(s.total(), MultiFor<F>{items(s), starts(s), s.tensors()});
   }
 
  private:
@@ -102,5 +118,47 @@ class TableSet {
   std::vector<unsigned char> host_;
   std::unique_ptr<Scratch<unsigned char>> device_;
 };
+
+// One Set<T> of a launcher's stages for each storage type (half_t, bf16_t, float, double): the
+// per-dtype stage sets of a bucket that mixes dtypes. A bucket's absent dtypes leave theirs empty
+// (no call). The constructor's arguments go to every Set<T>. In an unnamed namespace, as the
+// codecs' Set templates are in theirs (one launcher file's types: no linkage across files).
+namespace {
+template <template <typename> class Set> struct PerDtype {
+  Set<half_t> h;
+  Set<bf16_t> b;
+  Set<float> f;
+  Set<double> d;
+  template <typename... Args> explicit PerDtype(const Args&... args) : h(args...), b(args...), f(args...), d(args...) {}
+  template <typename T> Set<T>& get() {
+    if constexpr (std::is_same<T, half_t>::value) {
+      return h;
+    } else if constexpr (std::is_same<T, bf16_t>::value) {
+      return b;
+    } else if constexpr (std::is_same<T, float>::value) {
+      return f;
+    } else {
+      static_assert(std::is_same<T, double>::value, "a storage type");
+      return d;
+    }
+  }
+  // fn(Set<T>&) for every storage type, in DType order (the order their stages are put and run).
+  template <typename Fn> void each(Fn&& fn) {
+    fn(h);
+    fn(b);
+    fn(f);
+    fn(d);
+  }
+};
+
+// fn(Set<T>&, const T* x) with T the storage type of `dtype` (x: a tensor's data, or null).
+template <template <typename> class Set, typename Fn>
+void with_dtype(PerDtype<Set>& sets, DType dtype, const void* x, Fn&& fn) {
+  dispatch_dtype(dtype, [&](auto* tag) {
+    using T = std::remove_pointer_t<decltype(tag)>;
+    fn(sets.template get<T>(), static_cast<const T*>(x));
+  });
+}
+}  // namespace
 
 }  // namespace hgc_dev

@@ -101,41 +101,6 @@ bool qsgd_decode_elias(const Ctx& ctx, DType dtype, const float* norms, const in
 
 namespace {
 
-// One set of a launcher's per-dtype stages for each storage type; a bucket's absent dtypes leave
-// theirs empty (no call).
-template <template <typename> class Set> struct PerType {
-  Set<half_t> h;
-  Set<bf16_t> b;
-  Set<float> f;
-  Set<double> d;
-  template <typename T> Set<T>& get() {
-    if constexpr (std::is_same<T, half_t>::value) {
-      return h;
-    } else if constexpr (std::is_same<T, bf16_t>::value) {
-      return b;
-    } else if constexpr (std::is_same<T, float>::value) {
-      return f;
-    } else {
-      return d;
-    }
-  }
-  template <typename Fn> void each(Fn&& fn) {
-    fn(h);
-    fn(b);
-    fn(f);
-    fn(d);
-  }
-};
-
-// Calls fn(Set<T>&, const T* x) with item's storage type T.
-template <template <typename> class Set, typename Fn>
-void with_type(PerType<Set>& sets, DType dtype, const void* x, Fn&& fn) {
-  dispatch_dtype(dtype, [&](auto* tag) {
-    using T = std::remove_pointer_t<decltype(tag)>;
-    fn(sets.template get<T>(), static_cast<const T*>(x));
-  });
-}
-
 template <typename T> struct FixedEncodeStages {
   Stage<BucketNorm<T>> norms;
   Stage<EncodeFixed8<T>> codes;
@@ -183,14 +148,14 @@ void qsgd_encode_fixed_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
                             bool max_norm) {
   Exec ex(ctx);
   const int w = code_width(s);
-  PerType<FixedEncodeStages> st;
+  PerDtype<FixedEncodeStages> st;
   bool any = false;
   for (int64_t t = 0; t < count; ++t) {
     const QsgdEncodeItem& it = items[t];
     if (it.n <= 0) continue;
     any = true;
     const int64_t B = (it.n + bucket - 1) / bucket, nbytes = (it.n * w + 7) / 8;
-    with_type(st, it.dtype, it.x, [&](auto& set, const auto* x) {
+    with_dtype(st, it.dtype, it.x, [&](auto& set, const auto* x) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
       set.norms.add(BucketNorm<T>{x, it.n, bucket, max_norm, it.norms}, B);
       set.codes.add(EncodeFixed8<T>{x, it.n, bucket, s, it.key, w, nbytes, it.norms, it.packed}, (it.n + 7) / 8);
@@ -214,13 +179,13 @@ void qsgd_decode_fixed_many(const Ctx& ctx, const QsgdFixedDecodeItem* items, in
   if (K <= 0) return;
   Exec ex(ctx);
   const int w = code_width(s);
-  PerType<FixedDecodeStages> st;
+  PerDtype<FixedDecodeStages> st;
   bool any = false;
   for (int64_t t = 0; t < count; ++t) {
     const QsgdFixedDecodeItem& it = items[t];
     if (it.n <= 0) continue;
     any = true;
-    with_type(st, it.dtype, it.out, [&](auto& set, const auto* tag) {
+    with_dtype(st, it.dtype, it.out, [&](auto& set, const auto* tag) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
       set.decode.add(DecodeFixed<T>{it.norms, it.nstride, it.packed, it.pstride, it.nbytes, K, bucket, s, w, scale,
                                     static_cast<T*>(it.out)},
@@ -257,7 +222,7 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
   Scratch<int32_t> q(ex, Q);
   Scratch<int64_t> bits(ex, NB), key(ex, NB), within(ex, NB), gbytes(ex, NG), gstart(ex, NG);
   // Sizes: norms, levels, bucket bits, group totals (table 1).
-  PerType<EliasLevelStages> lv;
+  PerDtype<EliasLevelStages> lv;
   Stage<BitsAndGroup> bucket_bits;
   Stage<GroupTotals> totals;
   for (int64_t t = 0; t < count; ++t) {
@@ -268,7 +233,7 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
                sp.G + 1);
     if (sp.B == 0) continue;
     int32_t* qt = q.get() + sp.q;
-    with_type(lv, it.dtype, it.x, [&](auto& set, const auto* x) {
+    with_dtype(lv, it.dtype, it.x, [&](auto& set, const auto* x) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
       set.norms.add(BucketNorm<T>{x, it.n, bucket, max_norm, it.norms}, sp.B);
       set.levels.add(Levels<T>{x, bucket, s, it.key, it.norms, qt}, it.n);
@@ -348,7 +313,7 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
   Scratch<int> bad(ex, flags);
   Scratch<int64_t> head_bytes(ex, slots), head_key(ex, slots), head_start(ex, slots);
   Stage<EliasHeadBytes> heads;
-  PerType<EliasDecodeStages> st;
+  PerDtype<EliasDecodeStages> st;
   int* bad_at = bad.get();
   int64_t slot = 0, payload = 0;
   for (int64_t t = 0; t < count; ++t) {
@@ -356,7 +321,7 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
     if (it.n <= 0) continue;
     const int64_t B = (it.n + bucket - 1) / bucket, G = (B + gb - 1) / gb;
     unsigned char* mine = dec.get() + dec_at[static_cast<std::size_t>(t)];
-    with_type(st, it.dtype, it.out, [&](auto& set, const auto* tag) {
+    with_dtype(st, it.dtype, it.out, [&](auto& set, const auto* tag) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(tag)>>;
       T* d = reinterpret_cast<T*>(mine);
       for (int64_t k = 0; k < K; ++k) {

@@ -16,6 +16,7 @@ from typing import List, Optional
 #: Modules providing the subcommands, in the order ``--help`` lists them.
 COMMAND_MODULES = (
     "horovod_gradcomp.bench.codecs_bench",
+    "horovod_gradcomp.bench.devtime_bench",
     "horovod_gradcomp.bench.exchange_bench",
     "horovod_gradcomp.bench.pipeline_bench",
     "horovod_gradcomp.bench.overlap_bench",
