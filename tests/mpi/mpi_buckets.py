@@ -16,8 +16,8 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.two_phase import TwoPhasePattern
 
-from .mpi_helpers import (assert_identical_across_ranks, fresh_state, init, needs_peers, onebit_unramped,
-                          two_phase_exchange)
+from .mpi_helpers import (LocalGradients, assert_identical_across_ranks, fresh_state, init, needs_peers,
+                          onebit_unramped, two_phase_exchange)
 
 RANK, SIZE = init()
 STEPS = 5
@@ -146,11 +146,12 @@ def test_two_phase_through_horovod_is_the_engine(codec):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), compression=comp)
     order = {n: i for i, n in enumerate(sorted(n for n, _ in named))}
+    grads = LocalGradients(named)
     for step in range(3):
         opt.zero_grad()
         model(torch.randn(8, 24, generator=torch.Generator().manual_seed(step + 10 * RANK)), False).sum().backward()
         # rare gets no gradient: Horovod submits zeros for it at synchronize
-        local = {n: p.grad.clone() if p.grad is not None else torch.zeros_like(p) for n, p in named}
+        local = grads.take()
         opt.synchronize()
         names = sorted(local, key=order.__getitem__)
         state.step = step

@@ -9,7 +9,7 @@ import torch
 
 import horovod_gradcomp as hgc
 
-from .mpi_helpers import assert_identical_across_ranks, gather_tensors, init, needs_peers
+from .mpi_helpers import LocalGradients, assert_identical_across_ranks, gather_tensors, init, needs_peers
 
 RANK, SIZE = init()
 
@@ -26,12 +26,13 @@ def run_steps(compression, check, steps=4):
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=comp)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    grads = LocalGradients(model.named_parameters())
     for step in range(steps):
         opt.zero_grad()
         g = torch.Generator().manual_seed(step * 31 + RANK)
         x, y = torch.randn(16, 12, generator=g), torch.randint(0, 4, (16,), generator=g)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = {n: p.grad.clone() for n, p in model.named_parameters()}
+        local = grads.take()
         opt.synchronize()
         check(model, local, step)
         with opt.skip_synchronize():

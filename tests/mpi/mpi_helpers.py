@@ -100,3 +100,32 @@ def onebit_unramped(named_parameters, **options):
     default, said explicitly): the exchange's own arithmetic, for tests that check it against the
     reference codec step by step (the warm-up is tested on its own in mpi_onebit_warmup.py)."""
     return hgc.Compression.onebit(named_parameters, lr_warmup_steps=0, **options)
+
+
+class LocalGradients:
+    """Each backward pass's own gradients of ``named`` parameters, cloned as autograd produces
+    them: a tensor hook runs before the parameter's AccumulateGrad node, so before the hooks
+    through which Horovod starts the exchange. (Reading ``p.grad`` between ``backward()`` and
+    ``synchronize()`` races with that exchange, which may already have written the result into
+    it: stock Horovod's in-place allreduce does the same.)"""
+
+    def __init__(self, named):
+        self._params = [(n, p) for n, p in named]
+        self._seen: dict = {}
+        self._handles = [p.register_hook(self._keeper(n)) for n, p in self._params if p.requires_grad]
+
+    def _keeper(self, name):
+        def keep(grad):
+            self._seen[name] = grad.detach().clone() + self._seen.get(name, 0)
+        return keep
+
+    def take(self) -> dict:
+        """The gradients since the last call, summed over the backward passes (zeros for a
+        parameter that got none); starts afresh."""
+        out = {n: self._seen.get(n, torch.zeros_like(p)) for n, p in self._params}
+        self._seen = {}
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()

@@ -23,6 +23,7 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange import ExchangeMismatchError
 from horovod_gradcomp.exchange.hierarchical import shard_key
 
+from .mpi_helpers import LocalGradients
 from .stripe_reference import part_of, put_part, ranges, ref_codec, ref_encode
 
 WORLD = MPI.COMM_WORLD
@@ -380,10 +381,11 @@ def test_stock_distributed_optimizer(codec, options):
     twin = compression_for(codec, named, options)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named,
                                    compression=comp)
+    grads = LocalGradients(named)
     for step in range(3):
         opt.zero_grad()
         model(torch.randn(8, 24, generator=torch.Generator().manual_seed(step + 10 * RANK))).pow(2).mean().backward()
-        local = {n: p.grad.clone() for n, p in named}
+        local = grads.take()
         opt.synchronize()
         want = twin.exchange(local)
         for n, p in named:

@@ -16,7 +16,7 @@ import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.preamble import PREAMBLE_BYTES
 from horovod_gradcomp.exchange.communicator import ExchangeMismatchError
 
-from .mpi_helpers import (assert_identical_across_ranks, init, needs_peers, onebit_unramped,
+from .mpi_helpers import (LocalGradients, assert_identical_across_ranks, init, needs_peers, onebit_unramped,
                           reference_mean_of_decoded)
 
 RANK, SIZE = init()
@@ -45,11 +45,11 @@ def check_steps_against_reference(model, comp, opt, forward_backward, steps):
     pure-torch reference codec (a parameter without gradient counts as a zero gradient)."""
     ref = hgc.get_codec("onebit", impl="reference")
     residual = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
+    grads = LocalGradients(model.named_parameters())
     for step in range(steps):
         opt.zero_grad()
         forward_backward(step)
-        local = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                 for n, p in model.named_parameters()}
+        local = grads.take()
         opt.synchronize()
         for n, p in model.named_parameters():
             expected, residual[n] = reference_mean_of_decoded(ref, local[n] + residual[n])

@@ -12,7 +12,8 @@ import torch
 
 import horovod_gradcomp as hgc
 
-from .mpi_helpers import assert_identical_across_ranks, init, needs_peers, onebit_unramped, reference_mean_of_decoded
+from .mpi_helpers import (LocalGradients, assert_identical_across_ranks, init, needs_peers, onebit_unramped,
+                          reference_mean_of_decoded)
 from .mpi_onebit import batch, distributed, make_model
 
 RANK, SIZE = init()
@@ -32,11 +33,12 @@ def test_results_are_the_uncapped_mean_and_residuals_are_capped():
     capped = hgc.get_codec("onebit", impl="reference", residual_cap=CAP)
     residual = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     bound = 0
+    grads = LocalGradients(model.named_parameters())
     for step in range(6):
         opt.zero_grad()
         x, y = batch(step)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = {n: p.grad.clone() for n, p in model.named_parameters()}
+        local = grads.take()
         opt.synchronize()
         for n, p in model.named_parameters():
             expected, uncapped = reference_mean_of_decoded(plain, local[n] + residual[n])
@@ -56,11 +58,12 @@ def test_two_phase_trains_identically_on_every_rank_with_rows_within_the_cap():
     model = make_model()
     comp = onebit_unramped(model.named_parameters(), residual_cap=CAP, pattern="two_phase")
     opt = distributed(model, comp)
+    grads = LocalGradients(model.named_parameters())
     for step in range(6):
         opt.zero_grad()
         x, y = batch(step)
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = {n: p.grad.clone() for n, p in model.named_parameters()}
+        local = grads.take()
         opt.step()
         for n in local:
             r = comp.memory.residuals[n]
