@@ -240,11 +240,26 @@ def device_calls(codec, grads: Sequence[torch.Tensor], bucket: bool, counter: st
     return [middle - start, counter() - middle]
 
 
+def bucket_pass_with(codec, grads: Sequence[torch.Tensor], module, wrap) -> None:
+    """One bucket pass of ``codec`` over ``grads`` (``encode_many``, then the bucket decode into
+    fresh outputs) with every op of ``module`` replaced by ``wrap(op_name, op)`` for the pass (the
+    codecs look their ops up on the module at each call) and restored after it."""
+    saved = {python_name(name): getattr(module, python_name(name)) for name in module.ops}
+    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
+    outs = [torch.zeros_like(g) for g in grads]
+    try:
+        for name in module.ops:
+            setattr(module, python_name(name), wrap(name, saved[python_name(name)]))
+        _decode_bucket(codec, _encode_bucket(codec, grads, residuals), outs)
+    finally:
+        for attr, fn in saved.items():
+            setattr(module, attr, fn)
+
+
 def bucket_op_counts(codec, grads: Sequence[torch.Tensor]) -> List[list]:
     """``[[op, device calls, host syncs], ...]``: every twin op that one bucket pass over
-    ``grads`` (``encode_many``, then the bucket decode) calls, in call order, with the device
-    algorithm calls and host synchronizations that call made. The ops are wrapped on the twin
-    module for the pass (the codecs look them up there at each call) and restored after it."""
+    ``grads`` (:func:`bucket_pass_with`) calls, in call order, with the device algorithm calls
+    and host synchronizations that call made."""
     twin = require_twin()
     counted: List[list] = []
 
@@ -257,16 +272,7 @@ def bucket_op_counts(codec, grads: Sequence[torch.Tensor]) -> List[list]:
                 counted.append([name, twin.algorithm_calls() - calls, twin.host_syncs() - syncs])
         return call
 
-    saved = {python_name(name): getattr(twin, python_name(name)) for name in twin.ops}
-    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
-    outs = [torch.zeros_like(g) for g in grads]
-    try:
-        for name in twin.ops:
-            setattr(twin, python_name(name), counting(name, saved[python_name(name)]))
-        _decode_bucket(codec, _encode_bucket(codec, grads, residuals), outs)
-    finally:
-        for attr, fn in saved.items():
-            setattr(twin, attr, fn)
+    bucket_pass_with(codec, grads, twin, counting)
     return counted
 
 

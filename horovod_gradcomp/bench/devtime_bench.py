@@ -36,8 +36,7 @@ import torch
 
 from .. import available_codecs, get_codec
 from ..native import NativeUnavailableError, kernels_for
-from ..ops import python_name
-from .codecs_bench import _decode_bucket, _encode_bucket, check_specs, make_gradients, parse_codec_spec
+from .codecs_bench import bucket_pass_with, check_specs, make_gradients, parse_codec_spec
 from .shapes import resnet50_shapes, total_numel
 
 COMMAND = "devtime"
@@ -109,16 +108,7 @@ def bucket_pass_ops(codec, grads: Sequence[torch.Tensor], module, clock: OpClock
             return out
         return call
 
-    saved = {python_name(name): getattr(module, python_name(name)) for name in module.ops}
-    residuals = [torch.zeros_like(g) for g in grads] if codec.fuses_feedback else None
-    outs = [torch.zeros_like(g) for g in grads]
-    try:
-        for name in module.ops:
-            setattr(module, python_name(name), timed(name, saved[python_name(name)]))
-        _decode_bucket(codec, _encode_bucket(codec, grads, residuals), outs)
-    finally:
-        for attr, fn in saved.items():
-            setattr(module, attr, fn)
+    bucket_pass_with(codec, grads, module, timed)
     return [[name, *read()] for name, read in pending]
 
 
