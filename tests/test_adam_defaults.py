@@ -100,6 +100,7 @@ def test_the_family():
 def test_under_horovod_the_optimizer_is_found_at_the_first_compress():
     """No optimizer= argument: the DistributedOptimizer (an Adam subclass) calling compress
     sets the Adam defaults before the first gradient is encoded."""
+    pytest.importorskip("horovod.torch")   # compress() checks the DistributedOptimizer's Horovod options
     model = _model()
     comp = _make("terngrad", model)
     assert comp.codec.clip is None
@@ -111,6 +112,7 @@ def test_under_horovod_the_optimizer_is_found_at_the_first_compress():
 
 
 def test_under_horovod_with_sgd_nothing_changes():
+    pytest.importorskip("horovod.torch")   # compress() checks the DistributedOptimizer's Horovod options
     model = _model()
     comp = _make("dgc", model)
     holder = _Distributed(torch.optim.SGD(model.parameters(), lr=0.1), comp)
@@ -183,6 +185,7 @@ def test_the_guard_leaves_a_resumed_state_alone():
 def test_a_checkpoint_from_before_the_adam_defaults_resumes_as_it_ran():
     """A state written under Adam at the SGD defaults (no adapted_options): after the load,
     neither the first compress nor the first step takes the Adam defaults."""
+    pytest.importorskip("horovod.torch")   # compress() checks the DistributedOptimizer's Horovod options
     from horovod_gradcomp.horovod.adam_defaults import AdamDefaultsGuard
     model = _model()
     old = _make("terngrad", model).state_dict()
