@@ -116,7 +116,7 @@ class DGCCodec(CounterStream, Codec):
     adam_defaults = {"density": 0.1}
     variable_size = True
 
-    def __init__(self, impl: str = "native", density: float = 0.001, sample: float = 0.01, seed: int = 0,
+    def __init__(self, impl: str = "native", density: float = DEFAULT_DENSITY, sample: float = 0.01, seed: int = 0,
                  rank_stream: int = 0):
         super().__init__(impl)
         self.density = _check_fraction("density", density)

@@ -30,9 +30,8 @@ import weakref
 from typing import Dict, Iterable, Optional
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from .optimizer_check import _dead_handles, _remove_dead_hooks
+from .optimizer_check import watch_optimizer_steps
 
 #: The optimizers served by the codecs' ``adam_defaults`` (subclasses included: Horovod's
 #: ``DistributedOptimizer`` is a subclass of the optimizer it wraps).
@@ -88,24 +87,16 @@ class AdamDefaultsGuard:
     idle). Pass ``optimizer=`` to have them from the first step."""
 
     def __init__(self, compression, params: Iterable[torch.Tensor]):
-        _remove_dead_hooks()
         self._ids = {id(p) for p in params}
         self._done = False
-        comp = weakref.ref(compression)   # the global hook must not keep the compression alive
-        guard = weakref.ref(self)
+        self._compression = weakref.ref(compression)   # the global hook must not keep it alive
+        self._handle = watch_optimizer_steps(self)
 
-        def hook(optimizer, args, kwargs):
-            me, c = guard(), comp()
-            if me is not None and c is not None:
-                me.check(c, optimizer)
-            return None
-
-        self._handle = register_optimizer_step_pre_hook(hook)
-        weakref.finalize(self, _dead_handles.append, self._handle)
-
-    def check(self, compression, optimizer) -> None:
+    def check(self, optimizer) -> None:
         """Act once, at the first step of an optimizer holding the compressed parameters."""
-        if self._done or not any(id(p) in self._ids for g in optimizer.param_groups for p in g["params"]):
+        compression = self._compression()
+        if (compression is None or self._done
+                or not any(id(p) in self._ids for g in optimizer.param_groups for p in g["params"])):
             return
         self._done = True
         apply_adam_defaults(compression, optimizer, when=f"from step {compression.state.step} on (the first step "

@@ -120,29 +120,37 @@ def _remove_dead_hooks() -> None:
         _dead_handles.pop().remove()
 
 
+def watch_optimizer_steps(guard):
+    """Call ``guard.check(optimizer)`` before every optimizer's ``step()`` while ``guard`` lives:
+    a global step pre-hook that holds the guard weakly (it must not keep the guard, or its
+    compression, alive); once the guard is collected its hook does nothing and is removed at the
+    next registration (see ``_dead_handles``). Returns the hook's handle."""
+    _remove_dead_hooks()
+    ref = weakref.ref(guard)
+
+    def hook(optimizer, args, kwargs):
+        me = ref()
+        if me is not None:
+            me.check(optimizer)
+        return None
+
+    handle = register_optimizer_step_pre_hook(hook)
+    weakref.finalize(guard, _dead_handles.append, handle)
+    return handle
+
+
 class PlainSGDGuard:
     """Before the first ``step()`` of each optimizer holding the compressed parameters: hand
     its momentum to ``adopt_momentum(momentum, nesterov)`` when given (:func:`take_momentum`),
     else run :func:`check_plain_sgd` against the compression's own ``momentum``."""
 
     def __init__(self, params: Iterable[torch.Tensor], owner: str, adopt_momentum=None, momentum: float = 0.0):
-        _remove_dead_hooks()
         self._params = [p for p in params]
         self._owner = owner
         self._adopt = adopt_momentum
         self._momentum = momentum
         self._checked = weakref.WeakSet()
-        # The global hook must not keep the guard (and its compression) alive.
-        guard = weakref.ref(self)
-
-        def hook(optimizer, args, kwargs):
-            me = guard()
-            if me is not None:
-                me.check(optimizer)
-            return None
-
-        self._handle = register_optimizer_step_pre_hook(hook)
-        weakref.finalize(self, _dead_handles.append, self._handle)
+        self._handle = watch_optimizer_steps(self)
 
     def check(self, optimizer: torch.optim.Optimizer) -> None:
         if optimizer in self._checked:
