@@ -1,7 +1,8 @@
 """The hierarchical pattern's node-scatter buffer, in one process: segment j holds stripe j of
 every gradient of the bucket in the wire dtype, back to back, whatever the gradients' dtypes
 (float64 next to float32 puts values at offsets not aligned for them), strides (column stripes)
-or sizes (empty stripes). Checked against the stripes taken one by one and concatenated."""
+or sizes (empty stripes). Checked against the stripes taken one by one and concatenated; with
+one rank per node nothing is copied and the node's mean is the gradient itself."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -11,7 +12,7 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.bucket import Bucket
-from horovod_gradcomp.exchange.hierarchical import HierarchicalPattern, wire_dtype
+from horovod_gradcomp.exchange.hierarchical import HierarchicalPattern, shard_key, wire_dtype
 from horovod_gradcomp.exchange.stats import ExchangeStats
 
 
@@ -40,4 +41,12 @@ def test_scatter_buffer_is_the_stripes_back_to_back(codec_name, ranks_per_node):
     work = pattern.scatter(Bucket(names, grads, None, {n: i for i, n in enumerate(names)}, {}, None), ExchangeStats())
     want = _expected(pattern, names, grads)
     assert work.send_counts == [len(s) for s in want]
+    if ranks_per_node == 1:   # nothing is sent: node_means takes the gradients themselves
+        assert work.send.numel() == 0
+        inner = pattern.node_means(work, work.send, Bucket(names, grads, None, {}, {}, None), ExchangeStats())
+        assert sorted(inner.grads) == sorted(shard_key(n, 0) for n, _ in work.mine)
+        for n, _ in work.mine:
+            mean = inner.grads[shard_key(n, 0)]
+            assert mean.dtype == grads[n].dtype and torch.equal(mean.reshape(-1), grads[n].reshape(-1))
+        return
     assert torch.equal(work.send, torch.cat(want))

@@ -116,7 +116,7 @@ def measure_inputs(compute_ms: float, repeat: int = 3, in_situ: Optional[Dict[st
 def measure_in_situ(timeout: float, steps: int = 5) -> Tuple[Dict[str, float], Dict[str, float]]:
     """Each method's whole step at -np IN_SITU_NP (``bench exchange --net none``), by method
     label: (wall ms per step, CPU ms one rank took per step)."""
-    ns = _exchange_args(np=IN_SITU_NP, net="none", rates=None, shapes="resnet50", steps=steps, warmup=2, timeout=timeout)
+    ns = exchange_args(np=IN_SITU_NP, net="none", rates=None, shapes="resnet50", steps=steps, warmup=2, timeout=timeout)
     rows = [r for r in eb.launch(ns, list(IN_SITU_CONFIGS), [None])
             if r.get("config") in IN_SITU_CONFIGS and "ms_per_step" in r and "skipped" not in r]
     return ({IN_SITU_CONFIGS[r["config"]]: r["ms_per_step"] for r in rows},
@@ -181,13 +181,13 @@ def run_check(args, inputs: Inputs) -> List[dict]:
                          f"{numel:,}: measure the inputs for the shapes checked")
     rows = []
     for np_ in args.check_np:
-        ns = _exchange_args(np=np_, net="loopback", rates="1gbit", shapes=args.shapes, steps=args.steps,
+        ns = exchange_args(np=np_, net="loopback", rates="1gbit", shapes=args.shapes, steps=args.steps,
                            warmup=1, timeout=args.timeout)
         rows += eb.launch(ns, list(CHECK_CONFIGS), ["1gbit"])
     return compare(rows, inputs, args.cores, args.alpha_us * 1e-6)
 
 
-def _exchange_args(**overrides) -> argparse.Namespace:
+def exchange_args(**overrides) -> argparse.Namespace:
     """``bench exchange``'s arguments at their defaults, with ``overrides``."""
     parser = argparse.ArgumentParser()
     eb.add_arguments(parser)
@@ -200,7 +200,7 @@ def _exchange_args(**overrides) -> argparse.Namespace:
 def compute_only_ms(args) -> float:
     """ms per step of ResNet-50 without communication (``bench exchange --np 1 --configs none``):
     the model's ``compute`` input when ``--compute-ms`` is not given."""
-    ns = _exchange_args(np=1, net="none", rates=None, shapes="resnet50", steps=5, warmup=2, timeout=args.timeout)
+    ns = exchange_args(np=1, net="none", rates=None, shapes="resnet50", steps=5, warmup=2, timeout=args.timeout)
     rows = eb.launch(ns, ["none"], [None])
     return rows[0]["ms_per_step"]
 

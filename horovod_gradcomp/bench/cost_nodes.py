@@ -25,7 +25,8 @@ Left out: the node sum (L-1 additions of n/L values, memory-bound), the staging 
 device and host, contention between the L GPUs of a node for one PCIe switch or NIC, congestion
 in the fabric (a full bisection is assumed), pipelined chunks, and the GPU codec kernels' own
 speed (the CPU figures of the inputs are used: on GPUs the codec terms are smaller, which favours
-the patterns that send less). It has not been checked against a harness of real nodes yet.
+the patterns that send less). ``bench model --nodes --check`` (:mod:`.cost_nodes_check`) compares
+it with the harness of real nodes (namespaces on one CPU machine), priced for that harness.
 """
 from __future__ import annotations
 

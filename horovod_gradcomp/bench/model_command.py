@@ -17,6 +17,7 @@ from . import cost_model
 from .cost_measure import compute_only_ms, measure_contention, measure_in_situ, measure_inputs, run_check
 from .cost_model import Inputs, format_check, inputs_table, table
 from .cost_nodes import nodes_table
+from .cost_nodes_check import LAYOUTS, format_nodes_check, parse_layouts, run_nodes_check
 
 #: The model's description (its module docstring past the first paragraph), for --markdown.
 MODEL_DOC = cost_model.__doc__.split("\n\n", 1)[1]
@@ -38,7 +39,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--alpha-us", type=float, default=25.0, help="latency per message, microseconds (25)")
     parser.add_argument("--markdown", default=None, metavar="PATH", help="write the inputs and tables as markdown")
     parser.add_argument("--check", action="store_true",
-                        help="compare with bench exchange on the loopback harness at --check-np, 1 Gbit/s")
+                        help="compare with bench exchange on the loopback harness at --check-np, 1 Gbit/s; with "
+                             "--nodes, the node model on the bridge harness of real nodes at --layouts instead")
     parser.add_argument("--check-np", type=lambda s: [int(x) for x in s.split(",")], default=[2, 4])
     parser.add_argument("--cores", type=float, default=float(os.cpu_count() or 1),
                         help="cores the harness's ranks share (--check)")
@@ -51,6 +53,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-node", type=int, default=8, help="--nodes: GPUs per node (8)")
     parser.add_argument("--inter-gbit", type=float, default=25.0, help="--nodes: Gbit/s per GPU between nodes (25)")
     parser.add_argument("--intra-gbyte", type=float, default=150.0, help="--nodes: GB/s inside a node (150)")
+    parser.add_argument("--layouts", type=parse_layouts, default=list(LAYOUTS),
+                        help="--nodes --check: the harness layouts NxL (default 2x1,1x2,2x2)")
+    parser.add_argument("--check-rate", default="1gbit", help="--nodes --check: the link rate between nodes (1gbit)")
+    parser.add_argument("--check-intra-gbyte", type=float, default=None,
+                        help="--nodes --check: GB/s inside a harness node (default: measured there, an alltoallv; the copy rate is always measured)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -80,7 +87,20 @@ def run(args: argparse.Namespace) -> int:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("# Cost model: PREDICTED step times\n\n" + MODEL_DOC + "\n" + text + "\n")
-    if args.check:
+    if args.check and args.nodes:
+        try:
+            results = run_nodes_check(args, inputs)
+        except (ValueError, RuntimeError) as exc:
+            print(f"[model] error: {exc}", file=sys.stderr)
+            return 2
+        if results:
+            print(f"harness inside a node (measured): {results[0]['intra_gbyte']} GB/s alltoallv, "
+                  f"{results[0]['copy_gbyte']} GB/s copy; link {args.check_rate} between nodes; {args.cores:g} cores")
+        print(format_nodes_check(results))
+        errors = [abs(c["rel_error"]) for c in results if c["rel_error"] is not None]
+        if errors:
+            print(f"mean |relative error|: {100 * statistics.fmean(errors):.1f}%")
+    elif args.check:
         try:
             results = run_check(args, inputs)
         except (ValueError, RuntimeError) as exc:

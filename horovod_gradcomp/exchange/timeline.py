@@ -76,6 +76,15 @@ class TimedCommunicator:
             return self._timeline.wrap("collective", attr)
         return attr
 
+    @property
+    def recorded_communicator(self):
+        """The wrapped communicator (what topology splits into node communicators)."""
+        return self._comm
+
+    def record(self, comm) -> "TimedCommunicator":
+        """``comm`` (a sub-communicator of the wrapped one) recorded on the same timeline."""
+        return TimedCommunicator(comm, self._timeline)
+
     def polling(self, interval_s: float):
         """The wrapped communicator's polling view, recorded the same way."""
         inner = getattr(self._comm, "polling", None)

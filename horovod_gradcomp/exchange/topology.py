@@ -163,10 +163,17 @@ def _node_identity(comm) -> Tuple[int, int, str]:
     return zlib.crc32(socket.gethostname().encode()), comm.rank, "hostname"
 
 
+def _recorded(comm):
+    """``comm`` itself, or the communicator under a recording wrapper (the breakdown's
+    :class:`~horovod_gradcomp.exchange.timeline.TimedCommunicator`)."""
+    return getattr(comm, "recorded_communicator", comm)
+
+
 def _mpi_comm(comm):
     """The mpi4py communicator behind ``comm`` (an :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator`
-    or a polling view of one), or None."""
+    or a polling view of one, possibly recorded), or None."""
     from .communicator import MPICommunicator
+    comm = _recorded(comm)
     if not isinstance(comm, MPICommunicator):
         return None
     raw = comm.connect()
@@ -186,13 +193,18 @@ def require_equal(layout: Layout, owner: str) -> None:
 def can_split(comm) -> bool:
     """True when :func:`sub_communicators` can split ``comm`` (mpi4py or torch.distributed)."""
     from .communicator import MPICommunicator
+    comm = _recorded(comm)
     return isinstance(comm, MPICommunicator) or (getattr(comm, "group", None) is not None
                                                  and hasattr(comm, "allgather_async"))
 
 
 def sub_communicators(comm, layout: Layout, owner: str = "hierarchical exchange"):
-    """``(node, peers)`` communicators of this rank (see the module doc). Collective on ``comm``."""
+    """``(node, peers)`` communicators of this rank (see the module doc). Collective on ``comm``.
+    Those of a recorded communicator are recorded on the same timeline."""
     require_equal(layout, owner)
+    base = _recorded(comm)
+    if base is not comm:
+        return tuple(comm.record(c) for c in sub_communicators(base, layout, owner))
     mpi_comm = _mpi_comm(comm)
     if mpi_comm is not None:
         from .communicator import MPICommunicator
