@@ -7,36 +7,58 @@ boundary is exact (a stage of 2**16 positions is 32-bit at a limit of 2**16, 64-
 """
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
-from horovod_gradcomp.native import require_twin
+from horovod_gradcomp.native import require_native, require_twin
 from horovod_gradcomp.ops import DTYPE_CODES
 from op_samples import samples
 
 # Sizes with several chunks per tensor and partial last chunks (a stage's chunk size is a
 # power of two chosen from its counts), an empty tensor and one of one value.
-SIZES = [7, 65, 0, 1, 20_001]
-BUCKET_OPS = sorted(name for name in samples("hgc_twin", torch.float32, 7) if name.endswith("_many"))
+SIZES = [7, 65, 0, 1, 9_001]
+BUCKET_OPS = [
+    "terngrad_scale_stats_many", "terngrad_encode_many", "terngrad_decode_sum_many",
+    "onebit_scales_many", "onebit_encode_many", "onebit_decode_sum_many", "onebit_encode_columns_many",
+    "onebit_decode_columns_many", "qsgd_encode_fixed_many", "qsgd_decode_fixed_many", "qsgd_encode_elias_many",
+    "qsgd_decode_elias_many", "dgc_accumulate_many", "dgc_mask_many", "dgc_select_many", "dgc_index_encode_many",
+    "dgc_scatter_sum_many", "dgc_decode_sum_many",
+]
 
 
 @pytest.fixture
 def twin():
-    """The twin, its index limit restored after the test."""
+    """The twin (and the CPU kernels, torch.ops.hgc), its index limit restored after the test."""
+    require_native()
     tw = require_twin()
     saved = tw.index32_limit()
     yield tw
     tw.set_index32_limit(saved)
 
 
+@functools.lru_cache(maxsize=None)
+def _samples(namespace, dtype, n):
+    return samples(namespace, dtype, n)
+
+
+def _fresh(value):
+    """A copy of an argument with every tensor cloned (some ops write into their arguments)."""
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, list):
+        return [_fresh(v) for v in value]
+    return value
+
+
 def _bucket(namespace, name, dtype):
-    """Arguments of bucket op ``name`` over SIZES (each tensor's sample arguments from
-    tests/op_samples.py, concatenated list by list): fresh tensors on every call (some ops
-    write into their arguments)."""
-    per = [samples(namespace, dtype, n)[name] for n in SIZES]
+    """Arguments of bucket op ``name`` over SIZES: each tensor's sample arguments from
+    tests/op_samples.py, concatenated list by list, as fresh tensors on every call."""
+    per = [_samples(namespace, dtype, n)[name] for n in SIZES]
     args = []
     for j, first in enumerate(per[0]):
-        args.append([x for p in per for x in p[j]] if isinstance(first, list) else first)
+        args.append(_fresh([x for p in per for x in p[j]] if isinstance(first, list) else first))
     return tuple(args)
 
 
