@@ -27,11 +27,13 @@ namespace {
 // all; lane(b0), nan_at(b0): those of the buckets from bucket b0 on (nan_at: max norms only).
 class NormLanes {
  public:
-  NormLanes(const Exec& ex, int64_t B, bool max_norm) : lane_(ex, 8 * B), nan_at_(ex, max_norm ? 8 * B : 0) {}
+  NormLanes(const Exec& ex, int64_t B, bool max_norm)
+      : max_norm_(max_norm), lane_(ex, 8 * B), nan_at_(ex, max_norm ? 8 * B : 0) {}
   double* lane(int64_t b0) const { return lane_.get() + 8 * b0; }
-  int64_t* nan_at(int64_t b0) const { return nan_at_.get() + 8 * b0; }
+  int64_t* nan_at(int64_t b0) const { return max_norm_ ? nan_at_.get() + 8 * b0 : nullptr; }
 
  private:
+  bool max_norm_;
   Scratch<double> lane_;
   Scratch<int64_t> nan_at_;
 };
