@@ -4,6 +4,14 @@ serial bucket_norm, on the values where the order shows: NaNs (with payloads, si
 several lanes of one bucket: the first one by position wins, not the first lane's), infinities,
 values whose squares overflow or underflow, and buckets shorter than the 8 lanes. Single-tensor
 ops and bucket ops, fixed and Elias coding, l2 and max norms, every dtype.
+
+A NaN norm's payload bits are compared where the CPU kernel and the device code agree on them
+before any lane split (max norms of bfloat16, float32 and float64: the first NaN by position, as
+read; l2 norms of float64). Elsewhere they differ already in the serial device code, for reasons
+outside the summation order: float16 values reach float through c10's conversion on the CPU and
+half_bits.h's on the device, which set NaN payloads differently, and which NaN of a sum of two
+NaNs survives is the compiler's choice of operand order. There only NaN-ness is compared (every
+other norm, and all codes, bitwise).
 """
 from __future__ import annotations
 
@@ -51,6 +59,19 @@ def _values(dtype, n=6 * D + 5, seed=0):
     return x
 
 
+def _same_norms(a, b, what, payloads):
+    """Norms bitwise; with payloads False, a NaN only as NaN."""
+    if payloads:
+        return _same(a, b, what)
+    assert torch.equal(a.isnan(), b.isnan()), f"{what}: NaN at {a.isnan().nonzero().tolist()} vs {b.isnan().nonzero().tolist()}"
+    _same(a[~a.isnan()], b[~b.isnan()], what)
+
+
+def _payloads(dtype, max_norm):
+    """Whether NaN norms' payloads agree between the CPU kernel and the device code (module doc)."""
+    return (max_norm and dtype != torch.float16) or dtype == torch.float64
+
+
 def _same(a, b, what):
     a, b = a.reshape(-1).contiguous(), b.reshape(-1).contiguous()
     assert a.dtype == b.dtype and a.numel() == b.numel(), f"{what}: {a.dtype}[{a.numel()}] vs {b.dtype}[{b.numel()}]"
@@ -64,6 +85,7 @@ def _same(a, b, what):
 def test_norms_with_nonfinite_values_are_the_cpu_kernels(dtype, max_norm):
     cpu, twin = require_native(), require_twin()
     x = _values(dtype)
+    payloads = _payloads(dtype, max_norm)
     want_n, want_p = cpu.qsgd_encode_fixed(x, 15, D, max_norm, KEY)
     if max_norm and dtype == torch.float32:  # the premise: bucket 0's norm is its first NaN by position
         assert want_n[:2].view(torch.int32).tolist() == [0x7F800001, 0x7FC00005], want_n[:2].view(torch.int32)
@@ -71,13 +93,15 @@ def test_norms_with_nonfinite_values_are_the_cpu_kernels(dtype, max_norm):
         "fixed": twin.qsgd_encode_fixed(x, 15, D, max_norm, KEY),
         "fixed bucket": [t[1] for t in twin.qsgd_encode_fixed_many([x[:40], x], 15, D, max_norm, [KEY + 1, KEY])],
     }.items():
-        _same(got_n, want_n, f"{name} norms")
+        _same_norms(got_n, want_n, f"{name} norms", payloads)
         _same(got_p, want_p, f"{name} codes")
     gb = 2
     want = cpu.qsgd_encode_elias(x, 15, D, max_norm, KEY, gb)
     single = twin.qsgd_encode_elias(x, 15, D, max_norm, KEY, gb)
     many = twin.qsgd_encode_elias_many([x[:40], x], 15, D, max_norm, [KEY + 1, KEY], gb)
-    for j, name in enumerate(("norms", "nbits", "stream")):
+    _same_norms(single[0], want[0], "Elias norms", payloads)
+    _same_norms(many[0][1], want[0], "Elias bucket norms", payloads)
+    for j, name in ((1, "nbits"), (2, "stream")):
         _same(single[j], want[j], f"Elias {name}")
         _same(many[j][1], want[j], f"Elias bucket {name}")
 
@@ -92,5 +116,5 @@ def test_buckets_shorter_than_the_lanes(d):
         for max_norm in (False, True):
             want = cpu.qsgd_encode_fixed(x, 7, d, max_norm, KEY)
             got = twin.qsgd_encode_fixed(x, 7, d, max_norm, KEY)
-            _same(got[0], want[0], f"norms d={d} {dtype} max={max_norm}")
+            _same_norms(got[0], want[0], f"norms d={d} {dtype} max={max_norm}", _payloads(dtype, max_norm))
             _same(got[1], want[1], f"codes d={d} {dtype} max={max_norm}")
