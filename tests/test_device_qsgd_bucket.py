@@ -173,18 +173,19 @@ def _bucket_calls(twin, xs):
 
 
 def test_a_bucket_costs_the_same_calls_whatever_its_tensor_count(twin):
-    """One dtype: encode fixed 2 (norms, codes), decode fixed 1, encode Elias 8 (norms, levels,
-    bucket bits, their scan by group, group totals, the scan of group bytes, write, compose),
+    """One dtype: encode fixed 3 (norm lanes, norms, codes), decode fixed 1, encode Elias 9 (norm
+    lanes, norms, levels, bucket bits, their scan by group, group totals, the scan of group bytes,
+    write, compose),
     decode Elias 6 (the headers' group bytes and their scan, on the device instead of a read back
     of the headers; zeros, groups, sum, any-refused): the per-tensor ops' counts (3 for the Elias
     decode of one payload, + the sum, + the 2 header calls), for 1, 3 and 40 tensors. Mixed
     dtypes: the per-dtype stages once per dtype present."""
     sizes = [33, 8 * 129 + 1, 70_001, 7]
     counts = {t: _bucket_calls(twin, _grads([sizes[i % 4] for i in range(t)], [torch.float32])) for t in (1, 3, 40)}
-    assert set(counts.values()) == {(2, 1, 8, 6)}, counts
+    assert set(counts.values()) == {(3, 1, 9, 6)}, counts
     for t in (4, 40):
         mixed = _bucket_calls(twin, _grads([sizes[i % 4] for i in range(t)], DTYPES))
-        assert mixed == (2 * 4, 1 * 4, 2 * 4 + 6, 3 * 4 + 3), (t, mixed)
+        assert mixed == (3 * 4, 1 * 4, 3 * 4 + 6, 3 * 4 + 3), (t, mixed)
     assert _bucket_calls(twin, _grads([0, 0], [torch.float32])) == (0, 0, 0, 0)
 
 
@@ -332,7 +333,7 @@ def test_codec_refuses_k_mismatch_and_malformed_lists(twin):
 def test_a_one_rank_exchange_through_the_bucket_ops_matches_native(twin, coding):
     """A whole step through the engine (allgather pattern, memory.encode_many, the bucket decode):
     impl="twin" gives impl="native"'s results bitwise over three steps, in one bucket encode and
-    one bucket decode (fixed: 2 + 1 device calls; Elias: 8 + 6)."""
+    one bucket decode (fixed: 3 + 1 device calls; Elias: 9 + 6)."""
     shapes = {"a": (300, 40), "b": (77,), "c": (16, 3, 3, 3), "d": (1,), "e": (33,)}
     named = [(n, torch.nn.Parameter(torch.zeros(s))) for n, s in shapes.items()]
     comps = {impl: hgc.Compression.codec("qsgd", named, communicator=OneRank(), impl=impl, pattern="allgather",
@@ -343,6 +344,6 @@ def test_a_one_rank_exchange_through_the_bucket_ops_matches_native(twin, coding)
         grads = {n: g.view(s) for (n, s), g in zip(shapes.items(), _grads(sizes, [torch.float32], seed=20 + step))}
         out = {"native": comps["native"].exchange({n: g.clone() for n, g in grads.items()})}
         calls = device_calls(twin, lambda: out.__setitem__("twin", comps["twin"].exchange(dict(grads))))
-        assert calls == (2 + 1 if coding == "fixed" else 8 + 6), calls
+        assert calls == (3 + 1 if coding == "fixed" else 9 + 6), calls
         for n in shapes:
             _same(out["twin"][n], out["native"][n], f"step {step} {n}")

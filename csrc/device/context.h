@@ -45,4 +45,15 @@ int64_t host_syncs();
 // Counts one host synchronization made outside Exec (a torch op's read back, ops_common.h).
 void count_host_sync();
 
+// The largest position count (padded to whole chunks) and tensor count of a multi-tensor stage
+// that runs with 32-bit index math (multi_tensor.cuh); larger stages run with 64-bit math.
+// Default 2^31 - 1. set_index32_limit returns the previous limit and refuses one outside
+// [0, 2^31 - 1] (std::invalid_argument); tests lower it to run the 64-bit branch on small data.
+int64_t index32_limit();
+int64_t set_index32_limit(int64_t limit);
+// Multi-tensor stages run since the process started with 32-bit (narrow) and with 64-bit (wide)
+// index math, all threads.
+int64_t narrow_stage_runs();
+int64_t wide_stage_runs();
+
 }  // namespace hgc_dev

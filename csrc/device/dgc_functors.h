@@ -344,7 +344,7 @@ struct ZeroSent {
 // descriptors and the prefix counts `start` (segments + 1 entries, start[0] = 0) give each
 // concatenated position g its tensor s (start[s] <= g < start[s + 1]) and its index g - start[s].
 
-// The tensor of concatenated position g (MultiFor's search; empty segments own no position).
+// The tensor of concatenated position g (a binary search; empty segments own no position).
 HGC_HOST_DEVICE inline int64_t segment_of(const int64_t* start, int64_t segs, int64_t g) {
   int64_t lo = 0, hi = segs;  // start[lo] <= g < start[hi]
   while (hi - lo > 1) {

@@ -33,6 +33,8 @@ namespace hgc_dev {
 namespace detail {
 std::atomic<int64_t>& call_counter();
 std::atomic<int64_t>& sync_counter();
+std::atomic<int64_t>& narrow_stage_counter();  // multi-tensor stages run with 32-bit index math
+std::atomic<int64_t>& wide_stage_counter();    // ... and with 64-bit index math (multi_tensor.cuh)
 }  // namespace detail
 
 // Thrust's temporary storage from the caller's allocator (so that on CUDA it comes from

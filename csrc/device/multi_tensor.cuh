@@ -3,20 +3,27 @@
 // A codec's single-tensor launcher runs a fixed sequence of stages, each a for_each of one
 // functor over [0, count). A bucket's launcher runs the same sequence once for all of its
 // tensors: a Stage<F> collects one functor (with its own pointers and sizes) and one count per
-// tensor, and runs as one for_each over [0, sum of counts) of MultiFor<F>, which finds each
-// index's tensor by binary search over the prefix counts and calls that tensor's functor with
-// the index inside its tensor. So every tensor's values are computed by the very functor, and
-// in the very order, of its single-tensor launch: the results are bitwise the same.
+// tensor, and runs as one for_each of MultiFor<F> over a chunk table built once on the host: each
+// tensor's indices cut into chunks of one power-of-two size C (chosen per stage), a position p of
+// the for_each belongs to chunk p >> log2(C), element p & (C - 1) of it, and the chunk names its
+// tensor and first index there (no search). So every tensor's values are computed by the very
+// functor, with the very per-tensor indices, of its single-tensor launch: the results are bitwise
+// the same. The mapping's own arithmetic is 32-bit when the stage's padded position count fits
+// (checked on the host when the stage is put), 64-bit otherwise.
 //
-// The stages' tables (functors and prefix counts), and any other per-tensor table a launcher's
-// algorithms read (descriptors of segmented reductions, sorts, compactions: TableSet::add), are
-// built on the host and reach device memory in one copy per launcher call (TableSet::upload); in
-// the twin that copy is a memcpy. A bucket holding several dtypes keeps one set of stages per
-// storage type (PerDtype), each run in DType order.
+// The stages' tables (functors, chunks, prefix counts), and any other per-tensor table a
+// launcher's algorithms read (descriptors of segmented reductions, sorts, compactions:
+// TableSet::add), are built on the host and reach device memory in one copy per launcher call
+// (TableSet::upload); in the twin that copy is a memcpy. A bucket holding several dtypes keeps one
+// set of stages per storage type (PerDtype), each run in DType order.
 #pragma once
+
+#include <thrust/for_each.h>
+#include <thrust/iterator/counting_iterator.h>
 
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <type_traits>
 #include <vector>
@@ -26,25 +33,59 @@
 
 namespace hgc_dev {
 
-// One stage over many tensors: index i of the whole range runs table[t](i - start[t]) for the t
-// with start[t] <= i < start[t + 1] (tensors with a count of 0 own no index).
-template <typename F> struct MultiFor {
+// One chunk of a stage: up to C consecutive indices of one tensor, [first, first + len), len >= 1.
+// I: the index type of the stage's mapping (uint32_t or int64_t).
+template <typename I> struct Chunk {
+  I tensor, first, len;
+};
+
+// One stage over many tensors: position p of [0, chunks * C) runs
+// table[c.tensor](c.first + (p & mask)) for its chunk c = chunk[p >> shift], when that element is
+// inside the chunk (p & mask < c.len; the padding of a tensor's last chunk does nothing).
+//
+// One position per element, not one thread per chunk looping over its C elements: consecutive
+// positions are consecutive indices of one tensor, so a GPU warp's threads read consecutive
+// values as in the single-tensor launch (coalesced), all threads of a block read the same one or
+// two chunk entries (one cached load each), and every index stays one functor call of its own, so
+// the stages whose functor loops (a bucket's norm, an Elias group) keep their parallelism.
+template <typename F, typename I> struct MultiFor {
   const F* table;
-  const int64_t* start;  // tensors + 1 prefix counts, start[0] == 0
-  int64_t tensors;
-  HGC_HOST_DEVICE void operator()(int64_t i) const {
-    int64_t lo = 0, hi = tensors;  // start[lo] <= i < start[hi]
-    while (hi - lo > 1) {
-      const int64_t mid = lo + (hi - lo) / 2;
-      if (start[mid] <= i) {
-        lo = mid;
-      } else {
-        hi = mid;
-      }
-    }
-    table[lo](i - start[lo]);
+  const Chunk<I>* chunk;
+  int shift;
+  I mask;
+  HGC_HOST_DEVICE void operator()(I p) const {
+    const Chunk<I> c = chunk[p >> shift];
+    const I e = p & mask;
+    if (e < c.len) table[c.tensor](static_cast<int64_t>(c.first + e));
   }
 };
+
+// The chunking of one stage, decided on the host: chunks of 2^log2 indices, 32-bit mapping when
+// narrow.
+struct ChunkPlan {
+  int log2 = 0;
+  int64_t chunks = 0;
+  bool narrow = false;
+  int64_t positions() const { return chunks << log2; }
+};
+
+// The largest chunk size of a stage, as log2 (chunks of at most 2^16 indices, as Apex's): the
+// largest power of two that pads the stage's positions by at most an eighth of its indices (each
+// tensor's last chunk is padded up to C). With T tensors that keeps C above total / (16 T), so the
+// table holds fewer than 17 T + total / 2^16 chunks; a stage of one index per tensor gets C = 1.
+inline int chunk_log2(const std::vector<int64_t>& start) {
+  constexpr int kMaxLog2 = 16;
+  const int64_t total = start.back();
+  for (int k = kMaxLog2; k > 0; --k) {
+    const int64_t mask = (int64_t(1) << k) - 1;
+    int64_t pad = 0;
+    for (std::size_t t = 0; t + 1 < start.size() && pad <= total / 8; ++t) {
+      pad += (-(start[t + 1] - start[t])) & mask;  // up to the next multiple of C (0 for count 0)
+    }
+    if (pad <= total / 8) return k;
+  }
+  return 0;
+}
 
 // The host side of a stage: each tensor's functor and index count, in tensor order.
 template <typename F> class Stage {
@@ -63,7 +104,8 @@ template <typename F> class Stage {
   friend class TableSet;
   std::vector<F> fns_;
   std::vector<int64_t> start_;
-  std::size_t fn_offset_ = 0, start_offset_ = 0;
+  ChunkPlan plan_;
+  std::size_t fn_offset_ = 0, start_offset_ = 0, chunk_offset_ = 0;
 };
 
 // The tables of one launcher call's stages: put() every stage, upload() once, then run() them in
@@ -72,9 +114,20 @@ class TableSet {
  public:
   explicit TableSet(Exec& ex) : ex_(ex) {}
 
+  // Appends the stage's functors, prefix counts and chunk table (its chunk size and index width
+  // decided here, once: 32-bit when its padded positions and tensor count are at most
+  // index32_limit()).
   template <typename F> void put(Stage<F>& s) {
     s.fn_offset_ = append(s.fns_.data(), s.fns_.size() * sizeof(F));
     s.start_offset_ = append(s.start_.data(), s.start_.size() * sizeof(int64_t));
+    ChunkPlan& plan = s.plan_;
+    plan.log2 = chunk_log2(s.start_);
+    const int64_t C = int64_t(1) << plan.log2;
+    plan.chunks = 0;
+    for (std::size_t t = 0; t + 1 < s.start_.size(); ++t) plan.chunks += (s.start_[t + 1] - s.start_[t] + C - 1) / C;
+    const int64_t limit = index32_limit();
+    plan.narrow = plan.positions() <= limit && s.tensors() <= limit;
+    s.chunk_offset_ = plan.narrow ? append_chunks<uint32_t>(s.start_, plan) : append_chunks<int64_t>(s.start_, plan);
   }
 
   // Copies every table put so far to device memory (one copy), freed with this object.
@@ -92,16 +145,29 @@ class TableSet {
   }
 
   // Device pointers, valid after upload(): a table added at `offset`; a put() stage's functors
-  // and its tensors() + 1 prefix counts.
+  // and its tensors() + 1 prefix counts (start[0] == 0; read by DGC's segmented algorithms).
   template <typename T> const T* at(std::size_t offset) const {
     return reinterpret_cast<const T*>(device_->get() + offset);
   }
   template <typename F> const F* items(const Stage<F>& s) const { return at<F>(s.fn_offset_); }
   template <typename F> const int64_t* starts(const Stage<F>& s) const { return at<int64_t>(s.start_offset_); }
 
+  // The stage as one for_each over its chunks' positions (int32 positions when it is narrow).
   template <typename F> void run(const Stage<F>& s) {
     if (s.total() == 0) return;
-    ex_.for_each_index(s.total(), MultiFor<F>{items(s), starts(s), s.tensors()});
+    const ChunkPlan& plan = s.plan_;
+    if (plan.narrow) {
+      detail::narrow_stage_counter().fetch_add(1, std::memory_order_relaxed);
+      const MultiFor<F, uint32_t> f{items(s), at<Chunk<uint32_t>>(s.chunk_offset_), plan.log2,
+                                    static_cast<uint32_t>((uint64_t(1) << plan.log2) - 1)};
+      thrust::for_each_n(ex_.policy(), thrust::counting_iterator<uint32_t>(0),
+                         static_cast<int32_t>(plan.positions()), f);
+    } else {
+      detail::wide_stage_counter().fetch_add(1, std::memory_order_relaxed);
+      const MultiFor<F, int64_t> f{items(s), at<Chunk<int64_t>>(s.chunk_offset_), plan.log2,
+                                   (int64_t(1) << plan.log2) - 1};
+      thrust::for_each_n(ex_.policy(), thrust::counting_iterator<int64_t>(0), plan.positions(), f);
+    }
   }
 
  private:
@@ -112,6 +178,20 @@ class TableSet {
     host_.resize(at + bytes);
     if (bytes) std::memcpy(host_.data() + at, src, bytes);
     return at;
+  }
+
+  // The chunk table of a stage with prefix counts `start` (tensors without indices own none).
+  template <typename I> std::size_t append_chunks(const std::vector<int64_t>& start, const ChunkPlan& plan) {
+    const int64_t C = int64_t(1) << plan.log2;
+    std::vector<Chunk<I>> chunks;
+    chunks.reserve(static_cast<std::size_t>(plan.chunks));
+    for (std::size_t t = 0; t + 1 < start.size(); ++t) {
+      const int64_t count = start[t + 1] - start[t];
+      for (int64_t first = 0; first < count; first += C) {
+        chunks.push_back(Chunk<I>{static_cast<I>(t), static_cast<I>(first), static_cast<I>(count - first < C ? count - first : C)});
+      }
+    }
+    return append(chunks.data(), chunks.size() * sizeof(Chunk<I>));
   }
 
   Exec& ex_;

@@ -1,11 +1,11 @@
 // QSGD, device source: Thrust algorithms over the functors of qsgd_functors.h, for CUDA (nvcc)
-// and the OpenMP twin (g++). Calls per op: encode fixed 2 (norms, codes), decode fixed 1,
-// encode Elias 8 (norms, levels, bucket bits, their scan by group, group totals, the scan of
-// group bytes, write, compose shared bytes) plus one read of the stream's size, decode Elias 3
-// (zeros, groups, any-malformed) plus one read of the flag. A bucket of tensors (the *_many
-// launchers, multi_tensor.cuh): encode fixed 2 per dtype, decode fixed 1 per dtype, encode Elias
-// 2 per dtype + 6 plus one read of the group offsets, decode-sum Elias 3 per dtype + 1 plus one
-// read of the flag, whatever its tensor count.
+// and the OpenMP twin (g++). Calls per op: encode fixed 3 (norm lanes, norms, codes), decode
+// fixed 1, encode Elias 9 (norm lanes, norms, levels, bucket bits, their scan by group, group
+// totals, the scan of group bytes, write, compose shared bytes) plus one read of the stream's
+// size, decode Elias 3 (zeros, groups, any-malformed) plus one read of the flag. A bucket of
+// tensors (the *_many launchers, multi_tensor.cuh): encode fixed 3 per dtype, decode fixed 1 per
+// dtype, encode Elias 3 per dtype + 6 plus one read of the group offsets, decode-sum Elias 3 per
+// dtype + 1 plus one read of the flag, whatever its tensor count.
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/reduce.h>
 #include <thrust/scan.h>
@@ -22,16 +22,35 @@ namespace hgc_dev {
 
 using namespace qsgd;
 
+namespace {
+// The 8 lane partials of every bucket of a launcher's norms (LaneNorm, FinishNorm): buckets B in
+// all; lane(b0), nan_at(b0): those of the buckets from bucket b0 on (nan_at: max norms only).
+class NormLanes {
+ public:
+  NormLanes(const Exec& ex, int64_t B, bool max_norm)
+      : max_norm_(max_norm), lane_(ex, 8 * B), nan_at_(ex, max_norm ? 8 * B : 0) {}
+  double* lane(int64_t b0) const { return lane_.get() + 8 * b0; }
+  int64_t* nan_at(int64_t b0) const { return max_norm_ ? nan_at_.get() + 8 * b0 : nullptr; }
+
+ private:
+  bool max_norm_;
+  Scratch<double> lane_;
+  Scratch<int64_t> nan_at_;
+};
+}  // namespace
+
 void qsgd_encode_fixed(const Ctx& ctx, DType dtype, const void* x, int64_t n, int64_t s, int64_t bucket,
                        bool max_norm, uint64_t key, float* norms, uint8_t* packed) {
   if (n <= 0) return;
   Exec ex(ctx);
   const int w = code_width(s);
   const int64_t B = (n + bucket - 1) / bucket, nbytes = (n * w + 7) / 8;
+  NormLanes lanes(ex, B, max_norm);
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xt = static_cast<const T*>(x);
-    ex.for_each_index(B, BucketNorm<T>{xt, n, bucket, max_norm, norms});
+    ex.for_each_index(8 * B, LaneNorm<T>{xt, n, bucket, max_norm, lanes.lane(0), lanes.nan_at(0)});
+    ex.for_each_index(B, FinishNorm<T>{xt, bucket, max_norm, lanes.lane(0), lanes.nan_at(0), norms});
     ex.for_each_index((n + 7) / 8, EncodeFixed8<T>{xt, n, bucket, s, key, w, nbytes, norms, packed});
   });
 }
@@ -57,10 +76,12 @@ void qsgd_encode_elias(const Ctx& ctx, DType dtype, const void* x, int64_t n, in
   const int64_t G = (B + gb - 1) / gb;
   Scratch<int32_t> q(ex, n);
   Scratch<int64_t> bits(ex, B), within(ex, B), gbytes(ex, G + 1), gstart(ex, G + 1);
+  NormLanes lanes(ex, B, max_norm);
   dispatch_dtype(dtype, [&](auto* tag) {
     using T = std::remove_pointer_t<decltype(tag)>;
     const T* xt = static_cast<const T*>(x);
-    ex.for_each_index(B, BucketNorm<T>{xt, n, bucket, max_norm, norms});
+    ex.for_each_index(8 * B, LaneNorm<T>{xt, n, bucket, max_norm, lanes.lane(0), lanes.nan_at(0)});
+    ex.for_each_index(B, FinishNorm<T>{xt, bucket, max_norm, lanes.lane(0), lanes.nan_at(0), norms});
     ex.for_each_index(n, Levels<T>{xt, bucket, s, key, norms, q.get()});
   });
   ex.for_each_index(B, BucketBits{q.get(), n, bucket, bits.get()});
@@ -102,7 +123,8 @@ bool qsgd_decode_elias(const Ctx& ctx, DType dtype, const float* norms, const in
 namespace {
 
 template <typename T> struct FixedEncodeStages {
-  Stage<BucketNorm<T>> norms;
+  Stage<LaneNorm<T>> lanes;
+  Stage<FinishNorm<T>> norms;
   Stage<EncodeFixed8<T>> codes;
 };
 
@@ -111,7 +133,8 @@ template <typename T> struct FixedDecodeStages {
 };
 
 template <typename T> struct EliasLevelStages {
-  Stage<BucketNorm<T>> norms;
+  Stage<LaneNorm<T>> lanes;
+  Stage<FinishNorm<T>> norms;
   Stage<Levels<T>> levels;
 };
 
@@ -148,27 +171,33 @@ void qsgd_encode_fixed_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
                             bool max_norm) {
   Exec ex(ctx);
   const int w = code_width(s);
+  int64_t NB = 0;  // buckets of the whole bucket op
+  for (int64_t t = 0; t < count; ++t) NB += items[t].n > 0 ? (items[t].n + bucket - 1) / bucket : 0;
+  if (NB == 0) return;
+  NormLanes lanes(ex, NB, max_norm);
   PerDtype<FixedEncodeStages> st;
-  bool any = false;
+  int64_t b0 = 0;  // the tensor's first bucket
   for (int64_t t = 0; t < count; ++t) {
     const QsgdEncodeItem& it = items[t];
     if (it.n <= 0) continue;
-    any = true;
     const int64_t B = (it.n + bucket - 1) / bucket, nbytes = (it.n * w + 7) / 8;
     with_dtype(st, it.dtype, it.x, [&](auto& set, const auto* x) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
-      set.norms.add(BucketNorm<T>{x, it.n, bucket, max_norm, it.norms}, B);
+      set.lanes.add(LaneNorm<T>{x, it.n, bucket, max_norm, lanes.lane(b0), lanes.nan_at(b0)}, 8 * B);
+      set.norms.add(FinishNorm<T>{x, bucket, max_norm, lanes.lane(b0), lanes.nan_at(b0), it.norms}, B);
       set.codes.add(EncodeFixed8<T>{x, it.n, bucket, s, it.key, w, nbytes, it.norms, it.packed}, (it.n + 7) / 8);
     });
+    b0 += B;
   }
-  if (!any) return;
   TableSet tables(ex);
   st.each([&](auto& set) {
+    tables.put(set.lanes);
     tables.put(set.norms);
     tables.put(set.codes);
   });
   tables.upload();
   st.each([&](auto& set) {
+    tables.run(set.lanes);
     tables.run(set.norms);
     tables.run(set.codes);
   });
@@ -221,7 +250,8 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
   }
   Scratch<int32_t> q(ex, Q);
   Scratch<int64_t> bits(ex, NB), key(ex, NB), within(ex, NB), gbytes(ex, NG), gstart(ex, NG);
-  // Sizes: norms, levels, bucket bits, group totals (table 1).
+  NormLanes lanes(ex, NB, max_norm);
+  // Sizes: norm lanes, norms, levels, bucket bits, group totals (table 1).
   PerDtype<EliasLevelStages> lv;
   Stage<BitsAndGroup> bucket_bits;
   Stage<GroupTotals> totals;
@@ -235,13 +265,15 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
     int32_t* qt = q.get() + sp.q;
     with_dtype(lv, it.dtype, it.x, [&](auto& set, const auto* x) {
       using T = std::remove_const_t<std::remove_pointer_t<decltype(x)>>;
-      set.norms.add(BucketNorm<T>{x, it.n, bucket, max_norm, it.norms}, sp.B);
+      set.lanes.add(LaneNorm<T>{x, it.n, bucket, max_norm, lanes.lane(sp.b), lanes.nan_at(sp.b)}, 8 * sp.B);
+      set.norms.add(FinishNorm<T>{x, bucket, max_norm, lanes.lane(sp.b), lanes.nan_at(sp.b), it.norms}, sp.B);
       set.levels.add(Levels<T>{x, bucket, s, it.key, it.norms, qt}, it.n);
     });
     bucket_bits.add(BitsAndGroup{BucketBits{qt, it.n, bucket, bits.get() + sp.b}, key.get() + sp.b, gb, sp.g}, sp.B);
   }
   TableSet sizes(ex);
   lv.each([&](auto& set) {
+    sizes.put(set.lanes);
     sizes.put(set.norms);
     sizes.put(set.levels);
   });
@@ -249,6 +281,7 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
   sizes.put(totals);
   sizes.upload();
   lv.each([&](auto& set) {
+    sizes.run(set.lanes);
     sizes.run(set.norms);
     sizes.run(set.levels);
   });

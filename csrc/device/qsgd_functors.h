@@ -47,35 +47,80 @@ HGC_HOST_DEVICE inline float uniform_of(uint64_t key, int64_t i) {
   return static_cast<float>(static_cast<int32_t>(w >> 8)) * 0x1p-24f;
 }
 
-// The norm of bucket b (values [b d, min(n, (b + 1) d))), rounded to float32: l2 = squares in
-// double, lane k % 8 summed in order, lanes combined ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), sqrt;
-// max = max |v| (a bucket with a NaN: its first NaN's |.|).
-template <typename T> struct BucketNorm {
+// A bucket's norm (values [b d, min(n, (b + 1) d))), rounded to float32, as csrc/cpu/qsgd_cpu.cpp's
+// bucket_norm: l2 = squares in double, lane k % 8 summed in order, lanes combined
+// ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), sqrt; max = max |v| (a bucket with a NaN: its first NaN's
+// |.|). A segmented reduction over all values in two stages with that very order: LaneNorm, the
+// 8 lanes of every bucket in parallel (each lane's sum is a serial chain in the CPU's order, so
+// it cannot be split further without changing the bytes); then FinishNorm, one bucket each, the
+// fixed combine. 8 lanes x buckets threads instead of one thread per bucket, and a lane reads
+// every 8th value, so a bucket's 8 lanes read 8 consecutive values together.
+
+// Lane j = q % 8 of bucket b = q / 8: l2: the sum in order of the squares of the bucket's values
+// j, j + 8, ... (its CPU lane l[j]); max: the largest |v| of those values (as double: exact) and
+// the position in the bucket of the first NaN among them (d when none).
+template <typename T> struct LaneNorm {
   using A = typename Elem<T>::acc;
   const T* x;
   int64_t n, d;
   bool max_norm;
-  float* norms;
-  HGC_HOST_DEVICE void operator()(int64_t b) const {
+  double* lane;     // 8 per bucket
+  int64_t* nan_at;  // 8 per bucket (max only)
+  HGC_HOST_DEVICE void operator()(int64_t q) const {
+    const int64_t b = q >> 3, j = q & 7;
     const int64_t i0 = b * d, len = d < n - i0 ? d : n - i0;
     const T* v = x + i0;
     if (max_norm) {
       A m = 0;
-      for (int64_t k = 0; k < len; ++k) {
+      int64_t at = d;
+      for (int64_t k = j; k < len; k += 8) {
         const A a = abs_bits(Elem<T>::load(v[k]));
         if (a != a) {
-          m = a;
+          at = k;
           break;
         }
         m = a > m ? a : m;
       }
-      norms[b] = static_cast<float>(m);
+      lane[q] = static_cast<double>(m);
+      nan_at[q] = at;
       return;
     }
-    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    for (int64_t k = 0; k < len; ++k) {
+    double l = 0;
+    for (int64_t k = j; k < len; k += 8) {
       const double a = static_cast<double>(Elem<T>::load(v[k]));
-      l[k & 7] = l[k & 7] + a * a;
+      l = l + a * a;
+    }
+    lane[q] = l;
+  }
+};
+
+// Bucket b's norm from its 8 lanes (LaneNorm): l2: the fixed combine and sqrt; max: the first
+// NaN's |.| read again from x when a lane saw one (its bits as they are), else the largest lane.
+template <typename T> struct FinishNorm {
+  using A = typename Elem<T>::acc;
+  const T* x;
+  int64_t d;
+  bool max_norm;
+  const double* lane;
+  const int64_t* nan_at;
+  float* norms;
+  HGC_HOST_DEVICE void operator()(int64_t b) const {
+    const double* l = lane + 8 * b;
+    if (max_norm) {
+      const int64_t* at = nan_at + 8 * b;
+      int64_t first = d;
+      for (int j = 0; j < 8; ++j) first = at[j] < first ? at[j] : first;
+      A m = 0;
+      if (first < d) {
+        m = abs_bits(Elem<T>::load(x[b * d + first]));
+      } else {
+        for (int j = 0; j < 8; ++j) {
+          const A a = static_cast<A>(l[j]);
+          m = a > m ? a : m;
+        }
+      }
+      norms[b] = static_cast<float>(m);
+      return;
     }
     const double total = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
     norms[b] = static_cast<float>(sqrt(total));

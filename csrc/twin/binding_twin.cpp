@@ -17,6 +17,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "device algorithm (Thrust) calls issued so far by this module, all threads");
   m.def("host_syncs", &hgc_dev::host_syncs,
         "host synchronizations (reads back from the device) issued so far by this module, all threads");
+  m.def("set_index32_limit", &hgc_dev::set_index32_limit, py::arg("limit"),
+        "sets the largest padded position count (and tensor count) of a multi-tensor stage that runs with "
+        "32-bit index math (default 2**31 - 1; 0: every stage 64-bit) and returns the previous one; "
+        "ValueError outside [0, 2**31 - 1]");
+  m.def("index32_limit", &hgc_dev::index32_limit, "the 32-bit index limit of multi-tensor stages (set_index32_limit)");
+  m.def("stage_runs", [] { return std::make_pair(hgc_dev::narrow_stage_runs(), hgc_dev::wide_stage_runs()); },
+        "(32-bit, 64-bit): multi-tensor stages run so far with each index width, all threads");
   auto regs = hgc_dev::registrations();
   std::sort(regs.begin(), regs.end(), [](const auto& a, const auto& b) { return a.codec < b.codec; });
   std::vector<std::string> codecs, ops;
