@@ -25,6 +25,7 @@
 // for_each writing indices and values: the compaction reads nothing back (the counts are known).
 // Index code (dgc_index_*_many): one segmented reduction of every tensor's GapStats, one
 // read-back, one for_each. Their tables (a TableSet) go up in one copy per round.
+// Every scan goes through scan.cuh (Thrust on CUDA, a parallel two-level scan in the twin).
 #include "dgc_device.h"
 
 #include <thrust/copy.h>
@@ -34,9 +35,7 @@
 #include <thrust/reduce.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/zip_iterator.h>
-#include <thrust/scan.h>
 #include <thrust/sort.h>
-#include <thrust/transform_scan.h>
 #include <thrust/transform_reduce.h>
 
 #include <algorithm>
@@ -50,6 +49,7 @@
 #include "dgc_functors.h"
 #include "exec.cuh"
 #include "multi_tensor.cuh"
+#include "scan.cuh"
 
 namespace hgc_dev {
 namespace {
@@ -168,9 +168,8 @@ void check_typed(Exec& ex, const void* const* idx, const int64_t* counts, int64_
   ex.to_device(table.get(), host.data(), sizeof(int64_t) * host.size());
   const int64_t* off = table.get();
   const dgc::PayloadTable<I> tab{off, reinterpret_cast<const I* const*>(table.get() + K + 1), K};
-  thrust::transform_inclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
-                                   thrust::counting_iterator<int64_t>(total), sums.get(), dgc::BadPosition<I>{tab, n},
-                                   thrust::plus<int64_t>());
+  scan_inclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::BadPosition<I>{tab, n}),
+                 total, sums.get(), thrust::plus<int64_t>());
   ex.for_each_index(K, dgc::BadOfPayload{off, sums.get(), flags.get()});
   ex.to_host(bad, flags.get(), sizeof(int64_t) * K);
 }
@@ -206,9 +205,8 @@ bool read_gaps_typed(Exec& ex, const uint8_t* code, int w, int64_t count, int64_
   // The indices are the inclusive scan of the steps (gap + 1), in int64; stored clamped as I.
   Scratch<int64_t> scratch(ex, sizeof(I) == 8 ? 0 : count);
   int64_t* sums = sizeof(I) == 8 ? reinterpret_cast<int64_t*>(idx) : scratch.get();
-  thrust::transform_inclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
-                                   thrust::counting_iterator<int64_t>(count), sums, dgc::StepAt{code, w},
-                                   thrust::plus<int64_t>());
+  scan_inclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::StepAt{code, w}),
+                 count, sums, thrust::plus<int64_t>());
   if (sizeof(I) == 4) ex.for_each_index(count, dgc::StoreIndex<I>{sums, n, idx});
   return indices_ok_typed<I>(ex, idx, count, n);
 }
@@ -315,7 +313,7 @@ void segment_reduce(Exec& ex, const int64_t* start, int64_t T, int64_t total, Te
   Scratch<V> scan(ex, total);
   const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
   const auto terms = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), term);
-  thrust::inclusive_scan_by_key(ex.policy(), seg, seg + total, terms, scan.get(), thrust::equal_to<int64_t>(), op);
+  scan_inclusive_by_key(ex, seg, terms, total, scan.get(), op);
   ex.for_each_index(T, dgc::SegmentLast<V>{scan.get(), start, sums});
 }
 
@@ -487,9 +485,9 @@ bool dgc_scatter_sum_many(const Ctx& ctx, const DgcSumTensor* tensors, int64_t c
   tables.upload();
 
   tables.run(steps);
-  if (total > 0) thrust::inclusive_scan(ex.policy(), sums.get(), sums.get() + total, sums.get());
+  if (total > 0) scan_inclusive(ex, sums.get(), total, sums.get(), thrust::plus<int64_t>());
   tables.run(indices);
-  if (total > 0) thrust::inclusive_scan(ex.policy(), flags.get(), flags.get() + total, flags.get());
+  if (total > 0) scan_inclusive(ex, flags.get(), total, flags.get(), thrust::plus<int64_t>());
   tables.run(per_payload);
   ex.to_host(bad, bad_dev.get(), sizeof(int64_t) * static_cast<std::size_t>(P));
   for (int64_t p = 0; p < P; ++p)
@@ -599,6 +597,12 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
       }
     }
   }
+  // Why round 2 reads back a second time (the bucket's only other host synchronization): its
+  // candidates (c0 > 2k keys >= t0, or all n) size its scratch and its sort, and the op's outputs
+  // are sized by the final counts. Folding it into round 1's read would mean sorting a worst-case
+  // candidate set (every key of every sampled tensor) on every step, the cost the sampled
+  // threshold exists to avoid; one read per bucket op needs a selection whose work does not
+  // depend on the count (a segmented radix select by histogram passes), not written yet.
   if (!again.empty()) {
     // Round 2: every such tensor's candidates (path 1: keys >= t0, c0 > 2k of them; path 2: all
     // n keys) compacted in order (a scan of their flags, then the writes: tensor by tensor, at
@@ -628,9 +632,8 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
     // the candidates' places (an integer scan), then their writes: no read back (L is known)
     const dgc::KeptAt kept{dgc::SegKeyAt{tables.items(bounds), start, R}, dgc::KeepAtLeast{tables.items(bounds)}};
     Scratch<int64_t> rank(ex, bounds.total());
-    thrust::transform_exclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
-                                     thrust::counting_iterator<int64_t>(bounds.total()), rank.get(), kept, int64_t(0),
-                                     thrust::plus<int64_t>());
+    scan_exclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), kept), bounds.total(),
+                   rank.get(), int64_t(0), thrust::plus<int64_t>());
     ex.for_each_index(bounds.total(), dgc::WriteKept{kept, rank.get(), cand.get()});
     thrust::sort(ex.policy(), cand.get(), cand.get() + L, dgc::SegKeyOrder());
     count_thresholds(ex, tables, exact, c2);
@@ -664,9 +667,8 @@ void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count
   Scratch<int64_t> rank(ex, bounds.total());
   const dgc::KeptAt kept{dgc::SegKeyAt{tables.items(bounds), tables.starts(bounds), bounds.tensors()},
                          dgc::KeepAtLeast{tables.items(bounds)}};
-  thrust::transform_exclusive_scan(ex.policy(), thrust::counting_iterator<int64_t>(0),
-                                   thrust::counting_iterator<int64_t>(bounds.total()), rank.get(), kept, int64_t(0),
-                                   thrust::plus<int64_t>());
+  scan_exclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), kept), bounds.total(),
+                 rank.get(), int64_t(0), thrust::plus<int64_t>());
   ex.for_each_index(bounds.total(), dgc::WriteSelected{kept, rank.get(), tables.at<dgc::CompactOut>(outs_at)});
 }
 

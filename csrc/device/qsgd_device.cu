@@ -6,9 +6,9 @@
 // tensors (the *_many launchers, multi_tensor.cuh): encode fixed 3 per dtype, decode fixed 1 per
 // dtype, encode Elias 3 per dtype + 6 plus one read of the group offsets, decode-sum Elias 3 per
 // dtype + 1 plus one read of the flag, whatever its tensor count.
+// Every scan goes through scan.cuh (Thrust on CUDA, a parallel two-level scan in the twin).
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/reduce.h>
-#include <thrust/scan.h>
 
 #include <type_traits>
 #include <vector>
@@ -17,6 +17,7 @@
 #include "multi_tensor.cuh"
 #include "qsgd_device.h"
 #include "qsgd_functors.h"
+#include "scan.cuh"
 
 namespace hgc_dev {
 
@@ -87,9 +88,9 @@ void qsgd_encode_elias(const Ctx& ctx, DType dtype, const void* x, int64_t n, in
   ex.for_each_index(B, BucketBits{q.get(), n, bucket, bits.get()});
   // bucket bit offsets inside their group (integer scan: any order gives the same sums)
   const auto keys = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), GroupOf{gb});
-  thrust::exclusive_scan_by_key(ex.policy(), keys, keys + B, bits.get(), within.get());
+  scan_exclusive_by_key(ex, keys, bits.get(), B, within.get(), int64_t(0), thrust::plus<int64_t>());
   ex.for_each_index(G + 1, GroupTotals{within.get(), bits.get(), B, gb, G, nbits, gbytes.get()});
-  thrust::exclusive_scan(ex.policy(), gbytes.get(), gbytes.get() + G + 1, gstart.get());
+  scan_exclusive(ex, gbytes.get(), G + 1, gstart.get(), int64_t(0), thrust::plus<int64_t>());
   int64_t total = 0;
   ex.to_host(&total, gstart.get() + G, sizeof(int64_t));
   uint8_t* stream = alloc_stream(total, state);
@@ -287,9 +288,9 @@ void qsgd_encode_elias_many(const Ctx& ctx, const QsgdEncodeItem* items, int64_t
   });
   sizes.run(bucket_bits);
   // bucket bit offsets inside their group (integer scan: any order gives the same sums)
-  thrust::exclusive_scan_by_key(ex.policy(), key.get(), key.get() + NB, bits.get(), within.get());
+  scan_exclusive_by_key(ex, key.get(), bits.get(), NB, within.get(), int64_t(0), thrust::plus<int64_t>());
   sizes.run(totals);
-  thrust::exclusive_scan(ex.policy(), gbytes.get(), gbytes.get() + NG, gstart.get());
+  scan_exclusive(ex, gbytes.get(), NG, gstart.get(), int64_t(0), thrust::plus<int64_t>());
   // every group's stream offset: the one read of the bucket (its last slot: the total)
   std::vector<int64_t> at(static_cast<std::size_t>(NG));
   ex.to_host(at.data(), gstart.get(), sizeof(int64_t) * static_cast<std::size_t>(NG));
@@ -382,8 +383,8 @@ bool qsgd_decode_elias_sum_many(const Ctx& ctx, const QsgdEliasDecodeItem* items
   tables.upload();
   // every payload's group starts (an integer scan by payload: any order gives the same sums)
   tables.run(heads);
-  thrust::exclusive_scan_by_key(ex.policy(), head_key.get(), head_key.get() + slot, head_bytes.get(),
-                                head_start.get());
+  scan_exclusive_by_key(ex, head_key.get(), head_bytes.get(), slot, head_start.get(), int64_t(0),
+                        thrust::plus<int64_t>());
   st.each([&](auto& set) {
     tables.run(set.zeros);
     tables.run(set.groups);
