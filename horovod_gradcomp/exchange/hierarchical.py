@@ -154,14 +154,15 @@ class HierarchicalPattern:
         with stats.timed("exchange_s", phase="node_scatter"):
             counts = [sum(shards[n][j].numel * _itemsize(wire_dtype(grads[n].dtype)) for n in names)
                       for j in range(L)]
-            # one rank per node: nothing to send, node_means takes the gradients themselves
-            send = torch.empty(sum(counts) if L > 1 else 0, dtype=torch.uint8)
-            offset = 0
-            for j in range(L if L > 1 else 0):
-                for n in names:
-                    st = shards[n][j]
-                    if st.numel:
-                        offset = _copy_in(send, offset, st.window(grads[n].detach()), wire_dtype(grads[n].dtype))
+            if L == 1:   # one rank per node: nothing to send, node_means takes the gradients themselves
+                send = torch.empty(0, dtype=torch.uint8)
+            else:
+                send, offset = torch.empty(sum(counts), dtype=torch.uint8), 0
+                for j in range(L):
+                    for n in names:
+                        st = shards[n][j]
+                        if st.numel:
+                            offset = _copy_in(send, offset, st.window(grads[n].detach()), wire_dtype(grads[n].dtype))
         mine = [(n, shards[n][local]) for n in names if shards[n][local].numel]
         mine_bytes = sum(st.numel * _itemsize(wire_dtype(grads[n].dtype)) for n, st in mine)
         return NodeWork(list(names), shards, mine, send, counts, [mine_bytes] * L)
@@ -174,9 +175,10 @@ class HierarchicalPattern:
         per_rank = work.recv_counts[0]
         with stats.timed("decode_s", phase="node_sum"):
             means, offset = {}, 0
-            for n, st in work.mine if L == 1 else ():   # the node's mean is the gradient (a view)
-                means[shard_key(n, local)] = st.take(grads[n].detach())
-            for n, st in work.mine if L > 1 else ():
+            for n, st in work.mine:
+                if L == 1:   # the node's mean is the gradient itself (a view)
+                    means[shard_key(n, local)] = st.take(grads[n].detach())
+                    continue
                 dt = wire_dtype(grads[n].dtype)
                 nbytes = st.numel * _itemsize(dt)
                 parts = [_typed(recv[j * per_rank + offset: j * per_rank + offset + nbytes], dt) for j in range(L)]
@@ -201,12 +203,13 @@ class HierarchicalPattern:
 
     def gather_args(self, work: NodeWork, bucket: Bucket, stats: ExchangeStats) -> Tuple[torch.Tensor, List[int]]:
         """Step 3's send side: this rank's decoded shard as bytes, and every local rank's count."""
-        local, grads = self.node.rank, bucket.grads
-        with stats.timed("exchange_s", phase="node_gather"):   # (one rank per node: finish reads the shards)
-            part = (_as_bytes([work.outcome.results[shard_key(n, local)].reshape(-1).cpu() for n, _ in work.mine])
-                    if self.ranks_per_node > 1 else torch.empty(0, dtype=torch.uint8))
-        counts = [sum(work.shards[n][j].numel * grads[n].element_size() for n in work.names)
-                  for j in range(self.ranks_per_node)]
+        L, local, grads = self.ranks_per_node, self.node.rank, bucket.grads
+        with stats.timed("exchange_s", phase="node_gather"):
+            if L == 1:   # one rank per node: finish reads the decoded shards themselves
+                part = torch.empty(0, dtype=torch.uint8)
+            else:
+                part = _as_bytes([work.outcome.results[shard_key(n, local)].reshape(-1).cpu() for n, _ in work.mine])
+        counts = [sum(work.shards[n][j].numel * grads[n].element_size() for n in work.names) for j in range(L)]
         return part, counts
 
     def finish(self, work: NodeWork, gathered: Sequence[torch.Tensor], bucket: Bucket, stats: ExchangeStats
@@ -217,9 +220,10 @@ class HierarchicalPattern:
         grads, L = bucket.grads, self.ranks_per_node
         results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in work.names}
         with stats.timed("decode_s", phase="node_gather"):
-            for n, st in work.mine if L == 1 else ():
-                st.put(results[n], work.outcome.results[shard_key(n, 0)].to(results[n].device))
-            for j in range(L if L > 1 else 0):
+            if L == 1:
+                for n, st in work.mine:
+                    st.put(results[n], work.outcome.results[shard_key(n, 0)].to(results[n].device))
+            for j in range(L if L > 1 else 0):   # (L == 1: nothing was gathered)
                 buf, offset = gathered[j], 0
                 for n in work.names:
                     st = work.shards[n][j]
