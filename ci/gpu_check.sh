@@ -11,7 +11,11 @@
 #   mpi       an MPI library for mpi4py (MPICH, else Open MPI wheels) unless one already works;
 #   build     _C with the device kernels (nvcc, Thrust on CUDA) and _C_twin (g++, Thrust on
 #             OpenMP), in place; the architecture from the GPU;
-#   tests     tests/test_cuda_codecs.py on both backends (cuda and twin) but the fuzz corpus;
+#   prebuilt  instead of build: _C and _C_twin from $GPU_PREBUILT (default gpu_prebuilt/, made for
+#             this image elsewhere by ci/build_for_gpu_image.sh and carried along), copied in place
+#             and checked as build checks them (CUDA kernels present, the twin importable);
+#   tests     tests/test_cuda_codecs.py on both backends (cuda and twin; GPU_CHECK_BACKENDS=cuda:
+#             the cuda half alone) but the fuzz corpus;
 #   fuzz      the fuzz corpus through the CUDA decoders;
 #   others    every other test marked requires_cuda (the cuda parameter of the codec tests, the
 #             CUDA stagings of tests/test_staging.py, real events in tests/test_stream_handoff.py);
@@ -31,7 +35,9 @@
 # `ci/gpu_check.sh deps toolkit mpi build tests` then `ci/gpu_check.sh toolkit mpi fuzz others
 # exchange ddp_nccl bench devtime` on the same warm machine. Each step's output goes to
 # $OUTDIR/<step>.log; the summary (one line per step) to $OUTDIR/summary.txt. Exit status 0
-# only when every step run passed.
+# only when every step run passed. $GPU_CHECK_LIMITS overrides step limits in seconds
+# ("tests=240 exchange=120"); $GPU_CHECK_PYTEST adds pytest arguments to the test steps (e.g.
+# "-n 8" where pytest-xdist is installed).
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
@@ -131,13 +137,29 @@ build() {
     export HGC_WITH_CUDA=1 HGC_WITH_TWIN=1
     echo "CUDA_HOME=$CUDA_HOME TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST MAX_JOBS=$MAX_JOBS"
     "$PY" setup.py -q build_ext --inplace || return 1
-    "$PY" -c "import horovod_gradcomp as h; ok, why = h.native_cuda_status(); print(why); assert ok, why; \
-assert h.twin_available(), 'the twin did not build'"
+    load_check
 }
 
-pytest_q() { "$PY" -m pytest -q --color=no -p no:cacheprovider "$@"; }
-tests() { pytest_q tests/test_cuda_codecs.py -k "not fuzz_corpus"; }
-fuzz() { pytest_q tests/test_cuda_codecs.py -k "fuzz_corpus and cuda"; }
+load_check() {
+    "$PY" -c "import horovod_gradcomp as h; ok, why = h.native_cuda_status(); print(why); assert ok, why; \
+assert h.twin_available(), 'the twin did not load'"
+}
+prebuilt() {
+    local src="${GPU_PREBUILT:-$ROOT/gpu_prebuilt}" tag
+    tag=$("$PY" -c "import sysconfig; print(sysconfig.get_config_var('EXT_SUFFIX'))")
+    ls "$src"/_C"$tag" "$src"/_C_twin"$tag" >/dev/null ||
+        { echo "no _C$tag / _C_twin$tag in $src (ci/build_for_gpu_image.sh makes them)"; return 1; }
+    [ -f "$src/SOURCE_COMMIT" ] && sed 's/^/built from: /' "$src/SOURCE_COMMIT"
+    cp "$src"/_C"$tag" "$src"/_C_twin"$tag" "$ROOT/horovod_gradcomp/"
+    load_check
+}
+pytest_q() { "$PY" -m pytest -q --color=no -p no:cacheprovider ${GPU_CHECK_PYTEST:-} "$@"; }
+# GPU_CHECK_BACKENDS=cuda leaves out the twin half (CPU CI runs it on every commit). The backend
+# is the first parameter of each id ("twin-..."/"cuda-..."); -k cannot say "cuda" alone, since
+# the module's name holds it.
+backend_k() { [ "${GPU_CHECK_BACKENDS:-both}" = cuda ] && echo " and not twin"; }
+tests() { pytest_q tests/test_cuda_codecs.py -k "not fuzz_corpus$(backend_k)"; }
+fuzz() { pytest_q tests/test_cuda_codecs.py -k "fuzz_corpus and not twin"; }
 others() {
     pytest_q tests -m requires_cuda --continue-on-collection-errors --ignore=tests/test_cuda_codecs.py \
         --ignore=tests/mpi --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py
@@ -161,15 +183,19 @@ devtime() {
         "$PY" -c 'import json, sys; from horovod_gradcomp.bench.devtime_bench import format_table
 print(format_table(json.load(open(sys.argv[1]))))' "$OUTDIR/devtime_cuda.json"
 }
-export -f deps toolkit mpi_ok mpi build pytest_q tests fuzz others exchange ddp_nccl bench devtime
+export -f deps toolkit mpi_ok mpi load_check build prebuilt pytest_q backend_k tests fuzz others exchange ddp_nccl bench devtime
 export NVCC
 
-declare -A LIMIT=([deps]=120 [toolkit]=30 [mpi]=120 [build]=540 [tests]=540 [fuzz]=540 [others]=420
+declare -A LIMIT=([deps]=120 [toolkit]=30 [mpi]=120 [build]=540 [prebuilt]=60 [tests]=540 [fuzz]=540 [others]=420
                   [exchange]=420 [ddp_nccl]=300 [bench]=300 [devtime]=300)
+for kv in ${GPU_CHECK_LIMITS:-}; do
+    [ -n "${LIMIT[${kv%%=*}]:-}" ] || { log "GPU_CHECK_LIMITS: unknown step '${kv%%=*}'"; exit 2; }
+    LIMIT[${kv%%=*}]=${kv#*=}
+done
 for s in "${STEPS[@]}"; do
     [ -n "${LIMIT[$s]:-}" ] || { log "unknown step '$s' (steps: ${!LIMIT[*]})"; exit 2; }
     run_step "$s" "${LIMIT[$s]}" "$s"
-    if [ "$s" = build ] && [ $FAILED -ne 0 ]; then log "build failed: nothing else can run"; break; fi
+    if [[ $s == build || $s == prebuilt ]] && [ $FAILED -ne 0 ]; then log "$s failed: nothing else can run"; break; fi
 done
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader 2>/dev/null | sed 's/^/GPU: /'
 log "summary ($OUTDIR/summary.txt):"

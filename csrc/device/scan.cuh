@@ -19,10 +19,10 @@
 #pragma once
 
 #include <thrust/functional.h>
-#include <thrust/iterator/iterator_traits.h>
 #include <thrust/scan.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #if defined(HGC_TWIN)
 #include <algorithm>
@@ -136,7 +136,7 @@ void scan_inclusive_by_key(Exec& ex, KeyIt keys, InIt in, int64_t n, V* out, Op 
   (void)ex.policy();
   scan_detail::two_level<false>(n, scan_detail::KeyHeads<KeyIt>{keys}, in, out, V{}, op, kScanBlock);
 #else
-  using K = typename thrust::iterator_value<KeyIt>::type;
+  using K = std::decay_t<decltype(*keys)>;  // the key type (CCCL 13 deprecates thrust::iterator_value)
   thrust::inclusive_scan_by_key(ex.policy(), keys, keys + n, in, out, thrust::equal_to<K>(), op);
 #endif
 }
@@ -148,7 +148,7 @@ void scan_exclusive_by_key(Exec& ex, KeyIt keys, InIt in, int64_t n, V* out, V i
   (void)ex.policy();
   scan_detail::two_level<true>(n, scan_detail::KeyHeads<KeyIt>{keys}, in, out, init, op, kScanBlock);
 #else
-  using K = typename thrust::iterator_value<KeyIt>::type;
+  using K = std::decay_t<decltype(*keys)>;  // the key type (CCCL 13 deprecates thrust::iterator_value)
   thrust::exclusive_scan_by_key(ex.policy(), keys, keys + n, in, out, init, thrust::equal_to<K>(), op);
 #endif
 }
