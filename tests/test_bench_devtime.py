@@ -49,3 +49,13 @@ def test_bad_input_is_an_error(capsys):
     assert "unknown codec 'nope'" in capsys.readouterr().err
     assert main(["devtime", "--codecs", "fp16", "--limit-tensors", "1"]) == 2
     assert "fp16 has no device ops" in capsys.readouterr().err
+
+
+def test_default_run_times_every_codec_and_qsgds_elias_coding(capsys):
+    assert main(["devtime", "--json", "--repeat", "1", "--limit-tensors", "2"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {r["codec"] for r in rows} == set(hgc.available_codecs()) - {"fp16"}
+    elias = [r for r in rows if r.get("options") == {"coding": "elias"}]
+    assert [r["op"] for r in elias] == ["qsgd_encode_elias_many", "qsgd_decode_elias_many"]
+    assert main(["devtime", "--repeat", "1", "--limit-tensors", "1", "--codecs", "qsgd:coding=elias"]) == 0
+    assert "qsgd coding=elias  qsgd_decode_elias_many" in capsys.readouterr().out
