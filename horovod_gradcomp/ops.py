@@ -64,13 +64,65 @@ def _caller(op):
     return call
 
 
+def _out_argument(op) -> str:
+    """The name of the argument that ``op`` (a ``_into`` op) writes into."""
+    return next(a.name for a in op.default._schema.arguments if a.alias_info is not None and a.alias_info.is_write)
+
+
+def _fill_outs(outs, n, dtypes):
+    """``outs`` with each ``None`` replaced by a new tensor of its n and dtype, on the device of
+    the given ones (a bucket is on one device; the kernel overwrites every out)."""
+    device = next(o.device for o in outs if o is not None)
+    dtypes = [d if isinstance(d, torch.dtype) else CODE_DTYPES[d] for d in dtypes]
+    return [torch.empty(int(m), dtype=d, device=device) if o is None else o for o, m, d in zip(outs, n, dtypes)]
+
+
+def _fresh_or_into(fresh, into, into_op):
+    """``name(..., out=None)`` as the codecs call a decode: without an out (or with ``None`` for
+    every one of ``outs``) the op ``name``, which returns a fresh result; else ``name_into``
+    with it (``None`` entries of ``outs`` get new tensors), returning the out(s)."""
+    args = into_op.default._schema.arguments
+    visible = [a.name for a in args if not a.name.endswith("_counts")]
+    out_name = _out_argument(into_op)
+
+    def call(*pos, **kw):
+        if len(pos) > len(visible):
+            raise TypeError(f"{fresh.__name__}() takes {len(visible)} arguments, got {len(pos)}")
+        bound = dict(zip(visible, pos))
+        for key, value in kw.items():
+            if key in bound or key not in visible:
+                raise TypeError(f"{fresh.__name__}() got an unexpected or repeated argument {key!r}")
+            bound[key] = value
+        out = bound.pop(out_name, None)
+        if isinstance(out, (list, tuple)):
+            if all(o is None for o in out):
+                return fresh(**bound)
+            out = _fill_outs(out, bound["n"], bound["dtypes"])
+        elif out is None:
+            return fresh(**bound)
+        into(**bound, **{out_name: out})
+        return out
+
+    call.__name__ = call.__qualname__ = fresh.__name__
+    call.__doc__ = (f"{fresh.__doc__ or fresh.__name__}; with {out_name}=...: "
+                    f"{into_op.default._schema} (the out(s) returned)")
+    call.packet = getattr(fresh, "packet", fresh)
+    return call
+
+
 def bind(module, namespace: str) -> None:
     """Put each op of ``module`` (its ``ops`` attribute: the ops it registered under
     ``torch.ops.<namespace>``) on ``module`` under :func:`python_name`, and register the
-    fake kernels of those ops."""
+    fake kernels of those ops. A decode with a ``<name>_into`` op is bound as
+    ``name(..., out=None)``, which calls one or the other (csrc/ops/schemas.h)."""
     from . import ops_fake
 
     ns = getattr(torch.ops, namespace)
+    names = set(module.ops)
     for name in module.ops:
-        setattr(module, python_name(name), _caller(getattr(ns, name)))
+        caller = _caller(getattr(ns, name))
+        if name + "_into" in names:
+            into_op = getattr(ns, name + "_into")
+            caller = _fresh_or_into(caller, _caller(into_op), into_op)
+        setattr(module, python_name(name), caller)
     ops_fake.register(namespace, list(module.ops))

@@ -49,7 +49,7 @@ def terngrad_encode(grad, scale, clip, key0, key1):
     return _empty((grad.numel() + 3) // 4, _U8, grad.device), _empty(1, _F32, grad.device)
 
 
-def terngrad_decode_sum(codes, scales, n, dtype, scale, out=None):
+def terngrad_decode_sum(codes, scales, n, dtype, scale):
     return _empty(n, dtype, codes.device)
 
 
@@ -57,7 +57,7 @@ def terngrad_sum_levels(codes, n, width):
     return _empty((n * width + 7) // 8, _U8, codes.device)
 
 
-def terngrad_sum_decode(levels, n, k, width, mult, dtype, out=None):
+def terngrad_sum_decode(levels, n, k, width, mult, dtype):
     return _empty(n, dtype, levels.device)
 
 
@@ -71,7 +71,7 @@ def terngrad_encode_many(grads, scales, clips, key0s, key1s):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def terngrad_decode_sum_many(codes, scales, n, dtypes, scale, outs):
+def terngrad_decode_sum_many(codes, scales, n, dtypes, scale):
     device = _one_device(codes, "terngrad_decode_sum_many", "codes")
     return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
 
@@ -91,11 +91,11 @@ def onebit_scales_many(grads, residuals, cols, by_rows=None):
     return [_empty(2 * c, _F32, device) for c in cols]
 
 
-def onebit_decode(bits, scales, n, cols, dtype, out=None, by_rows=False):
+def onebit_decode(bits, scales, n, cols, dtype, by_rows=False):
     return _empty(n, dtype, bits.device)
 
 
-def onebit_decode_sum(bits, scales, n, cols, dtype, scale, out=None, by_rows=False):
+def onebit_decode_sum(bits, scales, n, cols, dtype, scale, by_rows=False):
     return _empty(n, dtype, bits.device)
 
 
@@ -114,7 +114,7 @@ def onebit_encode_many(grads, residuals, cols, scales=None, by_rows=None):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def onebit_decode_sum_many(bits, scales, n, cols, dtypes, scale, outs, by_rows=None):
+def onebit_decode_sum_many(bits, scales, n, cols, dtypes, scale, by_rows=None):
     device = _one_device(bits, "onebit_decode_sum_many", "bits")
     return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
 
@@ -141,7 +141,7 @@ def qsgd_encode_fixed(x, s, bucket, max_norm, key):
     return _empty(_buckets(n, bucket), _F32, x.device), _empty((n * width + 7) // 8, _U8, x.device)
 
 
-def qsgd_decode_fixed(norms, packed, n, s, bucket, dtype, scale=1.0, out=None):
+def qsgd_decode_fixed(norms, packed, n, s, bucket, dtype, scale=1.0):
     return _empty(n, dtype, norms.device)
 
 
@@ -151,7 +151,7 @@ def qsgd_encode_elias(x, s, bucket, max_norm, key, group_buckets):
     return _empty(b, _F32, x.device), _empty(groups, torch.int64, x.device), _dynamic(x.device)
 
 
-def qsgd_decode_elias(norms, nbits, stream, n, s, bucket, group_buckets, dtype, out=None):
+def qsgd_decode_elias(norms, nbits, stream, n, s, bucket, group_buckets, dtype):
     return _empty(n, dtype, norms.device)
 
 
@@ -161,7 +161,7 @@ def qsgd_encode_fixed_many(xs, s, bucket, max_norm, keys):
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
-def qsgd_decode_fixed_many(norms, packed, n, s, bucket, dtypes, scale, outs):
+def qsgd_decode_fixed_many(norms, packed, n, s, bucket, dtypes, scale):
     device = _one_device(norms, "qsgd_decode_fixed_many", "norms")
     return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
 
@@ -173,7 +173,7 @@ def qsgd_encode_elias_many(xs, s, bucket, max_norm, keys, group_buckets):
 
 
 def qsgd_decode_elias_many(norms, norms_counts, nbits, nbits_counts, streams, streams_counts, n, s, bucket,
-                           group_buckets, dtypes, scale, outs):
+                           group_buckets, dtypes, scale):
     device = _one_device(norms, "qsgd_decode_elias_many", "norms")
     return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
 
@@ -190,7 +190,7 @@ def dgc_select(x, k, sample_count, key):
             torch.empty(size, dtype=x.dtype, device=x.device), 0.0, 0)
 
 
-def dgc_scatter_sum(indices, values, n, dtype, scale=1.0, out=None):
+def dgc_scatter_sum(indices, values, n, dtype, scale=1.0):
     return _empty(n, dtype, _one_device(list(indices) + list(values), "dgc_scatter_sum", "tensor"))
 
 
@@ -199,19 +199,19 @@ def dgc_index_encode(indices, n):
 
 
 def dgc_index_decode(code, count, n):
-    return _empty(count, _index_dtype(n), code.device)
+    return torch.empty(count, dtype=_index_dtype(n), device=code.device)  # count may be a symbolic size
 
 
 def dgc_accumulate(u, v, g, momentum, nesterov, coef=1.0):
     return None
 
 
-def dgc_scatter_sum_many(indices, indices_counts, values, values_counts, n, dtypes, scale, outs):
+def dgc_scatter_sum_many(indices, indices_counts, values, values_counts, n, dtypes, scale):
     device = _one_device(indices, "dgc_scatter_sum_many", "indices")
     return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
 
 
-def dgc_decode_sum_many(codes, codes_counts, values, values_counts, n, dtypes, scale, outs):
+def dgc_decode_sum_many(codes, codes_counts, values, values_counts, n, dtypes, scale):
     device = _one_device(codes, "dgc_decode_sum_many", "codes")
     return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
 
@@ -237,6 +237,12 @@ def dgc_index_encode_many(indices, n):
     return [_dynamic(device) for _ in indices]
 
 
+def _writes_into(*args, **kwargs):
+    """The fake of every ``<decode>_into`` op: it writes into the caller's out(s) and returns
+    nothing (their shapes are checked by the real kernel)."""
+    return None
+
+
 _registered: set = set()
 
 
@@ -245,5 +251,5 @@ def register(namespace: str, names) -> None:
     for name in names:
         qualname = f"{namespace}::{name}"
         if qualname not in _registered:
-            torch.library.register_fake(qualname, globals()[name])
+            torch.library.register_fake(qualname, _writes_into if name.endswith("_into") else globals()[name])
             _registered.add(qualname)

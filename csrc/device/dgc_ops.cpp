@@ -377,4 +377,4 @@ std::vector<at::Tensor> dgc_index_encode_many_device(const std::vector<at::Tenso
   return codes;
 }
 
-HGC_DEVICE_OPS(dgc, HGC_DGC_OPS)
+HGC_DEVICE_OPS(dgc, HGC_DGC_OPS, HGC_DGC_INTO_OPS)

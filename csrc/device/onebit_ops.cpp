@@ -306,4 +306,4 @@ void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, cons
   decode_items(items, dtypes, device, 1, 1.0);
 }
 
-HGC_DEVICE_OPS(onebit, HGC_ONEBIT_OPS)
+HGC_DEVICE_OPS(onebit, HGC_ONEBIT_OPS, HGC_ONEBIT_INTO_OPS)

@@ -334,4 +334,4 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
   return results;
 }
 
-HGC_DEVICE_OPS(qsgd, HGC_QSGD_OPS)
+HGC_DEVICE_OPS(qsgd, HGC_QSGD_OPS, HGC_QSGD_INTO_OPS)

@@ -35,18 +35,18 @@ struct Registrar {
 
 }  // namespace hgc_dev
 
-// HGC_DEVICE_OPS(codec, OPS): the device kernels `<op>_device` of every op of the list OPS
-// (HGC_<CODEC>_OPS, ops/schemas.h).
+// HGC_DEVICE_OPS(codec, OPS, INTO): the device kernels `<op>_device` of every op of the list OPS
+// (HGC_<CODEC>_OPS, ops/schemas.h) and of the `_into` ops of the list INTO (HGC_<CODEC>_INTO_OPS).
 #if defined(HGC_TWIN)
 // The twin's kernels serve every dispatch key (CompositeExplicitAutograd): CPU tensors, and
 // calls without tensors (an empty bucket); tensors on another device meet the kernels' checks.
-#define HGC_DEVICE_OPS(codec, OPS)                                                           \
-  TORCH_LIBRARY_FRAGMENT(hgc_twin, m) { hgc::define_ops(m, hgc::codec##_schemas()); }        \
-  TORCH_LIBRARY_IMPL(hgc_twin, CompositeExplicitAutograd, m) { OPS(HGC_IMPL_DEVICE) }        \
+#define HGC_DEVICE_OPS(codec, OPS, INTO)                                                            \
+  TORCH_LIBRARY_FRAGMENT(hgc_twin, m) { hgc::define_ops(m, hgc::codec##_schemas()); }               \
+  TORCH_LIBRARY_IMPL(hgc_twin, CompositeExplicitAutograd, m) { OPS(HGC_IMPL_DEVICE) INTO(HGC_IMPL_INTO_DEVICE) } \
   namespace {                                                                                \
   const hgc_dev::Registrar registrar_##codec(#codec, hgc::codec##_schemas());                \
   }
 #else
-#define HGC_DEVICE_OPS(codec, OPS) \
-  TORCH_LIBRARY_IMPL(hgc, CUDA, m) { OPS(HGC_IMPL_DEVICE) }
+#define HGC_DEVICE_OPS(codec, OPS, INTO) \
+  TORCH_LIBRARY_IMPL(hgc, CUDA, m) { OPS(HGC_IMPL_DEVICE) INTO(HGC_IMPL_INTO_DEVICE) }
 #endif

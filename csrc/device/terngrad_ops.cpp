@@ -181,4 +181,4 @@ std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Te
   return results;
 }
 
-HGC_DEVICE_OPS(terngrad, HGC_TERNGRAD_OPS)
+HGC_DEVICE_OPS(terngrad, HGC_TERNGRAD_OPS, HGC_TERNGRAD_INTO_OPS)
