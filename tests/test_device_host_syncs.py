@@ -30,6 +30,10 @@ MOST = {
     "dgc_accumulate_many": 0, "dgc_mask_many": 0,
     "dgc_select_many": 1, "dgc_index_encode_many": 1, "dgc_scatter_sum_many": 1, "dgc_decode_sum_many": 1,
 }
+# A bucket decode into the caller's outs runs the same kernel: the same bound.
+MOST.update({name + "_into": MOST[name] for name in ("terngrad_decode_sum_many", "onebit_decode_sum_many",
+                                                     "qsgd_decode_fixed_many", "qsgd_decode_elias_many",
+                                                     "dgc_scatter_sum_many", "dgc_decode_sum_many")})
 
 
 def _bucket(name, count, dtype):

@@ -113,14 +113,14 @@ def test_the_limit_is_exact_at_its_boundary(twin):
     n = 8 << 16
     g = torch.randn(n, generator=torch.Generator().manual_seed(5))
     bits, scales = torch.ops.hgc_twin.onebit_encode(g, torch.zeros_like(g), 1)
-    args = ([bits[None]], [scales[None]], [n], [1], [DTYPE_CODES[torch.float32]], 1.0, [None], None)
+    args = ([bits[None]], [scales[None]], [n], [1], [DTYPE_CODES[torch.float32]], 1.0, None)
     outs = {}
     for limit, expect in ((1 << 16, (1, 0)), ((1 << 16) - 1, (0, 1))):
         twin.set_index32_limit(limit)
         runs = _runs(twin, lambda: outs.update({limit: torch.ops.hgc_twin.onebit_decode_sum_many(*args)}))
         assert runs == expect, f"limit {limit}: (32-bit, 64-bit) stage runs {runs}, expected {expect}"
     _same(_tensors(outs[1 << 16]), _tensors(outs[(1 << 16) - 1]), "decode at both sides of the limit")
-    ref = torch.ops.hgc_twin.onebit_decode_sum(bits[None], scales[None], n, 1, torch.float32, 1.0, None, False)
+    ref = torch.ops.hgc_twin.onebit_decode_sum(bits[None], scales[None], n, 1, torch.float32, 1.0, False)
     _same(_tensors(outs[1 << 16]), [ref], "bucket decode vs the per-tensor decode")
 
 
