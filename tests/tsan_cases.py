@@ -120,7 +120,7 @@ def onebit_cases(base: Path, gen) -> list:
             for _ in range(3)]
     b3 = [torch.stack([p[0][t] for p in pays]) for t in range(count)]
     s3 = [torch.stack([p[1][t] for p in pays]) for t in range(count)]
-    outs = ops.onebit_decode_sum_many(b3, s3, ns, groups, [DTYPE_CODES[f32]] * count, 1 / 3, [None] * count, modes)
+    outs = ops.onebit_decode_sum_many(b3, s3, ns, groups, [DTYPE_CODES[f32]] * count, 1 / 3, modes)
     cases.append(write(base / "onebit_decode_sum_many", "onebit_decode_sum_many",
                        dict(params, K=3, scale=repr(1 / 3)), {**_files("bits", b3), **_files("scales", s3)},
                        _outs("out", outs)))
@@ -182,7 +182,7 @@ def terngrad_cases(base: Path, gen) -> list:
           for t, n in enumerate(ns)]
     s3 = [torch.full((3, 1), 1.5) for _ in ns]
     s3[1] = torch.tensor([[1.5], [0.75], [2.0]])
-    outs = ops.terngrad_decode_sum_many(c3, s3, ns, [DTYPE_CODES[f32]] * count, 1 / 3, [None] * count)
+    outs = ops.terngrad_decode_sum_many(c3, s3, ns, [DTYPE_CODES[f32]] * count, 1 / 3)
     cases.append(write(base / "terngrad_decode_sum_many", "terngrad_decode_sum_many",
                        {"count": count, "K": 3, "scale": repr(1 / 3), **_items("n", ns)},
                        {**_files("codes", c3), **_files("scales", s3)}, _outs("out", outs)))
@@ -227,7 +227,7 @@ def qsgd_cases(base: Path, gen) -> list:
     p3 = [torch.stack([f[1][t] for f in fixed]) for t in range(count)]
     dparams = {"count": count, "K": K, "s": s, "d": d, "gb": gb, "scale": repr(1 / K), **_items("n", ns),
                **_items("dt", [DEV[t] for t in dts])}
-    outs = ops.qsgd_decode_fixed_many(n3, p3, ns, s, d, codes, 1 / K, [None] * count)
+    outs = ops.qsgd_decode_fixed_many(n3, p3, ns, s, d, codes, 1 / K)
     cases.append(write(base / "qsgd_decode_fixed_many", "qsgd_decode_fixed_many", dparams,
                        {**_files("norms", n3), **_files("packed", p3)}, _outs("out", outs)))
     elias = [ops.qsgd_encode_elias_many(_grads(gen, ns, dts, zeros=True), s, d, False, keys, gb) for _ in range(K)]
@@ -238,7 +238,7 @@ def qsgd_cases(base: Path, gen) -> list:
                 ins[f"{name}{t}_{r}.bin"] = elias[r][j][t]
                 flat[j].append(elias[r][j][t])
     outs = ops.qsgd_decode_elias_many(flat[0], [K] * count, flat[1], [K] * count, flat[2], [K] * count, ns, s, d, gb,
-                                      codes, 1 / K, [None] * count)
+                                      codes, 1 / K)
     cases.append(write(base / "qsgd_decode_elias_many", "qsgd_decode_elias_many", dparams, ins, _outs("out", outs)))
     return cases
 
@@ -302,7 +302,7 @@ def dgc_cases(base: Path, gen) -> list:
         if coded:
             assert {params[f"w{t}_0"] for t in range(count)} == {1, 2, 4}, params
         op = getattr(ops, name)
-        outs = op(flat_i, [K] * count, flat_v, [K] * count, ns, codes, 0.5, [None] * count)
+        outs = op(flat_i, [K] * count, flat_v, [K] * count, ns, codes, 0.5)
         cases.append(write(base / name, "dgc_sum_many", params, ins, _outs("out", outs)))
     # momentum correction: plain, and Nesterov with clipping; fp32 and fp64 tensors
     ns, dts = [1, 777, 30_001], [f32, f64, f32]
