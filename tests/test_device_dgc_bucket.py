@@ -418,34 +418,51 @@ def test_select_many_device_calls_do_not_grow_with_its_tensor_count(D):
             assert (calls, enc) == (6 + 3 * passes, 3) and paths == want_paths, (name, count, calls, enc, paths)
 
 
+def _sample_places(key: int, m: int, n: int) -> list[int]:
+    """The places of a selection's m samples (csrc/splitmix64.h's dgc_sample_place), computed here."""
+    from horovod_gradcomp.codecs.streams import mix64
+    golden, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+    return [(mix64((key + (j + 1) * golden) & mask) * n) >> 64 for j in range(m)]
+
+
 def test_select_many_radix_edges_equal_per_tensor(C, D):
-    """The device refinement's exact rule at its edges, each tensor against the CPU's dgc_select:
-    nonzero keys exactly k, k - 1, k + 1 (t = 1 unless more than k are nonzero), all zero, every
-    key equal, ties at the k-th largest, infs and NaNs above it, in every dtype (2, 4, 8 key
-    bytes in one bucket)."""
+    """The device refinement's exact rule at its edges, each tensor against the CPU's dgc_select,
+    every one refined (paths 1 and 2): nonzero keys exactly k, k - 1, k + 1 (t = 1 unless more than
+    k are nonzero; a few large values at sampled places push the estimate's count under k/2), all
+    zero, every key equal, ties at the k-th largest, infs and NaNs above it, in every dtype (2, 4,
+    8 key bytes in one bucket)."""
     n, k, m = 40_000, 400, 400
     gen = torch.Generator().manual_seed(11)
+    xs, keys = [], []
 
-    def nonzero(count):
+    def add(x, key):
+        for dt in DTYPES:
+            xs.append(x.to(dt))
+            keys.append(key)
+
+    for j, nnz in enumerate((k, k - 1, k + 1)):
+        key = 100 + j
+        sampled = sorted(set(_sample_places(key, m, n)))
         x = torch.zeros(n, dtype=torch.float64)
-        x[torch.randperm(n, generator=gen)[:count]] = torch.randn(count, generator=gen, dtype=torch.float64)
-        return x
-
+        big = torch.tensor(sampled[:10])  # 10 sampled places >= the 4th largest sample: c0 = 10 < k / 2
+        x[big] = 100.0 + torch.rand(10, generator=gen, dtype=torch.float64)
+        rest = torch.tensor([i for i in torch.randperm(n, generator=gen).tolist() if i not in set(sampled)][:nnz - 10])
+        x[rest] = 0.5 + torch.rand(nnz - 10, generator=gen, dtype=torch.float64)
+        add(x, key)
     ties = torch.full((n,), 0.5, dtype=torch.float64)
     ties[torch.randperm(n, generator=gen)[:k // 2]] = 2.0  # the k-th largest among many equal keys
     special = torch.ones(n, dtype=torch.float64)
     special[:3] = torch.tensor([math.inf, -math.inf, math.nan])
-    cases = [nonzero(k), nonzero(k - 1), nonzero(k + 1), torch.zeros(n, dtype=torch.float64),
-             torch.full((n,), -3.0, dtype=torch.float64), ties, special]
-    xs = [c.to(dt) for c in cases for dt in DTYPES]
-    keys = list(range(len(xs)))
+    for j, x in enumerate([torch.zeros(n, dtype=torch.float64), torch.full((n,), -3.0, dtype=torch.float64), ties,
+                           special]):
+        add(x, 200 + j)
     got = D.dgc_select_many(xs, [k] * len(xs), [m] * len(xs), keys)
     for j, x in enumerate(xs):
         wi, wv, wt, wp = C.dgc_select(x, k, m, keys[j])
         _same(got[0][j], wi, f"{j} indices")
         _same(got[1][j], wv, f"{j} values")
         assert (got[2][j], got[3][j]) == (wt, wp), (j, got[2][j], wt, got[3][j], wp)
-    assert {1, 2} <= set(got[3]), got[3]
+    assert set(got[3]) == {1, 2}, got[3]
 
 
 # ---- the codec, the memory and the exchange ------------------------------------------------------
