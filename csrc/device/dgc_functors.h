@@ -421,10 +421,12 @@ struct SegCountTerm {
 // rule over all its keys (its k-th largest key; 1 when at most k keys are nonzero), found without
 // reading c0 back: its key's bytes from the top, one 8-bit digit per pass (2, 4 or 8 passes by
 // the key's width), each pass a histogram of the digit among the keys that match the bytes
-// chosen so far (per tile of kRadixTile values, then per tensor), then the digit where the count
-// from the top reaches the rank still sought. Integer counts: the same in any order, so the
-// twin and CUDA agree bitwise. The count of keys >= the k-th largest falls out of the same
-// histograms (the keys above it plus the keys equal to it), so no counting pass follows.
+// chosen so far (per tile of at most kRadixTile values, then per tensor), then the digit where
+// the count from the top reaches the rank still sought. Integer counts: the same in any order, so
+// the twin and CUDA agree bitwise. The count of keys >= the k-th largest falls out of the same
+// histograms (the keys above it plus the keys equal to it), so no counting pass follows. Over all
+// keys on both paths: path 1's candidates (the c0 > 2k keys >= t0) hold the k + 1 largest keys,
+// so the rule over them is the rule over all keys, as the CPU computes it.
 
 constexpr int kRadixBins = 257;          // the 256 digits, then the number of zero keys
 constexpr int64_t kRadixTile = 1024;     // values per tile histogram
