@@ -387,16 +387,24 @@ def _select_calls(D, xs, density):
     return calls, enc, sorted(set(out[0][3]))
 
 
+def _radix_passes(xs, density):
+    """The radix passes of a bucket's selection: the widest sampled tensor's key bytes (0 when none
+    is sampled)."""
+    return max([x.element_size() for x in xs if dgc_mod.sample_count(x.numel(), density, 0.01) > 0], default=0)
+
+
 def test_select_many_device_calls_do_not_grow_with_its_tensor_count(D):
-    """Selection: gather + segmented sort + per-tensor count (a scan by tensor and a gather, one
-    read-back), then the places of the selected (a scan) + write: 6 calls; with estimates off by
-    more than 2x a second round (the candidates' places by a scan, their writes, sort, count): 11.
-    Index coding: 3 (a scan by tensor and a gather, one read-back, the write). Per-tensor ops: 4 to
-    7 calls and 1 or 2 read-backs per tensor for the selection, 2 calls and a read-back per tensor
-    for the code."""
-    cases = {"exact": ("randn", 1000, 0.01, [2], 6), "sampled": ("randn", 40_000, 0.01, [0], 6),
-             "refined": ("ties", 40_000, 0.01, [1], 11), "mixed": (None, None, 0.01, [0, 1, 2], 11)}
-    for name, (kind, n, density, want_paths, want) in cases.items():
+    """Selection: gather + segmented sort + per-tensor count (a scan by tensor) + the decision of
+    every tensor's path, then the places of the selected (a scan) + write: 6 calls without a
+    sampled tensor; with one, the refinement runs on the device whatever the estimates (a radix
+    select: 3 calls per byte of the widest sampled key, tile histograms, their sums, the digit),
+    6 + 3 * bytes, the same on the sampled, refined and mixed paths; one read-back. Index coding:
+    3 (a scan by tensor and a gather, one read-back, the write). Per-tensor ops: 4 to 7 calls and
+    1 or 2 read-backs per tensor for the selection, 2 calls and a read-back per tensor for the
+    code."""
+    cases = {"exact": ("randn", 1000, 0.01, [2]), "sampled": ("randn", 40_000, 0.01, [0]),
+             "refined": ("ties", 40_000, 0.01, [1]), "mixed": (None, None, 0.01, [0, 1, 2])}
+    for name, (kind, n, density, want_paths) in cases.items():
         for count in (1, 3, 40):
             if kind is None:  # every path in one bucket (3 tensors at least)
                 pattern = [("randn", 40_000), ("ties", 40_000), ("randn", 1000), ("sparse", 40_000)]
@@ -404,8 +412,57 @@ def test_select_many_device_calls_do_not_grow_with_its_tensor_count(D):
                       for t in range(max(count, 4))]
             else:
                 xs = [_select_case(n, DTYPES[t % 4], kind, t) for t in range(count)]
+            passes = _radix_passes(xs, density)
+            assert passes == (0 if name == "exact" else {1: 2, 3: 4, 40: 8}[count] if name != "mixed" else 8)
             calls, enc, paths = _select_calls(D, xs, density)
-            assert (calls, enc) == (want, 3) and paths == want_paths, (name, count, calls, enc, paths)
+            assert (calls, enc) == (6 + 3 * passes, 3) and paths == want_paths, (name, count, calls, enc, paths)
+
+
+def _sample_places(key: int, m: int, n: int) -> list[int]:
+    """The places of a selection's m samples (csrc/splitmix64.h's dgc_sample_place), computed here."""
+    from horovod_gradcomp.codecs.streams import mix64
+    golden, mask = 0x9E3779B97F4A7C15, (1 << 64) - 1
+    return [(mix64((key + (j + 1) * golden) & mask) * n) >> 64 for j in range(m)]
+
+
+def test_select_many_radix_edges_equal_per_tensor(C, D):
+    """The device refinement's exact rule at its edges, each tensor against the CPU's dgc_select,
+    every one refined (paths 1 and 2): nonzero keys exactly k, k - 1, k + 1 (t = 1 unless more than
+    k are nonzero; a few large values at sampled places push the estimate's count under k/2), all
+    zero, every key equal, ties at the k-th largest, infs and NaNs above it, in every dtype (2, 4,
+    8 key bytes in one bucket)."""
+    n, k, m = 40_000, 400, 400
+    gen = torch.Generator().manual_seed(11)
+    xs, keys = [], []
+
+    def add(x, key):
+        for dt in DTYPES:
+            xs.append(x.to(dt))
+            keys.append(key)
+
+    for j, nnz in enumerate((k, k - 1, k + 1)):
+        key = 100 + j
+        sampled = sorted(set(_sample_places(key, m, n)))
+        x = torch.zeros(n, dtype=torch.float64)
+        big = torch.tensor(sampled[:10])  # 10 sampled places >= the 4th largest sample: c0 = 10 < k / 2
+        x[big] = 100.0 + torch.rand(10, generator=gen, dtype=torch.float64)
+        rest = torch.tensor([i for i in torch.randperm(n, generator=gen).tolist() if i not in set(sampled)][:nnz - 10])
+        x[rest] = 0.5 + torch.rand(nnz - 10, generator=gen, dtype=torch.float64)
+        add(x, key)
+    ties = torch.full((n,), 0.5, dtype=torch.float64)
+    ties[torch.randperm(n, generator=gen)[:k // 2]] = 2.0  # the k-th largest among many equal keys
+    special = torch.ones(n, dtype=torch.float64)
+    special[:3] = torch.tensor([math.inf, -math.inf, math.nan])
+    for j, x in enumerate([torch.zeros(n, dtype=torch.float64), torch.full((n,), -3.0, dtype=torch.float64), ties,
+                           special]):
+        add(x, 200 + j)
+    got = D.dgc_select_many(xs, [k] * len(xs), [m] * len(xs), keys)
+    for j, x in enumerate(xs):
+        wi, wv, wt, wp = C.dgc_select(x, k, m, keys[j])
+        _same(got[0][j], wi, f"{j} indices")
+        _same(got[1][j], wv, f"{j} values")
+        assert (got[2][j], got[3][j]) == (wt, wp), (j, got[2][j], wt, got[3][j], wp)
+    assert set(got[3]) == {1, 2}, got[3]
 
 
 # ---- the codec, the memory and the exchange ------------------------------------------------------

@@ -6,8 +6,8 @@ onebit, TernGrad and fixed-width QSGD; at most one per bucket op for the data-de
 DGC (its selection's counts, its index codes' widths) and Elias-coded QSGD (the stream lengths
 when encoding; when decoding, the flag that says whether a header or a code was refused: the
 headers are checked and scanned on the device). The count must not grow with the bucket's tensor
-count. DGC's refinement round (a sampled estimate off by more than 2x, the exact fallback) reads
-back once more: two in all.
+count. DGC's refinement (a sampled estimate off by more than 2x, the exact fallback) is decided
+and done on the device (a segmented radix select), so its selection reads back once on every path.
 """
 from __future__ import annotations
 
@@ -68,19 +68,22 @@ def test_bucket_op_host_syncs(name, dtype):
     assert counts[0] == counts[1] == counts[2], f"{name}: {counts} grows with the tensor count"
 
 
-def test_dgc_refinement_reads_back_once_more():
+def test_dgc_refinement_reads_back_once():
     """Half the values 2, half 1 (a sampled estimate counts far more than 2k: path 1, the
-    refinement round) beside an ordinary tensor: two reads back for the bucket, not one per tensor;
-    the index code of that selection still one."""
+    refinement) and a few nonzeros among zeros (fewer than k/2: path 2) beside an ordinary tensor:
+    one read back for the bucket, as on the sampled path; the index code of that selection one too."""
     twin = require_twin()
     n = 40_000
     ties = (1.0 + (torch.arange(n) % 2).double()).to(torch.float32)
-    xs = [ties, torch.randn(n), ties.clone()]
-    k, m = [n // 100] * 3, [n // 100] * 3
+    sparse = torch.zeros(n)
+    sparse[::8000] = 1.5
+    xs = [ties, torch.randn(n), ties.clone(), sparse]
+    k, m = [n // 100] * 4, [n // 100] * 4
     out = []
-    assert syncs(twin, lambda: out.append(torch.ops.hgc_twin.dgc_select_many(xs, k, m, [1, 2, 3]))) == 2
-    assert 1 in out[0][3], out[0][3]  # the refinement ran
-    assert syncs(twin, lambda: torch.ops.hgc_twin.dgc_index_encode_many(out[0][0], [n] * 3)) == 1
+    assert syncs(twin, lambda: out.append(torch.ops.hgc_twin.dgc_select_many(xs, k, m, [1, 2, 3, 4]))) == 1
+    paths = list(out[0][3])
+    assert paths[0] == paths[2] == 1 and paths[3] == 2, paths  # both refinement paths ran
+    assert syncs(twin, lambda: torch.ops.hgc_twin.dgc_index_encode_many(out[0][0], [n] * 4)) == 1
 
 
 def test_reads_back_are_counted():

@@ -257,13 +257,16 @@ def dgc_cases(base: Path, gen) -> list:
             ins[f"idx{r}.bin"], ins[f"vals{r}.bin"] = i, v
         cases.append(write(base / f"dgc_scatter_{n}_{m}", "dgc_scatter_sum", {"n": n, "K": 2, "scale": "0.5"}, ins,
                            {"out": C.dgc_scatter_sum([i for i, _ in sel], [v for _, v in sel], n, f32, 0.5, None)}))
-    # selection: a sampled estimate within 2x (path 0), ties far above it (path 1, the refinement
-    # round), no samples (path 2), k >= n, an fp64 tensor
+    # selection: a sampled estimate within 2x (path 0), ties far above it (path 1, the device's
+    # radix select), no samples (path 2), k >= n, an fp64 tensor (8 radix passes), a few nonzeros
+    # among zeros (an estimate under k/2: path 2 by the radix select)
     n = 40_000
     ties = (1.0 + (torch.arange(n) % 2).double()).to(f32)
+    sparse = torch.zeros(n, dtype=f32)
+    sparse[::4000] = 2.5
     xs = [torch.randn(n, generator=gen), ties, torch.randn(3000, generator=gen), torch.randn(50, generator=gen),
-          torch.randn(20_001, generator=gen, dtype=f64)]
-    ks, ms = [n // 100, n // 100, 30, 80, 200], [n // 10, n // 100, 0, 10, 400]
+          torch.randn(20_001, generator=gen, dtype=f64), sparse]
+    ks, ms = [n // 100, n // 100, 30, 80, 200, n // 100], [n // 10, n // 100, 0, 10, 400, n // 100]
     keys = [5 + t for t in range(len(xs))]
     idx, vals, thr, paths = ops.dgc_select_many(xs, ks, ms, keys)
     assert {0, 1, 2} <= set(paths), paths

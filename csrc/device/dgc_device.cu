@@ -6,8 +6,9 @@
 // number of threads: the sampled keys are gathered (the CPU's stream) and sorted descending;
 // the count of keys above the r-th is an integer reduction that also returns that key (one
 // read-back); when the estimate is off by more than 2x, the candidate keys (path 1) or all keys
-// (path 2) are sorted and counted above the exact k-th largest likewise. Compaction: one stable copy_if over (index, value) pairs, so the indices
-// ascend. Scatter-sum: the indices are checked first (one scan, K flags read back at once), then
+// (path 2) are sorted and counted above the exact k-th largest likewise (per tensor: a second
+// read-back; the bucket op below refines on the device instead). Compaction: one stable copy_if
+// over (index, value) pairs, so the indices ascend. Scatter-sum: the indices are checked first (one scan, K flags read back at once), then
 // one for_each per payload, in payload order, each over its strictly increasing indices.
 //
 // A bucket (the *_many launchers, multi_tensor.cuh): each stage of the per-tensor launchers runs
@@ -17,12 +18,16 @@
 // for_each per dtype. Masking: one for_each.
 // Selection (dgc_threshold_many, dgc_compact_many): the keys to sort of every tensor (sampled
 // keys, or all keys of the exactly selected ones) widened to (tensor, uint64 key) pairs, one
-// gather and one sort by (tensor, key descending) for the bucket, every tensor's (count, threshold)
-// in one segmented reduction over the concatenated values (segment_reduce: a scan by tensor and a
-// gather of each tensor's last value, so that nothing but the results is read back, in one copy);
-// the estimates off by more than 2x refined together (their candidates compacted by a scan and a
-// for_each, sort, segmented reduction, one read-back); then one scan of the selected flags (each position's place) and one
-// for_each writing indices and values: the compaction reads nothing back (the counts are known).
+// gather and one sort by (tensor, key descending) for the bucket; every tensor's (count, t0) by one
+// scan by tensor over the concatenated values, left on the device; a for_each that decides each
+// tensor's path there (an estimate off by more than 2x: the exact rule, path 1 or 2); the exact
+// rule by a segmented radix select over all keys of the sampled tensors (per byte of the widest
+// sampled key: tile histograms, their per-tensor sums, the digit; tensors that need no refinement
+// return at once), whose histograms also give the count; then ONE read-back of every tensor's
+// (count, t, path), the op's only host synchronization. The positions of the segmented scans are
+// a stage's chunks (multi_tensor.cuh's ChunkMap: a shift and a mask, no per-element search). Then
+// one scan of the selected flags (each position's place) and one for_each writing indices and
+// values: the compaction reads nothing back (the counts are known).
 // Index code (dgc_index_*_many): one segmented reduction of every tensor's GapStats, one
 // read-back, one for_each. Their tables (a TableSet) go up in one copy per round.
 // Every scan goes through scan.cuh (Thrust on CUDA, a parallel two-level scan in the twin).
@@ -303,32 +308,19 @@ int esize_of(DType dtype) {
   throw std::invalid_argument("dgc: unknown dtype");
 }
 
-// sums[s] = the reduction by `op` of term(g) over segment s's concatenated positions g, for the T
-// segments of `start` (device memory, T + 1 prefix counts; every segment non-empty), left in
-// device memory: an inclusive scan by segment and a gather of each segment's last value (2 calls,
-// no read back; reduce_by_key would read its output's size). op must be associative: the
-// reductions here are of integers, so any order gives the same result.
-template <typename V, typename Term, typename Op>
-void segment_reduce(Exec& ex, const int64_t* start, int64_t T, int64_t total, Term term, Op op, V* sums) {
-  Scratch<V> scan(ex, total);
-  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::SegmentAt{start, T});
+// sums[s] = the reduction by `op` of term(p) over tensor s's positions p of a put() stage (every
+// tensor owns a position; padding positions give op's neutral term), left in device memory: an
+// inclusive scan by tensor and a gather of each tensor's last value (2 calls, no read back;
+// reduce_by_key would read its output's size). op must be associative: the reductions here are
+// of integers, so any order gives the same result.
+template <typename V, typename F, typename Term, typename Op>
+void segment_reduce(Exec& ex, const TableSet& tables, const Stage<F>& stage, Term term, Op op, V* sums) {
+  const int64_t P = stage.positions();
+  Scratch<V> scan(ex, P);
+  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::ChunkTensor{tables.map(stage)});
   const auto terms = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), term);
-  scan_inclusive_by_key(ex, seg, terms, total, scan.get(), op);
-  ex.for_each_index(T, dgc::SegmentLast<V>{scan.get(), start, sums});
-}
-
-// The per-tensor (count, threshold) of every rule over its tensor's values (all segments hold
-// >= 1 value): one segmented reduction over the concatenated values, one read-back into host[].
-void count_thresholds(Exec& ex, const TableSet& tables, const Stage<dgc::ThresholdRule>& rules,
-                      std::vector<dgc::CountKey>& host) {
-  const int64_t T = rules.tensors();
-  host.assign(static_cast<std::size_t>(T), dgc::CountKey{0, 0});
-  if (T == 0) return;
-  Scratch<dgc::CountKey> sums(ex, T);
-  const int64_t* start = tables.starts(rules);
-  segment_reduce(ex, start, T, rules.total(), dgc::SegCountTerm{tables.items(rules), start, T}, dgc::CombineCountKey(),
-                 sums.get());
-  ex.to_host(host.data(), sums.get(), sizeof(dgc::CountKey) * static_cast<std::size_t>(T));
+  scan_inclusive_by_key(ex, seg, terms, P, scan.get(), op);
+  ex.for_each_index(stage.tensors(), dgc::SegmentLast<V>{scan.get(), tables.padded_starts(stage), sums});
 }
 
 }  // namespace
@@ -532,11 +524,14 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
     if (items[t].n <= 0 || items[t].k <= 0 || items[t].sample_count < 0)
       throw std::invalid_argument("dgc_threshold_many: n, k >= 1, sample_count >= 0 for every tensor");
   Exec ex(ctx);
-  // Round 1: mode 0 (k >= n: t = 1), 1 (sampled: t0 from the m sampled keys), 2 (m == 0: exact
-  // over all n keys). The keys to sort, per tensor, at base[t] of one pool.
+  // Mode 0 (k >= n: t = 1), 1 (sampled: t0 from the m sampled keys, refined on the device when
+  // off by more than 2x), 2 (m == 0: exact over all n keys). The keys to sort, per tensor, at
+  // base[t] of one pool; the sampled tensors' radix tiles at tile[t] of one histogram scratch.
   std::vector<int> mode(static_cast<std::size_t>(count));
   std::vector<int64_t> base(static_cast<std::size_t>(count), 0), rank(static_cast<std::size_t>(count), 0);
-  int64_t M = 0;
+  std::vector<int64_t> tile(static_cast<std::size_t>(count), 0);
+  int64_t M = 0, tiles = 0, sampled = 0;
+  int passes = 0;  // the widest sampled key's bytes
   for (int64_t t = 0; t < count; ++t) {
     const DgcSelectItem& it = items[t];
     const int64_t m = it.sample_count;
@@ -550,12 +545,20 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
       int64_t r = static_cast<int64_t>(std::ceil(static_cast<double>(it.k) * static_cast<double>(m) / it.n));
       rank[t] = std::min(std::max<int64_t>(r, 1), m);
       M += m;
+      tile[t] = tiles;
+      tiles += (it.n + dgc::kRadixTile - 1) / dgc::kRadixTile;
+      sampled += 1;
+      passes = std::max(passes, esize_of(it.dtype));
     } else {
       mode[t] = 2;
       M += it.n;
     }
   }
   Scratch<dgc::SegKey> pool(ex, M);
+  Scratch<dgc::SelectResult> result(ex, count);
+  Scratch<dgc::RadixState> state(ex, sampled);
+  Scratch<int32_t> tile_hist(ex, tiles * dgc::kRadixBins);
+  Scratch<int64_t> bin_sums(ex, sampled * dgc::kRadixBins);
   Stage<dgc::GatherSegKeys> gather;
   Stage<dgc::ThresholdRule> rules;
   for (int64_t t = 0; t < count; ++t) {
@@ -567,93 +570,70 @@ void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t coun
     const dgc::SegKey* th = mode[t] == 1 ? at + (rank[t] - 1) : mode[t] == 2 ? at + (it.k - 1) : nullptr;
     rules.add({it.x, es, mode[t], th}, it.n);
   }
-  std::vector<dgc::CountKey> c;
-  {
-    TableSet tables(ex);
-    tables.put(gather);
-    tables.put(rules);
-    tables.upload();
-    tables.run(gather);
-    if (M > 0) thrust::sort(ex.policy(), pool.get(), pool.get() + M, dgc::SegKeyOrder());
-    count_thresholds(ex, tables, rules, c);  // the bucket's read-back
-  }
-  // The paths; the estimates off by more than 2x go to round 2 (candidates >= lo, len of them).
-  std::vector<int64_t> again;
-  std::vector<uint64_t> lo;
-  std::vector<int64_t> len;
-  for (int64_t t = 0; t < count; ++t) {
+  TableSet tables(ex);
+  tables.put(gather);
+  tables.put(rules);
+  // Round 1's scan by tensor (its positions are known once `rules` is put), read by each tensor's
+  // decision at its last position; then the radix stages of the sampled tensors.
+  Scratch<dgc::CountKey> scan(ex, rules.positions());
+  Stage<dgc::DecideRefine> decide;
+  Stage<dgc::TileHistogram> hist;
+  Stage<dgc::BinSum> sum;
+  Stage<dgc::PickDigit> pick;
+  for (int64_t t = 0, j = 0; t < count; ++t) {
     const DgcSelectItem& it = items[t];
-    DgcThreshold& r = out[t];
-    r = DgcThreshold{c[t].key, 0.0, 2, c[t].count};
-    if (mode[t] == 1) {
-      const int64_t c0 = c[t].count, k = it.k;
-      if (2 * c0 >= k && c0 <= 2 * k) {
-        r.path = 0;
-      } else {
-        again.push_back(t);
-        lo.push_back(c0 > 2 * k ? c[t].key : 0);
-        len.push_back(c0 > 2 * k ? c0 : it.n);
-        r.path = c0 > 2 * k ? 1 : 2;
-      }
-    }
+    const int es = esize_of(it.dtype);
+    dgc::RadixState* st = mode[t] == 1 ? state.get() + j : nullptr;
+    decide.add({scan.get() + rules.padded_start(t + 1) - 1, mode[t], it.k, es, st, result.get() + t}, 1);
+    if (mode[t] != 1) continue;
+    const int64_t n_tiles = (it.n + dgc::kRadixTile - 1) / dgc::kRadixTile;
+    int32_t* h = tile_hist.get() + tile[t] * dgc::kRadixBins;
+    int64_t* bins = bin_sums.get() + j * dgc::kRadixBins;
+    hist.add({it.x, es, it.n, n_tiles, st, h}, n_tiles);
+    sum.add({st, h, n_tiles, bins}, dgc::kRadixBins);
+    pick.add({st, bins, it.n, it.k, result.get() + t}, 1);
+    ++j;
   }
-  // Why round 2 reads back a second time (the bucket's only other host synchronization): its
-  // candidates (c0 > 2k keys >= t0, or all n) size its scratch and its sort, and the op's outputs
-  // are sized by the final counts. Folding it into round 1's read would mean sorting a worst-case
-  // candidate set (every key of every sampled tensor) on every step, the cost the sampled
-  // threshold exists to avoid; one read per bucket op needs a selection whose work does not
-  // depend on the count (a segmented radix select by histogram passes), not written yet.
-  if (!again.empty()) {
-    // Round 2: every such tensor's candidates (path 1: keys >= t0, c0 > 2k of them; path 2: all
-    // n keys) compacted in order (a scan of their flags, then the writes: tensor by tensor, at
-    // base2), one segmented sort, the exact rule over them, one segmented reduction, one read-back.
-    const int64_t R = static_cast<int64_t>(again.size());
-    int64_t L = 0;
-    std::vector<int64_t> base2(static_cast<std::size_t>(R));
-    for (int64_t j = 0; j < R; ++j) {
-      base2[j] = L;
-      L += len[j];
-    }
-    Scratch<dgc::SegKey> cand(ex, L);
-    Stage<dgc::KeyBound> bounds;
-    Stage<dgc::ThresholdRule> exact;
-    for (int64_t j = 0; j < R; ++j) {
-      const DgcSelectItem& it = items[again[j]];
-      const int es = esize_of(it.dtype);
-      bounds.add({it.x, es, lo[j]}, it.n);
-      exact.add({it.x, es, 2, cand.get() + base2[j] + (it.k - 1)}, it.n);
-    }
-    std::vector<dgc::CountKey> c2;
-    TableSet tables(ex);
-    tables.put(bounds);
-    tables.put(exact);
-    tables.upload();
-    const int64_t* start = tables.starts(bounds);
-    // the candidates' places (an integer scan), then their writes: no read back (L is known)
-    const dgc::KeptAt kept{dgc::SegKeyAt{tables.items(bounds), start, R}, dgc::KeepAtLeast{tables.items(bounds)}};
-    Scratch<int64_t> rank(ex, bounds.total());
-    scan_exclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), kept), bounds.total(),
-                   rank.get(), int64_t(0), thrust::plus<int64_t>());
-    ex.for_each_index(bounds.total(), dgc::WriteKept{kept, rank.get(), cand.get()});
-    thrust::sort(ex.policy(), cand.get(), cand.get() + L, dgc::SegKeyOrder());
-    count_thresholds(ex, tables, exact, c2);
-    for (int64_t j = 0; j < R; ++j) {
-      out[again[j]].key = c2[j].key;
-      out[again[j]].count = c2[j].count;
-    }
+  tables.put(decide);
+  tables.put(hist);
+  tables.put(sum);
+  tables.put(pick);
+  tables.upload();
+
+  tables.run(gather);
+  if (M > 0) thrust::sort(ex.policy(), pool.get(), pool.get() + M, dgc::SegKeyOrder());
+  const auto seg = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), dgc::ChunkTensor{tables.map(rules)});
+  const auto terms = thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0),
+                                                     dgc::SegCountTerm{tables.items(rules), tables.map(rules)});
+  scan_inclusive_by_key(ex, seg, terms, rules.positions(), scan.get(), dgc::CombineCountKey());
+  tables.run(decide);
+  // The refinement, decided on the device: every pass runs whatever the estimates were (a tensor
+  // that needs none skips at once: its tiles, bins and pick return on its state).
+  for (int pass = 0; pass < passes; ++pass) {
+    tables.run(hist);
+    tables.run(sum);
+    tables.run(pick);
   }
-  for (int64_t t = 0; t < count; ++t) out[t].value = key_value(out[t].key, items[t].dtype);
+  // The bucket's one read-back: every tensor's (count, t, path).
+  std::vector<dgc::SelectResult> host(static_cast<std::size_t>(count));
+  ex.to_host(host.data(), result.get(), sizeof(dgc::SelectResult) * host.size());
+  for (int64_t t = 0; t < count; ++t) {
+    const dgc::SelectResult& r = host[static_cast<std::size_t>(t)];
+    out[t] = DgcThreshold{r.key, key_value(r.key, items[t].dtype), r.path, r.count};
+  }
 }
 
 void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count) {
   if (count <= 0) return;
-  Stage<dgc::KeyBound> bounds;  // the tensors with a selection, their positions concatenated
+  Stage<dgc::KeyBound> bounds;  // the tensors with a selection, their positions laid end to end
   std::vector<dgc::CompactOut> outs;
+  int64_t before = 0;
   for (int64_t t = 0; t < count; ++t) {
     const DgcCompactItem& it = items[t];
     if (it.count <= 0 || it.n <= 0) continue;
     bounds.add({it.x, esize_of(it.dtype), it.t_key}, it.n);
-    outs.push_back({it.wide, it.idx, it.vals, it.count});
+    outs.push_back({it.wide, it.idx, it.vals, it.count, before});
+    before += it.count;
   }
   if (bounds.total() == 0) return;
   Exec ex(ctx);
@@ -664,12 +644,12 @@ void dgc_compact_many(const Ctx& ctx, const DgcCompactItem* items, int64_t count
   // Each position's place among the selected ones (an integer scan: any order gives the same
   // places), then the writes; `count` is the number selected (dgc_threshold_many's), known on the
   // host, so nothing is read back.
-  Scratch<int64_t> rank(ex, bounds.total());
-  const dgc::KeptAt kept{dgc::SegKeyAt{tables.items(bounds), tables.starts(bounds), bounds.tensors()},
-                         dgc::KeepAtLeast{tables.items(bounds)}};
-  scan_exclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), kept), bounds.total(),
-                 rank.get(), int64_t(0), thrust::plus<int64_t>());
-  ex.for_each_index(bounds.total(), dgc::WriteSelected{kept, rank.get(), tables.at<dgc::CompactOut>(outs_at)});
+  const int64_t P = bounds.positions();
+  Scratch<int64_t> rank(ex, P);
+  const dgc::KeptAt kept{tables.items(bounds), tables.map(bounds)};
+  scan_exclusive(ex, thrust::make_transform_iterator(thrust::counting_iterator<int64_t>(0), kept), P, rank.get(),
+                 int64_t(0), thrust::plus<int64_t>());
+  ex.for_each_index(P, dgc::WriteSelected{kept, rank.get(), tables.at<dgc::CompactOut>(outs_at)});
 }
 
 void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t count, DgcIndexScan* out) {
@@ -689,9 +669,8 @@ void dgc_index_scan_many(const Ctx& ctx, const DgcIndexItem* items, int64_t coun
   tables.put(lists);
   tables.upload();
   Scratch<dgc::GapStats> sums(ex, T);
-  const int64_t* start = tables.starts(lists);
-  segment_reduce(ex, start, T, lists.total(), dgc::SegGapTerm{tables.items(lists), start, T},
-                 dgc::CombineGapStats(), sums.get());
+  segment_reduce(ex, tables, lists, dgc::SegGapTerm{tables.items(lists), tables.map(lists)}, dgc::CombineGapStats(),
+                 sums.get());
   // (sized by `which`, T of them: a size the compiler can see is not negative)
   std::vector<dgc::GapStats> host(which.size());
   ex.to_host(host.data(), sums.get(), sizeof(dgc::GapStats) * host.size());

@@ -139,15 +139,16 @@ struct DgcSelectItem {
   uint64_t key;
 };
 
-// dgc_threshold of every item, bitwise its thresholds, paths and counts, into out[count]. Round 1
-// for the whole bucket: the sampled keys of the sampled items and every key of the exactly
-// selected ones (m == 0, k < n) in one gather and one segmented sort ((tensor, key) pairs), the
-// per-tensor (count, threshold) of every item in one segmented reduction (a scan by tensor and a
-// gather: 2 calls), read back in ONE copy, the bucket's only host synchronization. Round 2, only
-// when an estimate is off by more than 2x (paths 1, 2), for all such items at once: their
-// candidates compacted (a scan and a for_each), one segmented sort, one segmented reduction, one
-// read-back (the second host synchronization, on this path only). Algorithm calls: at most 4,
-// plus 5 with a second round; two table uploads at most.
+// dgc_threshold of every item, bitwise its thresholds, paths and counts, into out[count]. For the
+// whole bucket: the sampled keys of the sampled items and every key of the exactly selected ones
+// (m == 0, k < n) in one gather and one segmented sort ((tensor, key) pairs), the per-tensor
+// (count, threshold) of every item by one scan by tensor, each item's path decided on the device
+// (a for_each); the estimates off by more than 2x (paths 1, 2) refined there by a segmented radix
+// select over all their keys (3 calls per byte of the widest sampled key: tile histograms, their
+// sums, the digit; run whenever an item is sampled, since only the device knows which need it);
+// then every item's (count, t, path) read back in ONE copy, the op's only host synchronization.
+// Algorithm calls: 4 without a sampled item, else 4 + 3 * (its widest key's bytes: 2, 4 or 8);
+// one table upload.
 void dgc_threshold_many(const Ctx& ctx, const DgcSelectItem* items, int64_t count, DgcThreshold* out);
 
 // One tensor of a bucket's compaction: dgc_compact's arguments (count: dgc_threshold's count of

@@ -14,6 +14,7 @@
 #include "../dgc_accumulate_step.h"
 #include "../host_device.h"
 #include "../splitmix64.h"
+#include "chunk_map.h"
 #include "half_bits.h"
 
 namespace hgc_dev {
@@ -340,19 +341,11 @@ struct ZeroSent {
 
 
 // ---- a bucket's selection and index code (dgc_device.cu's dgc_threshold_many, dgc_compact_many,
-// dgc_index_*_many): the tensors' index spaces are concatenated; a table of per-tensor
-// descriptors and the prefix counts `start` (segments + 1 entries, start[0] = 0) give each
-// concatenated position g its tensor s (start[s] <= g < start[s + 1]) and its index g - start[s].
-
-// The tensor of concatenated position g (a binary search; empty segments own no position).
-HGC_HOST_DEVICE inline int64_t segment_of(const int64_t* start, int64_t segs, int64_t g) {
-  int64_t lo = 0, hi = segs;  // start[lo] <= g < start[hi]
-  while (hi - lo > 1) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (start[mid] <= g) lo = mid; else hi = mid;
-  }
-  return lo;
-}
+// dgc_index_*_many): the tensors' index spaces are laid end to end as the positions of a put()
+// stage (multi_tensor.cuh): each tensor's indices in chunks of one power-of-two size, its last
+// chunk padded. A ChunkMap gives position p its tensor and its index there by a shift and a mask
+// (no search); padding positions carry the neutral term of their tensor (a count of 0, nothing
+// kept), so every per-tensor result is that of its real indices alone.
 
 // key(x_i) of a tensor of esize = 2, 4 or 8 bytes per value, widened to 64 bits (order kept).
 HGC_HOST_DEVICE inline uint64_t key_at(const void* x, int esize, int64_t i) {
@@ -405,25 +398,160 @@ struct ThresholdRule {
   }
 };
 
-// Concatenated position g's term of the per-tensor (count, t) reduction: (key >= t, t).
+// The tensor of position p (the keys of a scan by tensor).
+struct ChunkTensor {
+  ChunkMap map;
+  HGC_HOST_DEVICE int64_t operator()(int64_t p) const { return map.tensor(p); }
+};
+
+// Position p's term of the per-tensor (count, t) reduction: (key >= t, t); padding (0, t).
 struct SegCountTerm {
   const ThresholdRule* rules;
-  const int64_t* start;
-  int64_t segs;
-  HGC_HOST_DEVICE CountKey operator()(int64_t g) const {
-    const int64_t s = segment_of(start, segs, g);
-    const ThresholdRule& r = rules[s];
+  ChunkMap map;
+  HGC_HOST_DEVICE CountKey operator()(int64_t p) const {
+    int64_t i;
+    const ThresholdRule& r = rules[map.at(p, &i)];
     const uint64_t t = r();
-    return CountKey{key_at(r.x, r.esize, g - start[s]) >= t ? 1 : 0, t};
+    return CountKey{i >= 0 && key_at(r.x, r.esize, i) >= t ? 1 : 0, t};
   }
 };
 
-// The tensor of concatenated position g (the keys of segment_reduce's scan by tensor).
-struct SegmentAt {
-  const int64_t* start;
-  int64_t segs;
-  HGC_HOST_DEVICE int64_t operator()(int64_t g) const { return segment_of(start, segs, g); }
+// ---- the refinement, on the device: a segmented radix select ----------------------------------
+// A sampled tensor whose estimate is off by more than 2x (c0 outside [k/2, 2k]) needs the exact
+// rule over all its keys (its k-th largest key; 1 when at most k keys are nonzero), found without
+// reading c0 back: its key's bytes from the top, one 8-bit digit per pass (2, 4 or 8 passes by
+// the key's width), each pass a histogram of the digit among the keys that match the bytes
+// chosen so far (per tile of at most kRadixTile values, then per tensor), then the digit where
+// the count from the top reaches the rank still sought. Integer counts: the same in any order, so
+// the twin and CUDA agree bitwise. The count of keys >= the k-th largest falls out of the same
+// histograms (the keys above it plus the keys equal to it), so no counting pass follows. Over all
+// keys on both paths: path 1's candidates (the c0 > 2k keys >= t0) hold the k + 1 largest keys,
+// so the rule over them is the rule over all keys, as the CPU computes it.
+
+constexpr int kRadixBins = 257;          // the 256 digits, then the number of zero keys
+constexpr int64_t kRadixTile = 1024;     // values per tile histogram
+
+// A tensor's selection result in device memory: the threshold t (as a key), the path, and the
+// number of keys >= t (what the bucket op reads back, all tensors in one copy).
+struct SelectResult {
+  int64_t count;
+  uint64_t key;
+  int64_t path;
 };
+
+// One sampled tensor's radix select: active (refined), the rank k still sought among the keys
+// matching `prefix` on the bytes above `byte` (the byte the next pass decides; -1 when done),
+// and the number of keys above that range.
+struct RadixState {
+  uint64_t prefix;
+  int64_t k;
+  int64_t above;
+  int32_t byte;
+  int32_t active;
+};
+
+HGC_HOST_DEVICE inline bool radix_live(const RadixState& s) { return s.active != 0 && s.byte >= 0; }
+
+// Per tensor (one position): reads its round-1 (count c0, t0) at `last` (the end of its scan by
+// tensor), decides its path as the CPU does (mode 1: 0 when k/2 <= c0 <= 2k, else 1 when c0 > 2k,
+// else 2; modes 0 and 2: 2), writes its result, and starts its radix select when refined (st:
+// the tensor's state, nullptr unless mode 1).
+struct DecideRefine {
+  const CountKey* last;
+  int mode;
+  int64_t k;
+  int esize;
+  RadixState* st;
+  SelectResult* out;
+  HGC_HOST_DEVICE void operator()(int64_t) const {
+    const CountKey c = *last;
+    bool refine = false;
+    int64_t path = 2;
+    if (mode == 1) {
+      if (2 * c.count >= k && c.count <= 2 * k) {
+        path = 0;
+      } else {
+        refine = true;
+        path = c.count > 2 * k ? 1 : 2;
+      }
+    }
+    *out = SelectResult{c.count, c.key, path};
+    if (st) *st = RadixState{0, k, 0, esize - 1, refine ? 1 : 0};
+  }
+};
+
+// Tile q of a tensor's `tiles` (its values q, q + tiles, q + 2 tiles, ... < n: at most
+// kRadixTile, and neighbouring tiles read neighbouring values, as a GPU warp reads best): the
+// histogram of the current byte's digit among its keys that match the state's prefix, and its
+// zero keys, into hist[q * kRadixBins + d]. Does nothing unless the tensor's select is live.
+struct TileHistogram {
+  const void* x;
+  int esize;
+  int64_t n;
+  int64_t tiles;
+  const RadixState* st;
+  int32_t* hist;
+  HGC_HOST_DEVICE void operator()(int64_t q) const {
+    const RadixState s = *st;
+    if (!radix_live(s)) return;
+    int32_t h[kRadixBins];
+    for (int d = 0; d < kRadixBins; ++d) h[d] = 0;
+    const int shift = 8 * s.byte;
+    const uint64_t high = s.byte == 7 ? 0 : ~uint64_t(0) << (shift + 8);  // the bytes already chosen
+    for (int64_t i = q; i < n; i += tiles) {
+      const uint64_t key = key_at(x, esize, i);
+      if (key == 0) ++h[kRadixBins - 1];
+      if ((key & high) == s.prefix) ++h[(key >> shift) & 0xff];
+    }
+    int32_t* row = hist + q * kRadixBins;
+    for (int d = 0; d < kRadixBins; ++d) row[d] = h[d];
+  }
+};
+
+// Bin b of a tensor's histogram: the sum of its `tiles` tile histograms' bin b into sums[b].
+struct BinSum {
+  const RadixState* st;
+  const int32_t* hist;
+  int64_t tiles;
+  int64_t* sums;
+  HGC_HOST_DEVICE void operator()(int64_t b) const {
+    if (!radix_live(*st)) return;
+    int64_t s = 0;
+    for (int64_t q = 0; q < tiles; ++q) s += hist[q * kRadixBins + b];
+    sums[b] = s;
+  }
+};
+
+// Per tensor (one position): the digit of the current byte where the count of matching keys from
+// the top (digit 255 down) reaches the rank sought; the state moves to the next byte. After the
+// last byte, prefix is the k-th largest key K and the result is the exact rule's: nnz <= k
+// (nnz = the nonzero keys): t = 1, count nnz; else t = K (>= 1) and count = #{key > K} +
+// #{key == K}.
+struct PickDigit {
+  RadixState* st;
+  const int64_t* sums;
+  int64_t n;
+  int64_t k;
+  SelectResult* out;
+  HGC_HOST_DEVICE void operator()(int64_t) const {
+    RadixState s = *st;
+    if (!radix_live(s)) return;
+    int64_t run = 0;  // matching keys with a larger digit
+    int d = 255;
+    for (; d > 0 && run + sums[d] < s.k; --d) run += sums[d];
+    s.prefix |= static_cast<uint64_t>(d) << (8 * s.byte);
+    s.above += run;
+    s.k -= run;
+    s.byte -= 1;
+    *st = s;
+    if (s.byte >= 0) return;
+    const int64_t nnz = n - sums[kRadixBins - 1];
+    out->count = nnz <= k ? nnz : s.above + sums[d];
+    out->key = nnz <= k ? 1 : s.prefix;
+  }
+};
+
+// ---- a bucket's compaction ----------------------------------------------------------------------
 
 // A tensor's values against a bound: (x, esize) and the bound `t`.
 struct KeyBound {
@@ -432,66 +560,46 @@ struct KeyBound {
   uint64_t t;
 };
 
-// Concatenated position g as (tensor, key) (the refinement's candidates, filtered by KeepAtLeast).
-struct SegKeyAt {
-  const KeyBound* b;
-  const int64_t* start;
-  int64_t segs;
-  HGC_HOST_DEVICE SegKey operator()(int64_t g) const {
-    const int64_t s = segment_of(start, segs, g);
-    return SegKey{s, key_at(b[s].x, b[s].esize, g - start[s])};
-  }
-};
-
-// key >= its tensor's bound (lo = t0: path 1's candidates; lo = 0: path 2's every key).
-struct KeepAtLeast {
-  const KeyBound* b;
-  HGC_HOST_DEVICE bool operator()(const SegKey& k) const { return k.key >= b[k.seg].t; }
-};
-
-// Concatenated position g is kept (1: its key >= its tensor's bound) or not (0): the flags whose
-// exclusive scan places the refinement's candidates and the compaction's selected values.
+// Position p is kept (1: a value whose key >= its tensor's bound) or not (0, padding too): the
+// flags whose exclusive scan places the selected values.
 struct KeptAt {
-  SegKeyAt at;
-  KeepAtLeast keep;
-  HGC_HOST_DEVICE int64_t operator()(int64_t g) const { return keep(at(g)) ? 1 : 0; }
-};
-
-// Writes concatenated position g's key to out[rank[g]] when it is kept (rank: KeptAt's scan).
-struct WriteKept {
-  KeptAt kept;
-  const int64_t* rank;
-  SegKey* out;
-  HGC_HOST_DEVICE void operator()(int64_t g) const {
-    const SegKey k = kept.at(g);
-    if (kept.keep(k)) out[rank[g]] = k;
+  const KeyBound* b;
+  ChunkMap map;
+  HGC_HOST_DEVICE int64_t operator()(int64_t p) const {
+    int64_t i;
+    const KeyBound& kb = b[map.at(p, &i)];
+    return i >= 0 && key_at(kb.x, kb.esize, i) >= kb.t ? 1 : 0;
   }
 };
 
 // One tensor's outputs of a bucket's compaction: idx (int32, or int64 when wide) and vals (the
-// values' bits) of `count` entries.
+// values' bits) of `count` entries; `before`: the selected values of the tensors before it (the
+// exclusive scan's value at its first position).
 struct CompactOut {
   bool wide;
   void* idx;
   void* vals;
   int64_t count;
+  int64_t before;
 };
 
-// Concatenated position g, when selected (KeptAt: its key >= its tensor's threshold): its place q
-// among its tensor's selected positions (rank: KeptAt's exclusive scan, so ascending positions
-// get ascending places, as a stable compaction gives them), idx[q] = its index and vals[q] = its
-// value's bits (esize bytes).
+// Position p, when selected (KeptAt): its place q among its tensor's selected values (rank:
+// KeptAt's exclusive scan, less the tensor's `before`, so ascending indices get ascending places,
+// as a stable compaction gives them), idx[q] = its index and vals[q] = its value's bits (esize
+// bytes).
 struct WriteSelected {
   KeptAt kept;
   const int64_t* rank;
   const CompactOut* out;
-  HGC_HOST_DEVICE void operator()(int64_t g) const {
-    const SegKey k = kept.at(g);
-    if (!kept.keep(k)) return;
-    const KeyBound& b = kept.at.b[k.seg];
-    const CompactOut& o = out[k.seg];
-    const int64_t first = kept.at.start[k.seg], i = g - first, q = rank[g] - rank[first];
-    if (q >= o.count) return;  // (count is the threshold's count of selected keys: never)
+  HGC_HOST_DEVICE void operator()(int64_t p) const {
+    int64_t i;
+    const int64_t t = kept.map.at(p, &i);
+    if (i < 0) return;
+    const KeyBound& b = kept.b[t];
+    if (key_at(b.x, b.esize, i) < b.t) return;
+    const CompactOut& o = out[t];
+    const int64_t q = rank[p] - o.before;
+    if (q < 0 || q >= o.count) return;  // (count is the threshold's count of selected keys: never)
     if (o.wide) static_cast<int64_t*>(o.idx)[q] = i;
     else static_cast<int32_t*>(o.idx)[q] = static_cast<int32_t>(i);
     if (b.esize == 2) static_cast<uint16_t*>(o.vals)[q] = static_cast<const uint16_t*>(b.x)[i];
@@ -500,8 +608,9 @@ struct WriteSelected {
   }
 };
 
-// sums[s] = the last value of segment s of an inclusive scan by segment (every segment non-empty):
-// the segment's reduction, left in device memory (reduce_by_key would read its output's size back).
+// sums[s] = the last value of tensor s of an inclusive scan by tensor over a stage's positions
+// (`start`: its padded prefix counts; every tensor owns a position): the tensor's reduction, left
+// in device memory (reduce_by_key would read its output's size back).
 template <typename V> struct SegmentLast {
   const V* scan;
   const int64_t* start;
@@ -521,15 +630,14 @@ struct IndexList {
   int64_t n;
 };
 
-// Concatenated position g's GapAt term (the per-tensor GapStats reduction of the index code).
+// Position p's GapAt term (the per-tensor GapStats reduction of the index code; padding: none).
 struct SegGapTerm {
   const IndexList* lists;
-  const int64_t* start;
-  int64_t segs;
-  HGC_HOST_DEVICE GapStats operator()(int64_t g) const {
-    const int64_t s = segment_of(start, segs, g);
-    const IndexList& l = lists[s];
-    const int64_t j = g - start[s];
+  ChunkMap map;
+  HGC_HOST_DEVICE GapStats operator()(int64_t p) const {
+    int64_t j;
+    const IndexList& l = lists[map.at(p, &j)];
+    if (j < 0) return GapStats{0, 0};
     const int64_t v = index_at(l.idx, l.wide, j);
     const int64_t prev = j > 0 ? index_at(l.idx, l.wide, j - 1) : -1;
     const bool ok = v >= 0 && v < l.n && prev < v;

@@ -11,7 +11,10 @@
 // the same. The mapping's own arithmetic is 32-bit when the stage's padded position count fits
 // (checked on the host when the stage is put), 64-bit otherwise.
 //
-// The stages' tables (functors, chunks, prefix counts), and any other per-tensor table a
+// Segmented algorithms over a stage's tensors (DGC's scans by tensor) walk the same padded
+// positions through the chunk table (ChunkMap, chunk_map.h), so they search for nothing either.
+//
+// The stages' tables (functors, chunks, padded prefix counts), and any other per-tensor table a
 // launcher's algorithms read (descriptors of segmented reductions, sorts, compactions:
 // TableSet::add), are built on the host and reach device memory in one copy per launcher call
 // (TableSet::upload); in the twin that copy is a memcpy. A bucket holding several dtypes keeps one
@@ -29,15 +32,10 @@
 #include <vector>
 
 #include "../host_device.h"
+#include "chunk_map.h"
 #include "exec.cuh"
 
 namespace hgc_dev {
-
-// One chunk of a stage: up to C consecutive indices of one tensor, [first, first + len), len >= 1.
-// I: the index type of the stage's mapping (uint32_t or int64_t).
-template <typename I> struct Chunk {
-  I tensor, first, len;
-};
 
 // One stage over many tensors: position p of [0, chunks * C) runs
 // table[c.tensor](c.first + (p & mask)) for its chunk c = chunk[p >> shift], when that element is
@@ -99,11 +97,16 @@ template <typename F> class Stage {
   }
   int64_t total() const { return start_.back(); }
   int64_t tensors() const { return static_cast<int64_t>(fns_.size()); }
+  // After TableSet::put: the stage's positions (its chunks, padded: run()'s for_each and the
+  // ChunkMap's range) and tensor t's first position among them (t = tensors(): all of them).
+  int64_t positions() const { return plan_.positions(); }
+  int64_t padded_start(int64_t t) const { return padded_[static_cast<std::size_t>(t)]; }
 
  private:
   friend class TableSet;
   std::vector<F> fns_;
   std::vector<int64_t> start_;
+  std::vector<int64_t> padded_;
   ChunkPlan plan_;
   std::size_t fn_offset_ = 0, start_offset_ = 0, chunk_offset_ = 0;
 };
@@ -114,17 +117,21 @@ class TableSet {
  public:
   explicit TableSet(Exec& ex) : ex_(ex) {}
 
-  // Appends the stage's functors, prefix counts and chunk table (its chunk size and index width
-  // decided here, once: 32-bit when its padded positions and tensor count are at most
+  // Appends the stage's functors, padded prefix counts and chunk table (its chunk size and index
+  // width decided here, once: 32-bit when its padded positions and tensor count are at most
   // index32_limit()).
   template <typename F> void put(Stage<F>& s) {
     s.fn_offset_ = append(s.fns_.data(), s.fns_.size() * sizeof(F));
-    s.start_offset_ = append(s.start_.data(), s.start_.size() * sizeof(int64_t));
     ChunkPlan& plan = s.plan_;
     plan.log2 = chunk_log2(s.start_);
     const int64_t C = int64_t(1) << plan.log2;
     plan.chunks = 0;
-    for (std::size_t t = 0; t + 1 < s.start_.size(); ++t) plan.chunks += (s.start_[t + 1] - s.start_[t] + C - 1) / C;
+    s.padded_.assign(1, 0);
+    for (std::size_t t = 0; t + 1 < s.start_.size(); ++t) {
+      plan.chunks += (s.start_[t + 1] - s.start_[t] + C - 1) / C;
+      s.padded_.push_back(plan.chunks << plan.log2);
+    }
+    s.start_offset_ = append(s.padded_.data(), s.padded_.size() * sizeof(int64_t));
     const int64_t limit = index32_limit();
     plan.narrow = plan.positions() <= limit && s.tensors() <= limit;
     s.chunk_offset_ = plan.narrow ? append_chunks<uint32_t>(s.start_, plan) : append_chunks<int64_t>(s.start_, plan);
@@ -144,13 +151,17 @@ class TableSet {
     return append(v.data(), v.size() * sizeof(T));
   }
 
-  // Device pointers, valid after upload(): a table added at `offset`; a put() stage's functors
-  // and its tensors() + 1 prefix counts (start[0] == 0; read by DGC's segmented algorithms).
+  // Device pointers, valid after upload(): a table added at `offset`; a put() stage's functors,
+  // its tensors() + 1 padded prefix counts (Stage::padded_start's, in device memory) and its chunk
+  // table as a ChunkMap (read by DGC's segmented algorithms over the stage's positions()).
   template <typename T> const T* at(std::size_t offset) const {
     return reinterpret_cast<const T*>(device_->get() + offset);
   }
   template <typename F> const F* items(const Stage<F>& s) const { return at<F>(s.fn_offset_); }
-  template <typename F> const int64_t* starts(const Stage<F>& s) const { return at<int64_t>(s.start_offset_); }
+  template <typename F> const int64_t* padded_starts(const Stage<F>& s) const { return at<int64_t>(s.start_offset_); }
+  template <typename F> ChunkMap map(const Stage<F>& s) const {
+    return ChunkMap{device_->get() + s.chunk_offset_, s.plan_.log2, s.plan_.narrow};
+  }
 
   // The stage as one for_each over its chunks' positions (int32 positions when it is narrow).
   template <typename F> void run(const Stage<F>& s) {
