@@ -31,6 +31,19 @@ def python_name(op_name: str) -> str:
     return op_name + "_" if op_name in IN_PLACE else op_name
 
 
+def _bind_arguments(fname: str, visible, pos, kw) -> dict:
+    """{name: value} of a call ``fname(*pos, **kw)`` to a function taking ``visible`` in order;
+    a TypeError for too many, unknown or repeated arguments."""
+    if len(pos) > len(visible):
+        raise TypeError(f"{fname}() takes {len(visible)} arguments, got {len(pos)}")
+    bound = dict(zip(visible, pos))
+    for key, value in kw.items():
+        if key in bound or key not in visible:
+            raise TypeError(f"{fname}() got an unexpected or repeated argument {key!r}")
+        bound[key] = value
+    return bound
+
+
 def _caller(op):
     """``op`` itself when its schema takes what callers pass; else a function taking the
     nested payload lists and dtype lists and passing them as the schema wants."""
@@ -42,13 +55,7 @@ def _caller(op):
     visible = [n for n in names if not n.endswith("_counts")]
 
     def call(*pos, **kw):
-        if len(pos) > len(visible):
-            raise TypeError(f"{op.__name__}() takes {len(visible)} arguments, got {len(pos)}")
-        bound = dict(zip(visible, pos))
-        for key, value in kw.items():
-            if key in bound or key not in visible:
-                raise TypeError(f"{op.__name__}() got an unexpected or repeated argument {key!r}")
-            bound[key] = value
+        bound = _bind_arguments(op.__name__, visible, pos, kw)
         for name in nested:
             if name in bound:
                 lists = [list(x) for x in bound[name]]
@@ -86,13 +93,7 @@ def _fresh_or_into(fresh, into, into_op):
     out_name = _out_argument(into_op)
 
     def call(*pos, **kw):
-        if len(pos) > len(visible):
-            raise TypeError(f"{fresh.__name__}() takes {len(visible)} arguments, got {len(pos)}")
-        bound = dict(zip(visible, pos))
-        for key, value in kw.items():
-            if key in bound or key not in visible:
-                raise TypeError(f"{fresh.__name__}() got an unexpected or repeated argument {key!r}")
-            bound[key] = value
+        bound = _bind_arguments(fresh.__name__, visible, pos, kw)
         out = bound.pop(out_name, None)
         if isinstance(out, (list, tuple)):
             if all(o is None for o in out):
