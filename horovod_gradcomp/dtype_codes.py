@@ -10,4 +10,10 @@ DTYPE_CODES = {torch.uint8: 0, torch.int8: 1, torch.int16: 2, torch.int32: 3, to
                torch.complex128: 10, torch.bool: 11, torch.bfloat16: 15}
 CODE_DTYPES = {code: dtype for dtype, code in DTYPE_CODES.items()}
 
-__all__ = ["CODE_DTYPES", "DTYPE_CODES"]
+
+def as_dtype(d):
+    """``d`` as a torch dtype when it is a known ScalarType code; anything else as it is."""
+    return CODE_DTYPES.get(d, d) if isinstance(d, int) else d
+
+
+__all__ = ["CODE_DTYPES", "DTYPE_CODES", "as_dtype"]

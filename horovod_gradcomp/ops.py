@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .dtype_codes import CODE_DTYPES, DTYPE_CODES  # noqa: F401 - (a dtype list travels as codes; re-exported)
+from .dtype_codes import CODE_DTYPES, DTYPE_CODES, as_dtype  # noqa: F401 - (a dtype list travels as codes; re-exported)
 
 # Ops that work in place: their Python names end in "_" (the schemas' names do not).
 IN_PLACE = ("dgc_accumulate", "dgc_accumulate_many", "dgc_mask_many")
@@ -80,8 +80,8 @@ def _fill_outs(outs, n, dtypes):
     """``outs`` with each ``None`` replaced by a new tensor of its n and dtype, on the device of
     the given ones (a bucket is on one device; the kernel overwrites every out)."""
     device = next(o.device for o in outs if o is not None)
-    dtypes = [d if isinstance(d, torch.dtype) else CODE_DTYPES[d] for d in dtypes]
-    return [torch.empty(int(m), dtype=d, device=device) if o is None else o for o, m, d in zip(outs, n, dtypes)]
+    return [torch.empty(int(m), dtype=as_dtype(d), device=device) if o is None else o
+            for o, m, d in zip(outs, n, dtypes)]
 
 
 def _fresh_or_into(fresh, into, into_op):

@@ -9,13 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from .dtype_codes import CODE_DTYPES
+from .dtype_codes import as_dtype
 
 _U8, _F32, _F64 = torch.uint8, torch.float32, torch.float64
-
-
-def _dtype(code):
-    return CODE_DTYPES.get(code, code) if isinstance(code, int) else code
 
 
 def _one_device(tensors, op, what):
@@ -73,7 +69,7 @@ def terngrad_encode_many(grads, scales, clips, key0s, key1s):
 
 def terngrad_decode_sum_many(codes, scales, n, dtypes, scale):
     device = _one_device(codes, "terngrad_decode_sum_many", "codes")
-    return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
+    return [_empty(m, as_dtype(d), device) for m, d in zip(n, dtypes)]
 
 
 # -- onebit --------------------------------------------------------------------------------------
@@ -116,7 +112,7 @@ def onebit_encode_many(grads, residuals, cols, scales=None, by_rows=None):
 
 def onebit_decode_sum_many(bits, scales, n, cols, dtypes, scale, by_rows=None):
     device = _one_device(bits, "onebit_decode_sum_many", "bits")
-    return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
+    return [_empty(m, as_dtype(d), device) for m, d in zip(n, dtypes)]
 
 
 def onebit_encode_columns_many(fulls, residuals, full_cols, col0, col1, scales=None):
@@ -163,7 +159,7 @@ def qsgd_encode_fixed_many(xs, s, bucket, max_norm, keys):
 
 def qsgd_decode_fixed_many(norms, packed, n, s, bucket, dtypes, scale):
     device = _one_device(norms, "qsgd_decode_fixed_many", "norms")
-    return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
+    return [_empty(m, as_dtype(d), device) for m, d in zip(n, dtypes)]
 
 
 def qsgd_encode_elias_many(xs, s, bucket, max_norm, keys, group_buckets):
@@ -175,7 +171,7 @@ def qsgd_encode_elias_many(xs, s, bucket, max_norm, keys, group_buckets):
 def qsgd_decode_elias_many(norms, norms_counts, nbits, nbits_counts, streams, streams_counts, n, s, bucket,
                            group_buckets, dtypes, scale):
     device = _one_device(norms, "qsgd_decode_elias_many", "norms")
-    return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
+    return [_empty(m, as_dtype(d), device) for m, d in zip(n, dtypes)]
 
 
 # -- DGC -----------------------------------------------------------------------------------------
@@ -208,12 +204,12 @@ def dgc_accumulate(u, v, g, momentum, nesterov, coef=1.0):
 
 def dgc_scatter_sum_many(indices, indices_counts, values, values_counts, n, dtypes, scale):
     device = _one_device(indices, "dgc_scatter_sum_many", "indices")
-    return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
+    return [_empty(m, as_dtype(d), device) for m, d in zip(n, dtypes)]
 
 
 def dgc_decode_sum_many(codes, codes_counts, values, values_counts, n, dtypes, scale):
     device = _one_device(codes, "dgc_decode_sum_many", "codes")
-    return [_empty(m, _dtype(d), device) for m, d in zip(n, dtypes)]
+    return [_empty(m, as_dtype(d), device) for m, d in zip(n, dtypes)]
 
 
 def dgc_accumulate_many(u, v, g, momentum, nesterov, coef=1.0):

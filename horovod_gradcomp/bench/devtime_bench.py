@@ -167,10 +167,15 @@ def run_devtime(specs: Optional[Sequence] = None, device: str = "twin", repeat: 
     return rows
 
 
+def _codec_label(row: dict) -> str:
+    """The codec of a row with its options: "qsgd coding=elias"."""
+    return " ".join([row["codec"], *(f"{k}={v}" for k, v in row.get("options", {}).items())])
+
+
 def format_table(rows: Sequence[dict]) -> str:
     """Rows as an aligned text table."""
     head = ["codec", "op", "op_ms", "copy_ms", "op/copy", "calls", "syncs"]
-    cells = [[" ".join([r["codec"], *(f"{k}={v}" for k, v in r.get("options", {}).items())]), r["op"], f"{r['op_ms']:.3f}", f"{r['copy_ms']:.3f}", f"{r['ratio']:.2f}",
+    cells = [[_codec_label(r), r["op"], f"{r['op_ms']:.3f}", f"{r['copy_ms']:.3f}", f"{r['ratio']:.2f}",
               "-" if r["calls"] is None else str(r["calls"]), "-" if r["syncs"] is None else str(r["syncs"])]
              for r in rows]
     widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(head)]

@@ -220,19 +220,20 @@ class HierarchicalPattern:
         grads, L = bucket.grads, self.ranks_per_node
         results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in work.names}
         with stats.timed("decode_s", phase="node_gather"):
-            if L == 1:
+            if L == 1:   # one rank per node: nothing was gathered, the decoded shards are the results
                 for n, st in work.mine:
                     st.put(results[n], work.outcome.results[shard_key(n, 0)].to(results[n].device))
-            for j in range(L if L > 1 else 0):   # (L == 1: nothing was gathered)
-                buf, offset = gathered[j], 0
-                for n in work.names:
-                    st = work.shards[n][j]
-                    if not st.numel:
-                        continue
-                    nbytes = st.numel * grads[n].element_size()
-                    value = _typed(buf[offset:offset + nbytes], grads[n].dtype).view(st.shape)
-                    st.put(results[n], value.to(results[n].device))
-                    offset += nbytes
+            else:
+                for j in range(L):
+                    buf, offset = gathered[j], 0
+                    for n in work.names:
+                        st = work.shards[n][j]
+                        if not st.numel:
+                            continue
+                        nbytes = st.numel * grads[n].element_size()
+                        value = _typed(buf[offset:offset + nbytes], grads[n].dtype).view(st.shape)
+                        st.put(results[n], value.to(results[n].device))
+                        offset += nbytes
         intra = float(sum(c for j, c in enumerate(work.send_counts) if j != self.node.rank)
                       + (L - 1) * len(gathered[self.node.rank])) if L > 1 else 0.0
         inner = work.outcome
