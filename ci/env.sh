@@ -29,3 +29,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_rmaps_base_oversubscribe=1
 # CCCL's headers (Thrust/CUB) for the OpenMP twin's test-time build, where no CUDA toolkit has them.
 CCCL_SPEC="${CCCL_SPEC:-nvidia-cuda-cccl==13.0.*}"
+# Horovod's own switches that ask its build for GPU operations (ci/build_horovod.sh builds without
+# them otherwise); prints the ones set, as NAME=VALUE, nothing when none is.
+horovod_gpu_asked() {
+    local v
+    for v in HOROVOD_GPU_OPERATIONS HOROVOD_GPU_ALLREDUCE HOROVOD_GPU_ALLGATHER HOROVOD_GPU_BROADCAST \
+             HOROVOD_GPU_ALLTOALL; do
+        [ -z "${!v:-}" ] || printf '%s=%s ' "$v" "${!v}"
+    done
+}

@@ -41,13 +41,26 @@ if [ -z "$so" ] || [ -n "${HGC_REBUILD:-}" ] \
     build_log=$(mktemp /tmp/hgc-build-C.XXXXXX.log)
     log "building the native extension horovod_gradcomp._C in the background (MAX_JOBS=${MAX_JOBS:-$(nproc)}, log $build_log)"
     # PATH: the venv's ninja (pip's), for machines without a system ninja; without one torch compiles
-    # file by file, and nothing incrementally.
+    # file by file, and nothing incrementally. set -m: the build runs in a process group of its own
+    # (its id is build_pid), so that stop_build ends setup.py, ninja and every compiler under them.
+    set -m
     (cd "$HGC_ROOT" && PATH="$VENV/bin:$PATH" HGC_WITH_TWIN=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
         "$PY" setup.py -q build_ext --inplace --force) \
-        >"$build_log" 2>&1 &
+        <dev/null >"$build_log" 2>&1 &
     build_pid=$!
-    trap '[ -z "$build_pid" ] || kill "$build_pid" 2>/dev/null || true' EXIT
+    set +m
 fi
+# Any exit before the build was waited for (a failed step, set -e, Ctrl-C, a kill) stops the build.
+stop_build() {
+    if [ -n "$build_pid" ]; then
+        log "stopping the background build of horovod_gradcomp._C (process group $build_pid)"
+        kill -TERM -- "-$build_pid" 2>/dev/null || true
+        build_pid=""
+    fi
+}
+trap stop_build EXIT
+trap 'stop_build; exit 130' INT
+trap 'stop_build; exit 143' TERM HUP
 
 # Runtime and example dependencies (cheap when present: pip only checks); Horovod's own are here too.
 pipi numpy "$MPI4PY_SPEC" scikit-learn tqdm psutil pyyaml cloudpickle cffi
@@ -70,7 +83,9 @@ PY
 export HOROVOD_VERSION
 if ! horovod_ok; then
     # "-mpi-gloo": wheels from before Gloo was built in (MPI only) are not reused.
-    wheel_dir="$HGC_CACHE/wheels/horovod-$HOROVOD_VERSION-mpi-gloo-torch-$TORCH_VERSION"
+    # A build asked for GPU operations (ci/build_horovod.sh) is kept apart, named by its switches.
+    gpu_key=$(echo $(horovod_gpu_asked) | tr ' =' '+-')
+    wheel_dir="$HGC_CACHE/wheels/horovod-$HOROVOD_VERSION-mpi-gloo${gpu_key:+-gpu-$gpu_key}-torch-$TORCH_VERSION"
     if ! ls "$wheel_dir"/horovod-*.whl >/dev/null 2>&1; then
         log "building Horovod $HOROVOD_VERSION against torch $TORCH_VERSION (takes a few minutes)"
         mkdir -p "$wheel_dir"
