@@ -42,6 +42,10 @@ class Codec:
     #: measured on the char model: docs/results/adam_table.md). Empty: the same defaults for every
     #: optimizer.
     adam_defaults: dict = {}
+    #: Codec options that replace the constructor's defaults in the ``Compression`` factories and
+    #: the DDP hook (not in ``get_codec``, which builds the method as its paper states it) when
+    #: the user did not pass them. Empty: the constructor's defaults everywhere.
+    adapter_defaults: dict = {}
 
     #: The implementations a codec can be built with: "native" (``_C``: the CPU kernels, and
     #: the device kernels for CUDA tensors), "reference" (pure torch, the oracle) and "twin"

@@ -41,8 +41,8 @@ step t < N by (t + 1) / N (:mod:`horovod_gradcomp.exchange.step_ramp`): a learni
 applied to the gradient, which changes what clipping, gradient-norm logging and a GradScaler
 see. ``scales="columns"`` is the paper's method exactly.
 
-``ramp_steps`` (the option's old name, whose default was 300 until issue 30) is still taken, with
-a FutureWarning, and means ``lr_warmup_steps``. A checkpoint names the codec it was written
+``ramp_steps`` (the option's old name, whose default was 300 before the warm-up became opt-in) is
+still taken, with a FutureWarning, and means ``lr_warmup_steps``. A checkpoint names the codec it was written
 with (its repr): one written with the old default says ``ramp_steps=300`` and resumes only into
 a compression built with ``lr_warmup_steps=300`` (the old spelling is read as the new one;
 :func:`saved_codec_repr`), so resuming never drops or adds the warm-up silently.
@@ -93,7 +93,7 @@ def _step_count(option: str, value) -> int:
 
 def saved_codec_repr(saved: str) -> str:
     """A checkpoint's codec repr in today's spelling: onebit's ``ramp_steps=N`` (the option's
-    name until issue 30) becomes ``lr_warmup_steps=N``, the same option. Other reprs unchanged."""
+    old name) becomes ``lr_warmup_steps=N``, the same option. Other reprs unchanged."""
     if not isinstance(saved, str) or not saved.startswith("OneBitCodec("):
         return saved
     return re.sub(r"\bramp_steps=", "lr_warmup_steps=", saved)
@@ -126,7 +126,7 @@ class OneBitCodec(Codec):
         scaled gradient; payloads, residuals and bytes unchanged. Prefer the optimizer's own
         warm-up (a scheduler): it leaves the gradient alone.
         ``ramp_steps``: the old name of ``lr_warmup_steps`` (FutureWarning; giving both is a
-        ValueError). Until issue 30 it defaulted to 300: see the module doc for checkpoints.
+        ValueError). It once defaulted to 300: see the module doc for checkpoints.
         ``residual_cap`` (opt-in; default 0, none): after each encode, each group's residual is
         scaled down to at most this many times the norm of the same group of the gradient
         (:mod:`.residual_cap`); payloads, bytes and the averaged gradient unchanged.

@@ -301,6 +301,9 @@ class QSGDCodec(CounterStream, Codec):
     fuses_feedback = False
     error_feedback_default = False
     default_pattern = "auto"
+    #: "max" in the factories (``Compression.qsgd``, ``Compression.codec("qsgd")``, the DDP hook):
+    #: with 4 bits the 2-norm's variance diverges the demo's model (docs/guide/codecs/qsgd.md).
+    adapter_defaults = {"norm": "max"}
     variable_size = False
     #: A NaN or Inf makes its bucket's norm NaN or Inf (the kernels send it as is and map the
     #: values to level 0): the exchange finds non-finite input in the norms it receives.

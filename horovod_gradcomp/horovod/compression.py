@@ -191,7 +191,7 @@ class CodecCompression:
             hint = ""
             if "lr_warmup_steps=" in str(saved) and "lr_warmup_steps=" not in repr(self.codec):
                 hint = (" This checkpoint's onebit scales the averaged gradient over its first steps (ramp_steps, "
-                        "onebit's default until issue 30, is lr_warmup_steps now, default 0): pass the same "
+                        "once onebit's default of 300 steps, is lr_warmup_steps now, default 0): pass the same "
                         "lr_warmup_steps to resume it as it ran.")
             raise ValueError(f"checkpoint was written by {state.get('codec')}, this compression is {self.codec!r}: "
                              "build the compression with the checkpoint's options to resume it (a repr names every "

@@ -110,7 +110,9 @@ class Compression:
 
         ``error_feedback``: keep a residual per parameter (None: the codec's own default,
         ``error_feedback_default``: on for onebit, off for terngrad and qsgd, so that
-        ``Compression.codec("terngrad", ...)`` and ``Compression.terngrad(...)`` agree).
+        ``Compression.codec("terngrad", ...)`` and ``Compression.terngrad(...)`` agree). Likewise
+        the codec's ``adapter_defaults`` replace the constructor's defaults of the options not
+        given (QSGD: ``norm="max"``, as ``Compression.qsgd``).
 
         ``transport`` ("auto" | "mpi" | "horovod") and ``process_set``: where the payloads
         travel, when no ``communicator`` is given (rule in :mod:`horovod_gradcomp.transports.select`:
@@ -125,6 +127,7 @@ class Compression:
         (:mod:`~horovod_gradcomp.horovod.adam_defaults`); under Horovod the
         ``DistributedOptimizer`` is found at the first ``compress`` without it."""
         explicit = frozenset(codec_options)
+        codec_options = {**codec_class(name).adapter_defaults, **codec_options}
         if error_feedback is None:
             error_feedback = codec_class(name).error_feedback_default
         if communicator is None:
@@ -147,7 +150,8 @@ class Compression:
                **options) -> CodecCompression:
         """1-bit SGD (Seide et al.) with error feedback: sign bits and two reconstruction values
         per row of each gradient (``scales="rows"``, the default) or per column (``scales="columns"``,
-        the paper's grouping). Codec options (``scales``, ``ramp_steps``, ``warmup_steps``): see
+        the paper's grouping). Codec options (``scales``, ``warmup_steps``, ``lr_warmup_steps``,
+        ``residual_cap``; ``ramp_steps`` is the deprecated name of ``lr_warmup_steps``): see
         :class:`~horovod_gradcomp.codecs.onebit.OneBitCodec`; the exchange options: :meth:`codec`."""
         return Compression.codec("onebit", named_parameters, error_feedback=error_feedback, impl=impl, **options)
 
@@ -155,18 +159,23 @@ class Compression:
     def terngrad(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
                  **options) -> CodecCompression:
         """TernGrad (Wen et al.): a scale shared by all ranks (one MAX-allreduce for all tensors per
-        step), stochastic ternary values, 2 bits each. Options: seed, clip (c in c*sigma)."""
+        step), stochastic ternary values, 2 bits each. Codec options (``seed``, ``clip``: c in
+        c*sigma, ``warmup_steps``): see :class:`~horovod_gradcomp.codecs.terngrad.TernGradCodec`;
+        the exchange options: :meth:`codec`."""
         return Compression.codec("terngrad", named_parameters, error_feedback=error_feedback, impl=impl, **options)
 
     @staticmethod
     def qsgd(named_parameters: NamedParameters, *, error_feedback: Optional[bool] = None, impl: str = "native",
              norm: str = "max", **options) -> CodecCompression:
-        """QSGD (Alistarh et al.): s-level stochastic quantization per bucket. Options: bits or
-        levels, bucket, norm, coding ("fixed" | "elias"), seed.
+        """QSGD (Alistarh et al.): s-level stochastic quantization per bucket. Codec options
+        (``bits`` or ``levels``, ``bucket``, ``norm``, ``coding``: "fixed" | "elias", ``seed``): see
+        :class:`~horovod_gradcomp.codecs.qsgd.QSGDCodec`; the exchange options: :meth:`codec`.
 
-        ``norm`` defaults to "max" here (the paper's practical variant): with few levels the
+        ``norm`` defaults to "max" (the paper's practical variant), here and in
+        ``Compression.codec("qsgd", ...)`` (the codec's ``adapter_defaults``): with few levels the
         2-norm's variance (up to sqrt(d)/s times ||v||^2 per bucket of d values) is several
-        times the gradient itself, and the demo's model diverges with 4 bits and "l2"."""
+        times the gradient itself, and the demo's model diverges with 4 bits and "l2". The bare
+        codec, ``hgc.get_codec("qsgd")``, keeps the paper's analysed "l2"."""
         return Compression.codec("qsgd", named_parameters, error_feedback=error_feedback, impl=impl, norm=norm,
                                  **options)
 
