@@ -15,7 +15,10 @@ measurements name the options of their day, nor the changelog, which names old d
 The code side: the signatures of ``hgc.Compression.<factory>``, ``Compression.codec``, the codec
 classes (the factories pass ``**options`` on to them), ``hgc.ddp.register`` and
 ``hgc.get_codec``. Where a signature's default is None and means another value, that value is
-read from the code (:func:`effective_default`).
+read from the code (:func:`effective_default`); where the factories replace a codec's constructor
+default (the codec's ``adapter_defaults``), theirs is the default. A default that depends on the
+optimizer (an option of the codec's ``adam_defaults`` whose signature default is None) is quoted
+as None: quoting its SGD value as "the default" fails (:func:`default_quote_error`).
 """
 from __future__ import annotations
 
@@ -100,12 +103,61 @@ def effective_default(option: str, default, codec: Optional[str]):
     return default
 
 
-def lookup(quote: Quote):
-    """(accepted?, the default of the option, or NO_DEFAULT)."""
+def _literal(quote: Quote):
+    """(accepted?, the signature's own default of the option, or NO_DEFAULT)."""
     for sig in options_of(quote.target, quote.codec):
         if quote.option in sig:
-            return True, effective_default(quote.option, sig[quote.option], quote.codec)
+            return True, sig[quote.option]
     return False, NO_DEFAULT
+
+
+def adapter_default(quote: Quote):
+    """The factories' replacement of a codec constructor default (``adapter_defaults``), or
+    NO_DEFAULT: it applies to every target but ``get_codec``."""
+    import horovod_gradcomp as hgc
+    from horovod_gradcomp.codecs.registry import codec_class
+    if quote.target == "get_codec" or quote.codec not in hgc.available_codecs():
+        return NO_DEFAULT
+    return codec_class(quote.codec).adapter_defaults.get(quote.option, NO_DEFAULT)
+
+
+def optimizer_dependent(quote: Quote) -> bool:
+    """True when the option's default differs under the Adam family (``adam_defaults``)."""
+    import horovod_gradcomp as hgc
+    from horovod_gradcomp.codecs.registry import codec_class
+    return quote.codec in hgc.available_codecs() and quote.option in codec_class(quote.codec).adam_defaults
+
+
+def lookup(quote: Quote):
+    """(accepted?, the default of the option, or NO_DEFAULT)."""
+    found, literal = _literal(quote)
+    if not found:
+        return False, NO_DEFAULT
+    adapted = adapter_default(quote)
+    if adapted is not NO_DEFAULT:
+        return True, adapted
+    return True, effective_default(quote.option, literal, quote.codec)
+
+
+def default_quote_error(quote: Quote) -> Optional[str]:
+    """Why ``quote`` (a value the page calls the default) is not the code's default, or None
+    when it is (or the option is unknown: :func:`lookup` reports that)."""
+    found, literal = _literal(quote)
+    if not found:
+        return None
+    if literal is NO_DEFAULT:
+        return "the code's has no default"
+    _, effective = lookup(quote)
+    if literal is None and effective is not None and optimizer_dependent(quote):
+        if quote.value is None:
+            return None
+        from horovod_gradcomp.codecs.registry import codec_class
+        adam = codec_class(quote.codec).adam_defaults[quote.option]
+        return (f"the signature's default is None, which means {effective!r} under SGD and {adam!r} under the "
+                "Adam family: quote None")
+    if quote.value == effective or (quote.value is None and literal is None):
+        return None
+    return f"the code's is {effective!r}" + (" (None in the signature)" if literal is None else "")
 
 
 # --- reading the pages ------------------------------------------------------------------------

@@ -35,11 +35,32 @@ def test_quoted_defaults_are_the_code_defaults():
     for q in QUOTES:
         if not q.is_default or q.target == "prose" or q.value is ...:
             continue
-        found, default = opts.lookup(q)
-        if found and (default is opts.NO_DEFAULT or default != q.value):
-            shown = "no default" if default is opts.NO_DEFAULT else repr(default)
-            wrong.append(f"{_describe(q)} is quoted as the default; the code's is {shown}")
+        error = opts.default_quote_error(q)
+        if error:
+            wrong.append(f"{_describe(q)} is quoted as the default; {error}")
     assert not wrong, "\n".join(wrong)
+
+
+def _default_quotes(kind: str, text: str):
+    found = opts.page_quotes("x.md", text) if kind == "page" else opts.block_quotes("x.md", 1, text)
+    return [q for q in found if q.is_default]
+
+
+@pytest.mark.parametrize("kind, text, expect, says, fixed", [
+    # a default that depends on the optimizer, quoted as its SGD value in a signature
+    ("page", "| DGC | `dgc(named_parameters, density=0.001, momentum=None)` |", "density=0.001", "quote None",
+     ("density=0.001", "density=None")),
+    # the factories' default (the codec's adapter_defaults) is not the codec constructor's
+    ("block", "c = hgc.Compression.codec('qsgd', named, norm='l2')  # the default\n", "norm='l2'", "'max'",
+     ("'l2'", "'max'")),
+])
+def test_an_effective_default_quoted_wrongly_is_caught(kind, text, expect, says, fixed):
+    quotes = [q for q in _default_quotes(kind, text) if f"{q.option}={q.value!r}" == expect]
+    assert quotes, _default_quotes(kind, text)
+    error = opts.default_quote_error(quotes[0])
+    assert error and says in error, error
+    right = _default_quotes(kind, text.replace(*fixed))
+    assert right and not any(opts.default_quote_error(q) for q in right), right
 
 
 def test_prose_defaults_are_the_code_defaults():
