@@ -31,8 +31,8 @@ class Codec:
     error_feedback_default: bool = True
     #: The exchange pattern the factories use unless told otherwise (``pattern=None``):
     #: "allgather" or "auto" (two-phase when it sends fewer bytes). Chosen from speed and
-    #: accuracy measured at K=4 (docs/results/README.md, "Default patterns" and "Column
-    #: windows"): QSGD, TernGrad and onebit default to "auto" (two-phase faster at 1 Gbit/s,
+    #: accuracy measured at K=4 (docs/results/README.md, "Two-phase against the allgather" and
+    #: "onebit's column windows"): QSGD, TernGrad and onebit default to "auto" (two-phase faster at 1 Gbit/s,
     #: ahead of fp16 at 10 Gbit/s, the char-LM's loss about unchanged; TernGrad's owners send
     #: exact sums, see codecs/ternary_sum.py; onebit's column stripes are encoded in place).
     #: DGC's payloads vary in size, so it has the allgather only.
