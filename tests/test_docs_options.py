@@ -115,3 +115,21 @@ def test_documented_errors_are_exported():
         for part in dotted.split("."):
             obj = getattr(obj, part)
         assert isinstance(obj, type) and issubclass(obj, Exception), dotted
+
+
+def test_every_exported_error_is_in_the_reference():
+    """The reverse: each exception class the package exports (``hgc.X``, ``hgc.ddp.X``) is
+    rendered by the Errors reference or named there as ``hgc.X``."""
+    import re
+    import horovod_gradcomp as hgc
+    from docs_blocks import ROOT
+    reference = (ROOT / "docs" / "reference" / "errors.md").read_text(encoding="utf-8")
+    listed = set(re.findall(r"^::: horovod_gradcomp\.[\w.]+\.(\w+)$", reference, re.M))
+    listed |= set(re.findall(r"`hgc\.((?:ddp\.)?\w+)`", reference))
+    exported = {name for name in hgc.__all__
+                if isinstance(getattr(hgc, name), type) and issubclass(getattr(hgc, name), Exception)}
+    exported |= {f"ddp.{name}" for name in getattr(hgc.ddp, "__all__", [])
+                 if isinstance(getattr(hgc.ddp, name), type) and issubclass(getattr(hgc.ddp, name), Exception)}
+    assert exported, "no exported exception found: the scan is broken"
+    missing = sorted(exported - listed)
+    assert not missing, f"docs/reference/errors.md does not document these exported exceptions: {missing}"
