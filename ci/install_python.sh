@@ -46,7 +46,7 @@ if [ -z "$so" ] || [ -n "${HGC_REBUILD:-}" ] \
     set -m
     (cd "$HGC_ROOT" && PATH="$VENV/bin:$PATH" HGC_WITH_TWIN=0 MAX_JOBS="${MAX_JOBS:-$(nproc)}" \
         "$PY" setup.py -q build_ext --inplace --force) \
-        <dev/null >"$build_log" 2>&1 &
+        </dev/null >"$build_log" 2>&1 &
     build_pid=$!
     set +m
 fi
