@@ -135,3 +135,136 @@ def test_in_situ_cpu_time_on_shared_cores():
     old = inp.to_json()
     del old["in_situ_cpu"]
     assert cm.Inputs.from_json(old).in_situ_cpu == {}
+
+
+# -- the cluster form: bench model --nodes N (bench/cost_cluster.py) ----------------------
+
+from horovod_gradcomp.bench import cost_cluster as cc  # noqa: E402
+
+
+def _cluster(numel, nodes, per_node, gbit, gbyte=150.0):
+    rows = cc.cluster_rows(cc.scale_inputs(_inputs(), numel), nodes, per_node, gbit, gbyte, alpha_s=0.0)
+    return {r["method"]: r for r in rows}, rows
+
+
+def test_scaling_and_fp16_terms():
+    """Codec times, payloads and casts scale with the model's size; the fp16 allreduce sends
+    half of fp32's bytes, flat and hierarchical, and pays the casts."""
+    big = cc.scale_inputs(_inputs(), 10 * N)
+    assert big.numel == 10 * N and big.codecs["onebit"]["encode_ms"] == pytest.approx(100.0)
+    assert big.codecs["dgc"]["bytes"] == pytest.approx(80_000) and big.fp16["decode_ms"] == pytest.approx(20.0)
+    assert big.compute_ms == 0 and big.in_situ == {} and big.powersgd == {}
+    by, rows = _cluster(N, 4, 8, 10.0)
+    assert [r["exchange_ms"] for r in rows] == sorted(r["exchange_ms"] for r in rows)
+    k = 32
+    assert by["fp16/flat"]["inter_bytes"] == pytest.approx(2 * (k - 1) / k * 2 * N)
+    assert by["fp16/flat"]["inter_bytes"] == pytest.approx(by["fp32/flat"]["inter_bytes"] / 2)
+    assert by["fp16/flat"]["codec_ms"] == pytest.approx(3.0 + 2.0)
+    h = by["fp16/hierarchical"]
+    assert h["inter_bytes"] == pytest.approx(2 * 3 / 4 * 2 * N / 8)
+    assert h["intra_ms"] == pytest.approx(1e3 * 2 * 7 / 8 * 2 * N / 150e9)
+    assert h["exchange_ms"] == pytest.approx(h["codec_ms"] + h["intra_ms"] + h["inter_ms"])
+    # one GPU per node: no hierarchical rows (they would be the flat ones)
+    one, _ = _cluster(N, 4, 1, 10.0)
+    assert not [m for m in one if "hierarchical" in m] and "onebit/two_phase" in one
+    with pytest.raises(ValueError, match="at least one value"):
+        cc.scale_inputs(_inputs(), 0)
+    with pytest.raises(ValueError, match=">= 1"):
+        cc.cluster_rows(_inputs(), 0, 8, 10.0, 150.0)
+
+
+def test_recommendation_dense_on_a_fast_network_with_a_small_model():
+    _, rows = _cluster(100_000, 2, 8, 400.0)
+    method, reason = cc.recommend(rows)
+    assert cc.is_dense(method) and reason.startswith("dense is fine here")
+
+
+def test_recommendation_codec_on_a_slow_network_with_a_big_model():
+    by, rows = _cluster(1_000 * N, 16, 8, 1.0)
+    method, reason = cc.recommend(rows)
+    assert not cc.is_dense(method), reason
+    dense = min(r["exchange_ms"] for r in rows if cc.is_dense(r["method"]))
+    assert by[method]["exchange_ms"] * cc.MIN_SPEEDUP <= dense
+    assert f"{dense / by[method]['exchange_ms']:.1f}x faster" in reason
+
+
+def test_recommendation_threshold():
+    """A codec faster than dense, but by less than min_speedup, is not recommended."""
+    rows = [{"method": "fp32/flat", "exchange_ms": 100.0, "codec_ms": 0.0, "inter_ms": 90.0},
+            {"method": "onebit/two_phase", "exchange_ms": 90.0, "codec_ms": 20.0, "inter_ms": 60.0}]
+    method, reason = cc.recommend(rows)
+    assert method == "fp32/flat" and "only 1.11x faster" in reason and "dense is fine here" in reason
+    assert cc.recommend(rows, min_speedup=1.1)[0] == "onebit/two_phase"
+    with pytest.raises(ValueError, match="min_speedup"):
+        cc.recommend(rows, min_speedup=0.5)
+
+
+def _write_inputs(tmp_path):
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps(_inputs().to_json()))
+    return str(path)
+
+
+def test_cluster_command_line(tmp_path, capsys):
+    """The issue's command with the repository's inputs, and every model option."""
+    assert main(["model", "--nodes", "16", "--gpus-per-node", "8", "--inter-node-gbit", "25", "--params", "1.3e9"]) == 0
+    out = capsys.readouterr().out
+    assert "16 nodes x 8 GPUs (K=128)" in out and "1,300,000,000 parameters" in out
+    assert "| fp32/hierarchical |" in out or "| **fp32/hierarchical** |" in out
+    assert "fp16/flat" in out and "onebit/hierarchical-two_phase" in out and "dgc/allgather" in out
+    assert "\nRecommendation: " in out and "Reason: " in out
+    inputs = _write_inputs(tmp_path)
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"w": [1000, 1000], "b": [1000]}))
+    md = tmp_path / "cluster.md"
+    assert main(["model", "--inputs", inputs, "--nodes", "2", "--per-node", "4", "--inter-gbit", "100",
+                 "--intra-node-gbyte", "50", "--shapes-file", str(shapes), "--markdown", str(md)]) == 0
+    out = capsys.readouterr().out
+    assert "1,001,000 parameters in 2 tensors" in out and "50 GB/s inside a node" in out
+    assert md.read_text().startswith("# Cost model: PREDICTED exchange on one cluster")
+    assert main(["model", "--inputs", inputs, "--nodes", "1", "--model", "resnet50"]) == 0
+    assert "resnet50: 25,557,032 parameters in 161 tensors" in capsys.readouterr().out
+    # a fast network and a small model: dense
+    assert main(["model", "--inputs", inputs, "--nodes", "2", "--inter-node-gbit", "400", "--params", "1e5"]) == 0
+    assert "dense is fine here" in capsys.readouterr().out
+    # --nodes without a number: the N x L table over 2..64 nodes, as before
+    assert main(["model", "--inputs", inputs, "--nodes"]) == 0
+    assert "N=64 (K=512)" in capsys.readouterr().out
+
+
+def test_cluster_command_calibrates_here(capsys):
+    """--calibrate measures the codec inputs on this machine (one CPU core without a GPU)."""
+    assert main(["model", "--nodes", "2", "--params", "1e7", "--calibrate", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated " in out and "Recommendation: " in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "0", "--params", "1e9"], "argument --nodes: must be a whole number >= 1, got '0'"),
+    (["--nodes", "two", "--params", "1e9"], "argument --nodes: expected a number, got 'two'"),
+    (["--nodes", "2", "--gpus-per-node", "2.5", "--params", "1e9"], "argument --gpus-per-node/--per-node: must be"),
+    (["--nodes", "2", "--inter-node-gbit", "-1", "--params", "1e9"], "argument --inter-node-gbit/--inter-gbit: must be > 0"),
+    (["--nodes", "2", "--intra-node-gbyte", "nan", "--params", "1e9"], "expected a finite number, got 'nan'"),
+    (["--nodes", "2", "--params", "-5"], "argument --params: must be >= 1, got '-5'"),
+    (["--nodes", "2", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
+    (["--nodes", "2", "--shapes-file", "/nonexistent.json"], "argument --shapes-file: cannot read"),
+    (["--nodes", "2", "--params", "1e9", "--model", "resnet50"], "not allowed with argument"),
+])
+def test_cluster_bad_values_name_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["model"] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage:")
+
+
+def test_cluster_needs_a_model_and_the_model_needs_nodes(tmp_path, capsys):
+    assert main(["model", "--nodes", "2"]) == 2
+    assert "needs the model: --params N, --shapes-file JSON or --model NAME" in capsys.readouterr().err
+    assert main(["model", "--params", "1e9"]) == 2
+    assert "give --nodes N" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([[3, 0]]))
+    with pytest.raises(SystemExit):
+        main(["model", "--nodes", "2", "--shapes-file", str(bad)])
+    assert "a shape must be a list of whole numbers >= 1, got [3, 0]" in capsys.readouterr().err
