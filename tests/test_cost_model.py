@@ -268,3 +268,16 @@ def test_cluster_needs_a_model_and_the_model_needs_nodes(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["model", "--nodes", "2", "--shapes-file", str(bad)])
     assert "a shape must be a list of whole numbers >= 1, got [3, 0]" in capsys.readouterr().err
+
+
+def test_scaling_check_rows(capsys):
+    """--check-scaling compares the scaled inputs of the first tensors with the whole measured."""
+    from horovod_gradcomp.bench.cost_scaling_check import TERMS, check_scaling, format_scaling
+    whole, rows = check_scaling((20,), repeat=1)
+    assert whole.numel == 25_557_032
+    assert {(r["method"], r["term"]) for r in rows} == \
+        {(k, t) for k in cm.CODECS for t in TERMS} | {("fp16", "encode_ms"), ("fp16", "decode_ms")}
+    for r in rows:
+        assert r["scaled"] > 0 and r["measured"] > 0
+        assert r["rel_error"] == pytest.approx((r["scaled"] - r["measured"]) / r["measured"])
+    assert "| 20 (" in format_scaling(rows, whole.numel)

@@ -73,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--min-speedup", type=positive_float, default=MIN_SPEEDUP,
                         help=f"--nodes N: how many times faster than dense a codec's exchange must be to be "
                              f"recommended ({MIN_SPEEDUP:g})")
+    parser.add_argument("--check-scaling", action="store_true",
+                        help="measure how well scaling codec times by the number of values predicts them "
+                             "(bench/cost_scaling_check.py), on this machine's device")
     add_cluster_arguments(parser)
     parser.add_argument("--layouts", type=parse_layouts, default=list(LAYOUTS),
                         help="--nodes --check: the harness layouts NxL (default 2x1,1x2,2x2)")
@@ -134,7 +137,22 @@ def _usage_error(message: str) -> int:
     return 2
 
 
+def run_scaling_check(args: argparse.Namespace) -> int:
+    """``--check-scaling``: the size scaling's relative errors, measured here."""
+    from .cost_scaling_check import check_scaling, format_scaling
+    try:
+        whole, rows = check_scaling(repeat=args.repeat)
+    except RuntimeError as exc:
+        return _usage_error(str(exc))
+    errors = [abs(r["rel_error"]) for r in rows if r["rel_error"] is not None]
+    print(f"{whole.source}\n\n{format_scaling(rows, whole.numel)}\n\nmean |relative error|: "
+          f"{100 * statistics.fmean(errors):.0f}%")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.check_scaling:
+        return run_scaling_check(args)
     if args.nodes is not None and args.nodes is not NODES_TABLE:
         return run_cluster(args)
     if args.calibrate or model_size(args) is not None:
