@@ -221,6 +221,7 @@ def test_cluster_command_line(tmp_path, capsys):
                  "--intra-node-gbyte", "50", "--shapes-file", str(shapes), "--markdown", str(md)]) == 0
     out = capsys.readouterr().out
     assert "1,001,000 parameters in 2 tensors" in out and "50 GB/s inside a node" in out
+    assert "PowerSGD is not priced: the inputs' PowerSGD figures are for a model of 1,000,000 values, not the 25,557,032" in out
     assert md.read_text().startswith("# Cost model: PREDICTED exchange on one cluster")
     assert main(["model", "--inputs", inputs, "--nodes", "1", "--model", "resnet50"]) == 0
     assert "resnet50: 25,557,032 parameters in 161 tensors" in capsys.readouterr().out
@@ -281,3 +282,30 @@ def test_scaling_check_rows(capsys):
         assert r["scaled"] > 0 and r["measured"] > 0
         assert r["rel_error"] == pytest.approx((r["scaled"] - r["measured"]) / r["measured"])
     assert "| 20 (" in format_scaling(rows, whole.numel)
+
+
+def test_powersgd_in_the_cluster_form(tmp_path, capsys):
+    """PowerSGD's time is a W(r) + b r W(r), a and b solved from the rank-1 and rank-4 figures;
+    its exchange the ring allreduce of its factor bytes; priced only when the shapes are known."""
+    from horovod_gradcomp.bench import cost_powersgd as cp
+    shapes = [(1000, 1000), (200, 50), (4, 4), (1000,)]
+    # rank 1: (1000, 1000) and (200, 50) compress; rank 4: both still compress ((200+50)*4*2 < 10000)
+    assert cp.matrix_values(shapes, 1) == 1_010_000 and cp.matrix_values(shapes, 4) == 1_010_000
+    assert cp.matrix_values([(200, 50)], 40) == 0             # (250 * 40 * 2 >= 10000): whole
+    inp = _inputs()
+    inp.numel = sum(a * b for a, b in [(1000, 1000), (200, 50)]) + 16 + 1000
+    a, b = 2e-5, 1e-5
+    w = 1_010_000
+    inp.powersgd = {1: {"compute_ms": a * w + b * w, "bytes": 0}, 4: {"compute_ms": a * w + 4 * b * w, "bytes": 0}}
+    assert cp.coefficients(inp, shapes) == pytest.approx((a, b))
+    with pytest.raises(ValueError, match="of the shapes they are taken as measured on"):
+        cp.coefficients(inp, shapes[:1])
+    p = cp.predict_powersgd(4, shapes, 2, 4, (a, b), inter_bits_per_s=1e9, alpha_s=1e-5)
+    assert p["inter_bytes"] == pytest.approx(2 * 7 / 8 * cm.powersgd_factor_bytes(shapes, 4))
+    assert p["codec_ms"] == pytest.approx(a * w + 4 * b * w) and p["latency_ms"] == pytest.approx(1e3 * 6 * 7 * 1e-5)
+    assert main(["model", "--nodes", "2", "--model", "resnet50"]) == 0
+    out = capsys.readouterr().out
+    assert "powersgd1/flat" in out and "powersgd4/flat" in out
+    assert main(["model", "--nodes", "2", "--params", "1e8"]) == 0
+    out = capsys.readouterr().out
+    assert "powersgd1/flat" not in out and "PowerSGD is not priced: it needs the model's shapes" in out

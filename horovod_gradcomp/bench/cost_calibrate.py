@@ -14,7 +14,7 @@ import os
 import time
 from typing import Optional
 
-from .cost_model import CODECS, Inputs
+from .cost_model import CODECS, POWERSGD_RANKS, Inputs, powersgd_factor_bytes
 
 
 def calibration_device() -> str:
@@ -28,11 +28,12 @@ def calibrate(repeat: int = 3, device: Optional[str] = None, limit_tensors: Opti
     """Inputs measured here on ``device`` (default :func:`calibration_device`): per codec of
     :data:`~horovod_gradcomp.bench.cost_model.CODECS` its encode, decode, decode-mean of 1 and
     8 payloads and payload bytes, and the fp16 casts, over ResNet-50's gradients (the first
-    ``limit_tensors`` tensors only, when given). No compute, in-situ or PowerSGD figure.
+    ``limit_tensors`` tensors only, when given), and on CPU PowerSGD's arithmetic at ranks 1
+    and 4 on the same shapes. No compute or in-situ figure.
     Raises RuntimeError when a codec could not be timed (the native extension is missing)."""
     import torch
     from .codecs_bench import run_bench
-    from .cost_measure import decode_mean_ms
+    from .cost_measure import decode_mean_ms, powersgd_compute_ms
     from .shapes import resnet50_shapes, total_numel
     device = device or calibration_device()
     if device == "cpu":
@@ -51,7 +52,11 @@ def calibrate(repeat: int = 3, device: Optional[str] = None, limit_tensors: Opti
                        "dmean8_ms": decode_mean_ms(name, opts, 8, repeat, device, limit_tensors)}
     fp16 = next({"encode_ms": r["encode_ms"], "decode_ms": r["decode_ms"]} for r in rows if r["codec"] == "fp16")
     shapes = resnet50_shapes()[:limit_tensors] if limit_tensors else resnet50_shapes()
+    powersgd = {}
+    if device == "cpu":      # its arithmetic is timed on CPU tensors (cost_measure.powersgd_compute_ms)
+        powersgd = {r: {"compute_ms": powersgd_compute_ms(shapes, r, repeat), "bytes": powersgd_factor_bytes(shapes, r)}
+                    for r in POWERSGD_RANKS}
     where = f"GPU {torch.cuda.get_device_name()}" if device != "cpu" else f"1 CPU core of {os.cpu_count()}"
-    return Inputs(total_numel(shapes), 0.0, codecs, fp16, {},
+    return Inputs(total_numel(shapes), 0.0, codecs, fp16, powersgd,
                   source=f"calibrated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} on {where}, "
                          f"load average {os.getloadavg()[0]:.2f}")

@@ -11,7 +11,8 @@ at one layout, with the fp16 allreduce added and the codec inputs scaled to the 
   ``n / n_measured`` (the codecs are one or two passes over the gradient: memory-bound work);
 * fp16 allreduce, flat: ``2 (K-1)/K x 2 n`` bytes over the NIC, plus the casts to and from
   half precision; hierarchical: ``2 (L-1)/L x 2 n`` inside the node, ``2 (N-1)/N x 2 n / L``
-  per NIC between nodes, plus the casts; latency as the fp32 allreduce's.
+  per NIC between nodes, plus the casts; latency as the fp32 allreduce's;
+* PowerSGD rank 1 and 4 (DDP's hook), when the model's shapes are known: :mod:`.cost_powersgd`.
 
 It prices the *exchange* of one step (the compute of a step does not depend on the method),
 one bucket, no overlap with backward. The recommendation (:func:`recommend`) is the fastest
@@ -24,11 +25,12 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
-from .cost_model import Inputs
+from .cost_model import POWERSGD_RANKS, Inputs
 from .cost_nodes import methods as node_methods
 from .cost_nodes import predict_nodes
+from .cost_powersgd import predict_powersgd
 
 #: A codec must make the exchange at least this many times faster than dense to be recommended.
 MIN_SPEEDUP = 1.25
@@ -81,10 +83,12 @@ def cluster_methods(per_node: int) -> List[str]:
 
 
 def cluster_rows(inputs: Inputs, nodes: int, per_node: int, inter_gbit: float, intra_gbyte: float,
-                 alpha_s: float = 25e-6) -> List[dict]:
+                 alpha_s: float = 25e-6, powersgd: Optional[Tuple[Sequence, Tuple[float, float]]] = None) -> List[dict]:
     """PREDICTED exchange of every :func:`cluster_methods` label on ``nodes`` x ``per_node``
     GPUs, ``inter_gbit`` Gbit/s per GPU between nodes and ``intra_gbyte`` GB/s inside a node,
-    for the model ``inputs`` describe (already scaled: :func:`scale_inputs`); fastest first."""
+    for the model ``inputs`` describe (already scaled: :func:`scale_inputs`), and with
+    ``powersgd`` = (the model's shapes, :func:`~horovod_gradcomp.bench.cost_powersgd.coefficients`)
+    PowerSGD at ranks 1 and 4 (:mod:`.cost_powersgd`); fastest first."""
     if nodes < 1 or per_node < 1:
         raise ValueError(f"nodes and GPUs per node must be >= 1, got {nodes} x {per_node}")
     if not (inter_gbit > 0 and intra_gbyte > 0):
@@ -96,6 +100,10 @@ def cluster_rows(inputs: Inputs, nodes: int, per_node: int, inter_gbit: float, i
             rows.append(predict_fp16(m.split("/")[1], nodes, per_node, inputs, **rates))
         else:
             rows.append(predict_nodes(m, nodes, per_node, inputs, **rates))
+    if powersgd is not None:
+        shapes, coeffs = powersgd
+        rows += [predict_powersgd(r, shapes, nodes, per_node, coeffs, inter_bits_per_s=rates["inter_bits_per_s"],
+                                  alpha_s=alpha_s) for r in POWERSGD_RANKS]
     return sorted(rows, key=lambda r: r["exchange_ms"])
 
 

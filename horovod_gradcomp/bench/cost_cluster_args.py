@@ -90,6 +90,15 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> None:
     one.add_argument("--model", choices=sorted(NAMED_MODELS), default=None, help="a model known by name")
 
 
+def model_shapes(args: argparse.Namespace) -> Optional[List[Shape]]:
+    """The parameter shapes of the model the options name, when known (not with ``--params``)."""
+    if args.shapes_file is not None:
+        return list(args.shapes_file)
+    if args.model is not None:
+        return NAMED_MODELS[args.model]()
+    return None
+
+
 def model_size(args: argparse.Namespace) -> Optional[Tuple[int, str]]:
     """(values, description) of the model the options name, or None when none is named."""
     if args.params is not None:

@@ -23,7 +23,8 @@ from pathlib import Path
 
 from . import cost_model
 from .cost_cluster import MIN_SPEEDUP, cluster_rows, format_cluster, recommend, scale_inputs
-from .cost_cluster_args import NODES_TABLE, add_cluster_arguments, model_size, positive_float, positive_int
+from .cost_cluster_args import (NODES_TABLE, add_cluster_arguments, model_shapes, model_size, positive_float,
+                                positive_int)
 from .cost_measure import compute_only_ms, measure_contention, measure_in_situ, measure_inputs, run_check
 from .cost_model import Inputs, format_check, inputs_table, table
 from .cost_nodes import nodes_table
@@ -108,8 +109,21 @@ def run_cluster(args: argparse.Namespace) -> int:
             with open(path) as f:
                 inputs = Inputs.from_json(json.load(f))
         scaled = scale_inputs(inputs, size[0])
+        shapes, powersgd_note = model_shapes(args), ""
+        powersgd = None
+        if shapes is None:
+            powersgd_note = " PowerSGD is not priced: it needs the model's shapes (--shapes-file or --model)."
+        elif not inputs.powersgd:
+            powersgd_note = " PowerSGD is not priced: the inputs have no PowerSGD figures (--calibrate on a GPU)."
+        else:
+            from .cost_powersgd import coefficients
+            from .shapes import resnet50_shapes
+            try:   # the inputs' PowerSGD figures are measured on ResNet-50's shapes
+                powersgd = (shapes, coefficients(inputs, resnet50_shapes()))
+            except ValueError as exc:
+                powersgd_note = f" PowerSGD is not priced: {exc}."
         rows = cluster_rows(scaled, args.nodes, args.per_node, args.inter_gbit, args.intra_gbyte,
-                            alpha_s=args.alpha_us * 1e-6)
+                            alpha_s=args.alpha_us * 1e-6, powersgd=powersgd)
         choice = recommend(rows, args.min_speedup)
     except (ValueError, RuntimeError, OSError, KeyError) as exc:
         print(f"[model] error: {exc}", file=sys.stderr)
@@ -120,7 +134,8 @@ def run_cluster(args: argparse.Namespace) -> int:
     note = (f"Codec times: {scaled.source}. Codec labels: "
             + ", ".join(f"{k} = {n}{'' if not o else ' ' + ','.join(f'{a}={b}' for a, b in o.items())}"
                         for k, (n, o) in cost_model.CODECS.items())
-            + ". Compute, overlap with backward and congestion are not included (docs/guide/cost_model.md).")
+            + ". Compute, overlap with backward and congestion are not included (docs/guide/cost_model.md)."
+            + powersgd_note)
     if "on GPU" not in scaled.source:  # the inputs file's figures, or --calibrate on a machine without a GPU
         note += (" These codec times are CPU figures: on GPUs the codec terms are smaller, which favours the "
                  "codecs; run --calibrate on a GPU machine to price them there.")
