@@ -221,7 +221,8 @@ def test_cluster_command_line(tmp_path, capsys):
                  "--intra-node-gbyte", "50", "--shapes-file", str(shapes), "--markdown", str(md)]) == 0
     out = capsys.readouterr().out
     assert "1,001,000 parameters in 2 tensors" in out and "50 GB/s inside a node" in out
-    assert "PowerSGD is not priced: the inputs' PowerSGD figures are for a model of 1,000,000 values, not the 25,557,032" in out
+    assert ("PowerSGD is not priced: the inputs' PowerSGD figures are for a model of 1,000,000 values, "
+            "not the 25,557,032") in out
     assert md.read_text().startswith("# Cost model: PREDICTED exchange on one cluster")
     assert main(["model", "--inputs", inputs, "--nodes", "1", "--model", "resnet50"]) == 0
     assert "resnet50: 25,557,032 parameters in 161 tensors" in capsys.readouterr().out
@@ -244,7 +245,8 @@ def test_cluster_command_calibrates_here(capsys):
     (["--nodes", "0", "--params", "1e9"], "argument --nodes: must be a whole number >= 1, got '0'"),
     (["--nodes", "two", "--params", "1e9"], "argument --nodes: expected a number, got 'two'"),
     (["--nodes", "2", "--gpus-per-node", "2.5", "--params", "1e9"], "argument --gpus-per-node/--per-node: must be"),
-    (["--nodes", "2", "--inter-node-gbit", "-1", "--params", "1e9"], "argument --inter-node-gbit/--inter-gbit: must be > 0"),
+    (["--nodes", "2", "--inter-node-gbit", "-1", "--params", "1e9"],
+     "argument --inter-node-gbit/--inter-gbit: must be > 0"),
     (["--nodes", "2", "--intra-node-gbyte", "nan", "--params", "1e9"], "expected a finite number, got 'nan'"),
     (["--nodes", "2", "--params", "-5"], "argument --params: must be >= 1, got '-5'"),
     (["--nodes", "2", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),

@@ -122,8 +122,9 @@ def recommend(rows: List[dict], min_speedup: float = MIN_SPEEDUP) -> Tuple[str, 
     best = min(codecs, key=lambda r: r["exchange_ms"]) if codecs else None
     d_ms = dense["exchange_ms"]
     if best is None or best["exchange_ms"] >= d_ms:
-        why = "" if best is None else (f" the fastest codec exchange, {best['method']}, takes {best['exchange_ms']:.1f} ms: "
-                                       f"its codec time ({best['codec_ms']:.1f} ms) costs more than it saves on the wire")
+        why = "" if best is None else (
+            f" the fastest codec exchange, {best['method']}, takes {best['exchange_ms']:.1f} ms: "
+            f"its codec time ({best['codec_ms']:.1f} ms) costs more than it saves on the wire")
         return dense["method"], (f"dense is fine here: {dense['method']} takes {d_ms:.1f} ms per step (of which "
                                  f"{dense['inter_ms']:.1f} ms between nodes);{why}.")
     speedup = d_ms / best["exchange_ms"] if best["exchange_ms"] > 0 else math.inf

@@ -1,7 +1,8 @@
 """PowerSGD in the cluster form of the cost model (``bench model --nodes N`` with the model's shapes).
 
 PyTorch's PowerSGD hook compresses each matrix M (n x m, a tensor viewed as shape[0] rows) where
-``(n + m) r * 2 < n m`` and allreduces the rest whole (:func:`~horovod_gradcomp.bench.cost_model.powersgd_factor_bytes`).
+``(n + m) r * 2 < n m`` and allreduces the rest whole
+(:func:`~horovod_gradcomp.bench.cost_model.powersgd_factor_bytes`).
 Its arithmetic per compressed matrix is the error feedback (passes over the n m values) and the
 products M Q, M^T P, P Q^T (n m r multiply-adds each), so its time is modelled as
 

@@ -41,8 +41,9 @@ HELP = "time to a target loss of a small transformer LM per exchange, on the slo
 
 FULL = dict(rates="100mbit,1gbit", np=4, net="bridge", rows=None, optimizers="sgd,adamw", size="small", steps=150,
             eval_every=10, batch=16)
-QUICK = dict(rates="1gbit", np=2, net="loopback", rows="hvd:fp32,hvd:fp16,hvd:onebit,ddp:allreduce,ddp:powersgd1,ddp:onebit",
-             optimizers="sgd", size="tiny", steps=20, eval_every=5, batch=16)
+QUICK = dict(rates="1gbit", np=2, net="loopback",
+             rows="hvd:fp32,hvd:fp16,hvd:onebit,ddp:allreduce,ddp:powersgd1,ddp:onebit", optimizers="sgd",
+             size="tiny", steps=20, eval_every=5, batch=16)
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -69,18 +70,21 @@ def _positive_float(text: str) -> float:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from .tta_model import SIZES
     full = FULL
-    parser.add_argument("--quick", action="store_true", help="the small check: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
+    parser.add_argument("--quick", action="store_true",
+                        help="the small check: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
     parser.add_argument("--rates", default=None, help=f"comma-separated tc rates ({full['rates']})")
     parser.add_argument("--np", type=_positive_int, default=None, help=f"ranks K ({full['np']})")
     parser.add_argument("--net", choices=slownet.MODES, default=None,
                         help=f"harness layout ({full['net']}: one limited link per rank, as on a switch)")
     parser.add_argument("--rows", default=None, help="comma-separated rows (default: all; bench/tta_rows.py)")
-    parser.add_argument("--optimizers", default=None, help=f"comma-separated from {', '.join(OPTIMIZERS)} ({full['optimizers']})")
+    parser.add_argument("--optimizers", default=None,
+                        help=f"comma-separated from {', '.join(OPTIMIZERS)} ({full['optimizers']})")
     parser.add_argument("--size", choices=sorted(SIZES), default=None, help=f"model size ({full['size']})")
     parser.add_argument("--steps", type=_positive_int, default=None, help=f"steps per row ({full['steps']})")
     parser.add_argument("--eval-every", type=_positive_int, default=None,
                         help=f"held-out loss every this many steps ({full['eval_every']})")
-    parser.add_argument("--batch", type=_positive_int, default=None, help=f"sequences per rank per step ({full['batch']})")
+    parser.add_argument("--batch", type=_positive_int, default=None,
+                        help=f"sequences per rank per step ({full['batch']})")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--sgd-lr", type=_positive_float, default=0.1)
     parser.add_argument("--momentum", type=float, default=0.9)

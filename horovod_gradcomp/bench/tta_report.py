@@ -56,10 +56,11 @@ def table(rows: Sequence[dict]) -> str:
     out = []
     for opt in dict.fromkeys(r["optimizer"] for r in rows):
         mine = [r for r in rows if r["optimizer"] == opt]
-        targets = ", ".join(f"{rate}: {next(r['target_loss'] for r in mine if r['rate'] == rate):.3f}" for rate in rates)
+        target = {r["rate"]: r["target_loss"] for r in mine}
+        targets = ", ".join(f"{rate}: {target[rate]:.3f}" for rate in rates if rate in target)
         out += [f"### {opt}: seconds to the target loss (Horovod fp32's final loss + {100 * TARGET_MARGIN:g}%: "
                 f"{targets})", "",
-                "| row | " + " | ".join(f"{rate}: s to target | {rate}: speed-up | {rate}: final loss" for rate in rates)
+                "| row | " + " | ".join(f"{r}: s to target | {r}: speed-up | {r}: final loss" for r in rates)
                 + " |", "|---|" + "---|---|---|" * len(rates)]
         for name in dict.fromkeys(r["row"] for r in mine):
             cells = []
