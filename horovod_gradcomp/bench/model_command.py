@@ -34,7 +34,8 @@ from .cost_nodes_check import LAYOUTS, format_nodes_check, parse_layouts, run_no
 MODEL_DOC = cost_model.__doc__.split("\n\n", 1)[1]
 
 COMMAND = "model"
-HELP = "PREDICTED step time per method, pattern, K and link rate, from measured inputs (--check: against the harness)"
+HELP = ("PREDICTED time per method and pattern: your cluster (--nodes N --params P) with a recommendation, or the "
+        "tables from measured inputs (--check: against the harness)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
