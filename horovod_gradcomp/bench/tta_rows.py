@@ -7,7 +7,9 @@ Row names:
   (``hgc.Compression.<codec>(named_parameters)``, no options);
 * ``ddp:allreduce``: PyTorch DDP's own fp32 allreduce; ``ddp:powersgd1``, ``ddp:powersgd4``:
   its PowerSGD hook at rank 1 / 4 (``start_powerSGD_iter``: ``--powersgd-start``, 2 by default,
-  as ``bench exchange``'s DDP rows; PyTorch's own default is 1000 plain allreduces first);
+  as ``bench exchange``'s DDP rows; PyTorch's own default is 1000 plain allreduces first), the
+  model in one DDP bucket (on gloo the hook fails with a collective-size mismatch when a model
+  spans several buckets, as :mod:`.ddp_rows` notes; the other DDP rows keep DDP's buckets);
   ``ddp:<codec>``: this package's hook at the codec's defaults (``hgc.ddp.register(ddp, codec,
   optimizer=opt)``).
 
@@ -95,7 +97,13 @@ class Trainer:
             from ..ddp.gloo_exit import hold_backward_context
             from .ddp_rows import ensure_group
             ensure_group(hvd, net)
-            ddp = DDP(model)
+            if name.startswith("powersgd"):
+                # one bucket, as bench exchange's PowerSGD rows: on gloo the hook fails with a collective
+                # size mismatch when the model spans several buckets (DDP's default first bucket is 1 MiB)
+                model_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2 ** 20
+                ddp = DDP(model, bucket_cap_mb=2 * model_mb + 1)
+            else:
+                ddp = DDP(model)
             hold_backward_context(ddp)   # PyTorch 2.13 can abort gloo jobs at exit without it
             if name.startswith("powersgd"):
                 rank = int(name[len("powersgd"):])
