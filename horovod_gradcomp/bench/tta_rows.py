@@ -90,7 +90,8 @@ class Trainer:
             hvd.broadcast_parameters(model.state_dict(), root_rank=0)
             hvd.broadcast_optimizer_state(self.opt, root_rank=0)
             self.forward = model
-            self.factory = f"hvd.DistributedOptimizer({type(opt).__name__}, compression={type(compression).__name__})"
+            made = {"fp32": "Compression.none()", "fp16": "Compression.fp16()"}.get(name, f"Compression.{name}(...)")
+            self.factory = f"hvd.DistributedOptimizer({type(opt).__name__}, compression={made})"
         elif kind == "ddp":
             from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
             from torch.nn.parallel import DistributedDataParallel as DDP
