@@ -135,3 +135,179 @@ def test_in_situ_cpu_time_on_shared_cores():
     old = inp.to_json()
     del old["in_situ_cpu"]
     assert cm.Inputs.from_json(old).in_situ_cpu == {}
+
+
+# -- the cluster form: bench model --nodes N (bench/cost_cluster.py) ----------------------
+
+from horovod_gradcomp.bench import cost_cluster as cc  # noqa: E402
+
+
+def _cluster(numel, nodes, per_node, gbit, gbyte=150.0):
+    rows = cc.cluster_rows(cc.scale_inputs(_inputs(), numel), nodes, per_node, gbit, gbyte, alpha_s=0.0)
+    return {r["method"]: r for r in rows}, rows
+
+
+def test_scaling_and_fp16_terms():
+    """Codec times, payloads and casts scale with the model's size; the fp16 allreduce sends
+    half of fp32's bytes, flat and hierarchical, and pays the casts."""
+    big = cc.scale_inputs(_inputs(), 10 * N)
+    assert big.numel == 10 * N and big.codecs["onebit"]["encode_ms"] == pytest.approx(100.0)
+    assert big.codecs["dgc"]["bytes"] == pytest.approx(80_000) and big.fp16["decode_ms"] == pytest.approx(20.0)
+    assert big.compute_ms == 0 and big.in_situ == {} and big.powersgd == {}
+    by, rows = _cluster(N, 4, 8, 10.0)
+    assert [r["exchange_ms"] for r in rows] == sorted(r["exchange_ms"] for r in rows)
+    k = 32
+    assert by["fp16/flat"]["inter_bytes"] == pytest.approx(2 * (k - 1) / k * 2 * N)
+    assert by["fp16/flat"]["inter_bytes"] == pytest.approx(by["fp32/flat"]["inter_bytes"] / 2)
+    assert by["fp16/flat"]["codec_ms"] == pytest.approx(3.0 + 2.0)
+    h = by["fp16/hierarchical"]
+    assert h["inter_bytes"] == pytest.approx(2 * 3 / 4 * 2 * N / 8)
+    assert h["intra_ms"] == pytest.approx(1e3 * 2 * 7 / 8 * 2 * N / 150e9)
+    assert h["exchange_ms"] == pytest.approx(h["codec_ms"] + h["intra_ms"] + h["inter_ms"])
+    # one GPU per node: no hierarchical rows (they would be the flat ones)
+    one, _ = _cluster(N, 4, 1, 10.0)
+    assert not [m for m in one if "hierarchical" in m] and "onebit/two_phase" in one
+    with pytest.raises(ValueError, match="at least one value"):
+        cc.scale_inputs(_inputs(), 0)
+    with pytest.raises(ValueError, match=">= 1"):
+        cc.cluster_rows(_inputs(), 0, 8, 10.0, 150.0)
+
+
+def test_recommendation_dense_on_a_fast_network_with_a_small_model():
+    _, rows = _cluster(100_000, 2, 8, 400.0)
+    method, reason = cc.recommend(rows)
+    assert cc.is_dense(method) and reason.startswith("dense is fine here")
+
+
+def test_recommendation_codec_on_a_slow_network_with_a_big_model():
+    by, rows = _cluster(1_000 * N, 16, 8, 1.0)
+    method, reason = cc.recommend(rows)
+    assert not cc.is_dense(method), reason
+    dense = min(r["exchange_ms"] for r in rows if cc.is_dense(r["method"]))
+    assert by[method]["exchange_ms"] * cc.MIN_SPEEDUP <= dense
+    assert f"{dense / by[method]['exchange_ms']:.1f}x faster" in reason
+
+
+def test_recommendation_threshold():
+    """A codec faster than dense, but by less than min_speedup, is not recommended."""
+    rows = [{"method": "fp32/flat", "exchange_ms": 100.0, "codec_ms": 0.0, "inter_ms": 90.0},
+            {"method": "onebit/two_phase", "exchange_ms": 90.0, "codec_ms": 20.0, "inter_ms": 60.0}]
+    method, reason = cc.recommend(rows)
+    assert method == "fp32/flat" and "only 1.11x faster" in reason and "dense is fine here" in reason
+    assert cc.recommend(rows, min_speedup=1.1)[0] == "onebit/two_phase"
+    with pytest.raises(ValueError, match="min_speedup"):
+        cc.recommend(rows, min_speedup=0.5)
+
+
+def _write_inputs(tmp_path):
+    path = tmp_path / "inputs.json"
+    path.write_text(json.dumps(_inputs().to_json()))
+    return str(path)
+
+
+def test_cluster_command_line(tmp_path, capsys):
+    """The issue's command with the repository's inputs, and every model option."""
+    assert main(["model", "--nodes", "16", "--gpus-per-node", "8", "--inter-node-gbit", "25", "--params", "1.3e9"]) == 0
+    out = capsys.readouterr().out
+    assert "16 nodes x 8 GPUs (K=128)" in out and "1,300,000,000 parameters" in out
+    assert "| fp32/hierarchical |" in out or "| **fp32/hierarchical** |" in out
+    assert "fp16/flat" in out and "onebit/hierarchical-two_phase" in out and "dgc/allgather" in out
+    assert "\nRecommendation: " in out and "Reason: " in out
+    inputs = _write_inputs(tmp_path)
+    shapes = tmp_path / "shapes.json"
+    shapes.write_text(json.dumps({"w": [1000, 1000], "b": [1000]}))
+    md = tmp_path / "cluster.md"
+    assert main(["model", "--inputs", inputs, "--nodes", "2", "--per-node", "4", "--inter-gbit", "100",
+                 "--intra-node-gbyte", "50", "--shapes-file", str(shapes), "--markdown", str(md)]) == 0
+    out = capsys.readouterr().out
+    assert "1,001,000 parameters in 2 tensors" in out and "50 GB/s inside a node" in out
+    assert ("PowerSGD is not priced: the inputs' PowerSGD figures are for a model of 1,000,000 values, "
+            "not the 25,557,032") in out
+    assert md.read_text().startswith("# Cost model: PREDICTED exchange on one cluster")
+    assert main(["model", "--inputs", inputs, "--nodes", "1", "--model", "resnet50"]) == 0
+    assert "resnet50: 25,557,032 parameters in 161 tensors" in capsys.readouterr().out
+    # a fast network and a small model: dense
+    assert main(["model", "--inputs", inputs, "--nodes", "2", "--inter-node-gbit", "400", "--params", "1e5"]) == 0
+    assert "dense is fine here" in capsys.readouterr().out
+    # --nodes without a number: the N x L table over 2..64 nodes, as before
+    assert main(["model", "--inputs", inputs, "--nodes"]) == 0
+    assert "N=64 (K=512)" in capsys.readouterr().out
+
+
+def test_cluster_command_calibrates_here(capsys):
+    """--calibrate measures the codec inputs on this machine (one CPU core without a GPU)."""
+    assert main(["model", "--nodes", "2", "--params", "1e7", "--calibrate", "--repeat", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "calibrated " in out and "Recommendation: " in out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--nodes", "0", "--params", "1e9"], "argument --nodes: must be a whole number >= 1, got '0'"),
+    (["--nodes", "two", "--params", "1e9"], "argument --nodes: expected a number, got 'two'"),
+    (["--nodes", "2", "--gpus-per-node", "2.5", "--params", "1e9"], "argument --gpus-per-node/--per-node: must be"),
+    (["--nodes", "2", "--inter-node-gbit", "-1", "--params", "1e9"],
+     "argument --inter-node-gbit/--inter-gbit: must be > 0"),
+    (["--nodes", "2", "--intra-node-gbyte", "nan", "--params", "1e9"], "expected a finite number, got 'nan'"),
+    (["--nodes", "2", "--params", "-5"], "argument --params: must be >= 1, got '-5'"),
+    (["--nodes", "2", "--model", "vgg"], "argument --model: invalid choice: 'vgg'"),
+    (["--nodes", "2", "--shapes-file", "/nonexistent.json"], "argument --shapes-file: cannot read"),
+    (["--nodes", "2", "--params", "1e9", "--model", "resnet50"], "not allowed with argument"),
+])
+def test_cluster_bad_values_name_the_option(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["model"] + argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith("usage:")
+
+
+def test_cluster_needs_a_model_and_the_model_needs_nodes(tmp_path, capsys):
+    assert main(["model", "--nodes", "2"]) == 2
+    assert "needs the model: --params N, --shapes-file JSON or --model NAME" in capsys.readouterr().err
+    assert main(["model", "--params", "1e9"]) == 2
+    assert "give --nodes N" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps([[3, 0]]))
+    with pytest.raises(SystemExit):
+        main(["model", "--nodes", "2", "--shapes-file", str(bad)])
+    assert "a shape must be a list of whole numbers >= 1, got [3, 0]" in capsys.readouterr().err
+
+
+def test_scaling_check_rows(capsys):
+    """--check-scaling compares the scaled inputs of the first tensors with the whole measured."""
+    from horovod_gradcomp.bench.cost_scaling_check import TERMS, check_scaling, format_scaling
+    whole, rows = check_scaling((20,), repeat=1)
+    assert whole.numel == 25_557_032
+    assert {(r["method"], r["term"]) for r in rows} == \
+        {(k, t) for k in cm.CODECS for t in TERMS} | {("fp16", "encode_ms"), ("fp16", "decode_ms")}
+    for r in rows:
+        assert r["scaled"] > 0 and r["measured"] > 0
+        assert r["rel_error"] == pytest.approx((r["scaled"] - r["measured"]) / r["measured"])
+    assert "| 20 (" in format_scaling(rows, whole.numel)
+
+
+def test_powersgd_in_the_cluster_form(tmp_path, capsys):
+    """PowerSGD's time is a W(r) + b r W(r), a and b solved from the rank-1 and rank-4 figures;
+    its exchange the ring allreduce of its factor bytes; priced only when the shapes are known."""
+    from horovod_gradcomp.bench import cost_powersgd as cp
+    shapes = [(1000, 1000), (200, 50), (4, 4), (1000,)]
+    # rank 1: (1000, 1000) and (200, 50) compress; rank 4: both still compress ((200+50)*4*2 < 10000)
+    assert cp.matrix_values(shapes, 1) == 1_010_000 and cp.matrix_values(shapes, 4) == 1_010_000
+    assert cp.matrix_values([(200, 50)], 40) == 0             # (250 * 40 * 2 >= 10000): whole
+    inp = _inputs()
+    inp.numel = sum(a * b for a, b in [(1000, 1000), (200, 50)]) + 16 + 1000
+    a, b = 2e-5, 1e-5
+    w = 1_010_000
+    inp.powersgd = {1: {"compute_ms": a * w + b * w, "bytes": 0}, 4: {"compute_ms": a * w + 4 * b * w, "bytes": 0}}
+    assert cp.coefficients(inp, shapes) == pytest.approx((a, b))
+    with pytest.raises(ValueError, match="of the shapes they are taken as measured on"):
+        cp.coefficients(inp, shapes[:1])
+    p = cp.predict_powersgd(4, shapes, 2, 4, (a, b), inter_bits_per_s=1e9, alpha_s=1e-5)
+    assert p["inter_bytes"] == pytest.approx(2 * 7 / 8 * cm.powersgd_factor_bytes(shapes, 4))
+    assert p["codec_ms"] == pytest.approx(a * w + 4 * b * w) and p["latency_ms"] == pytest.approx(1e3 * 6 * 7 * 1e-5)
+    assert main(["model", "--nodes", "2", "--model", "resnet50"]) == 0
+    out = capsys.readouterr().out
+    assert "powersgd1/flat" in out and "powersgd4/flat" in out
+    assert main(["model", "--nodes", "2", "--params", "1e8"]) == 0
+    out = capsys.readouterr().out
+    assert "powersgd1/flat" not in out and "PowerSGD is not priced: it needs the model's shapes" in out

@@ -20,17 +20,22 @@ from .cost_model import (CHECK_CONFIGS, CODECS, IN_SITU_CONFIGS, IN_SITU_NP, MIN
                          Inputs, compare, powersgd_factor_bytes)
 
 
-def decode_mean_ms(name: str, options: dict, k: int, repeat: int = 3) -> float:
+def decode_mean_ms(name: str, options: dict, k: int, repeat: int = 3, device: str = "cpu",
+                   limit_tensors: Optional[int] = None) -> float:
     """Median ms of decoding the mean of ``k`` copies of each ResNet-50 gradient's payload into
     its output (``decode_mean_stacked`` from a [k, n] receive buffer, or ``decode_mean_list`` for
-    variable-size codecs), summed over the tensors: what a rank does per step at K = k."""
+    variable-size codecs), summed over the tensors: what a rank does per step at K = k. The
+    gradients live on ``device`` (a CUDA device is synchronized around each pass); with
+    ``limit_tensors``, only the first that many of ResNet-50's tensors."""
     import torch
     from .. import get_codec
     from .codecs_bench import make_gradients
     from .shapes import resnet50_shapes
     from ..codecs.base import Payload
     codec = get_codec(name, impl="native", **options)
-    grads = make_gradients(resnet50_shapes())
+    shapes = resnet50_shapes()[:limit_tensors] if limit_tensors else resnet50_shapes()
+    grads = make_gradients(shapes, device=device)
+    cuda = device != "cpu"
     jobs = []
     for i, g in enumerate(grads):
         getattr(codec, "reset_stream", lambda p: None)(i)
@@ -43,12 +48,16 @@ def decode_mean_ms(name: str, options: dict, k: int, repeat: int = 3) -> float:
             jobs.append((stacked, None, torch.empty_like(g)))
     times = []
     for _ in range(repeat):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
         for stacked, plist, out in jobs:
             if stacked is not None:
                 codec.decode_mean_stacked(stacked, out=out)
             else:
                 codec.decode_mean_list(plist, out=out)
+        if cuda:
+            torch.cuda.synchronize()
         times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
 
