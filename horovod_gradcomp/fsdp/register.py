@@ -1,0 +1,283 @@
+"""``state = hgc.fsdp.register(model, codec, **options)``: the codecs inside FSDP2's reduce-scatter.
+
+Call it on every rank after ``fully_shard`` (on the submodules, then the root). For every
+``FSDPModule`` of ``model`` whose parameter group holds trainable parameters it sets a
+:class:`~horovod_gradcomp.fsdp.comm.CompressedReduceScatter` (``set_custom_reduce_scatter``):
+FSDP2 then hands that object the flat reduce-scatter input of the group (every rank's
+dim-0-padded shards of every parameter, chunk by chunk) and each rank gets back the codec's
+estimate of the mean (or sum) of its own shard: every rank encodes each segment of each chunk
+through its memory, owner j receives and decodes the K payloads of chunk j and sums them in
+float32 (:mod:`horovod_gradcomp.exchange.reduce_scatter`). The result is decoded once (no
+requantization by the owner), and FSDP2's own pre- and post-divide factors, ``reduce_dtype``
+and gradient copy-out are left as they are.
+
+Mode. Sharded (a 1-D mesh over all ranks of the group) is what this module builds. A model
+sharded on a 2-D mesh (FSDP2's own HSDP, ``mesh`` with a replicate dimension) is refused with a
+message: the compressed replica exchange between nodes (a 1-D mesh inside each node plus an
+all-reduce hook) is not written yet.
+
+Where the state lives and what it costs (sharded mode). The codec's options come from the same
+factories as under Horovod and DDP (``hgc.Compression.<codec>``: error feedback on for onebit,
+off for terngrad and qsgd; DGC's memory; the Adam-aware defaults). The worker memory is keyed by
+segment, ``"<parameter>[<chunk>]"``, and every rank encodes all K chunks of every parameter, so:
+
+* onebit's error-feedback residual (and terngrad's or qsgd's when ``error_feedback=True``) is one
+  tensor per parameter and chunk, in the reduce dtype: **on every rank, as large as the unsharded
+  padded gradient** (the full model's gradient in fp32 with the default reduce dtype: 4 bytes per
+  parameter, K times the rank's shard), living on the gradients' device for the whole run;
+* DGC's accumulation (and its velocity, when it has momentum) are the same size each, so twice
+  the unsharded gradient with momentum;
+* terngrad and qsgd (no error feedback by default) keep nothing.
+
+This is the price of compressing before the reduce: each rank's residual must remember what it
+failed to send of every chunk, not only its own. ``state.memory_bytes()`` reports it.
+
+Steps. A step is one backward pass that reduce-scatters (gradient accumulation with
+``set_requires_gradient_sync(False)`` calls nothing until the last micro-batch): it ends when
+every registered module has reduced once, or when a module reduces a second time. FSDP2 is asked
+to reduce-scatter unused parameters too (``set_reduce_scatter_unused_params(True)``, zeros for a
+parameter that got no gradient), so that every call of a module has the same layout on every rank.
+
+Agreement and non-finite values. Every call starts with the preamble collective
+(:mod:`horovod_gradcomp.exchange.preamble`): ranks whose codec, options, memory, parameters or
+step differ raise :class:`~horovod_gradcomp.exchange.communicator.ExchangeMismatchError` on every
+rank; when any rank's input holds a NaN or Inf, nothing is encoded (the memory is untouched) and
+the reduced shard is NaN on every rank, as the DDP path does (a GradScaler or a finite check then
+skips the step).
+
+Not yet: HSDP mode, ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
+needs the whole step's gradient norm before the first module reduces), the stall watchdog,
+``async_op``, checkpoints through ``torch.distributed.checkpoint`` (``state_dict`` works as the
+DDP state's does: per rank, same world size).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, List, Optional
+
+import torch
+
+from ..codecs import available_codecs
+from ..exchange.reduce_scatter import ShardLayout, dense_reduce_scatter_job, memory_keys, reduce_scatter_job
+from ..exchange.stats import ExchangeStats
+from ..exchange.step_ramp import apply_ramp, ramp_factor
+from ..horovod.adam_defaults import AdamDefaultsGuard
+from ..horovod.factories import Compression
+from ..transports.torch_dist import TorchDistributedCommunicator
+from .comm import CompressedReduceScatter
+from .driver import run_blocking
+
+#: Options of the Horovod/DDP factories that mean nothing here (FSDP2 decides the buckets: its
+#: parameter groups; the pattern is the compressed reduce-scatter).
+_REFUSED = ("pattern", "bucket_bytes", "overlap", "transport", "process_set", "pipeline_bytes", "ranks_per_node",
+            "inner_pattern", "communicator")
+
+
+class FSDPCompressionState:
+    """What :func:`register` returns: the compression (codec, memory, step) and its counters.
+
+    Fields: compression (the ``hgc.Compression`` object whose codec and state are used),
+    codec, communicator, comms (the modules' reduce-scatters, in model order), order (memory key ->
+    stream index over every module's keys)."""
+
+    def __init__(self, compression, communicator: TorchDistributedCommunicator, check_agreement: bool = True):
+        self.compression = compression
+        self.codec = compression.codec
+        self.communicator = communicator
+        self.check_agreement = bool(check_agreement)
+        self.comms: List[CompressedReduceScatter] = []
+        self.order: Dict[str, int] = {}
+        self.exchange_stats = ExchangeStats()
+        self.calls = 0
+        self.bytes_dense_reduce_scatter = 0.0
+        self._seen: set = set()
+
+    @property
+    def memory(self):
+        return self.compression.state.memory
+
+    @property
+    def step(self) -> int:
+        return self.compression.state.step
+
+    def add_module(self, name: str, layout: ShardLayout) -> CompressedReduceScatter:
+        """A reduce-scatter for the module ``name`` with ``layout``; its keys join the stream order."""
+        comm = CompressedReduceScatter(self, name, len(self.comms), layout)
+        self.comms.append(comm)
+        for key in memory_keys(layout):
+            self.order[key] = len(self.order)
+        return comm
+
+    def _close_step(self) -> None:
+        if self._seen:
+            self._seen.clear()
+            self.exchange_stats.steps += 1
+            self.compression.state.end_step()
+
+    def reduce_scatter(self, comm: CompressedReduceScatter, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                       group, scale: float, owner: str) -> None:
+        """One module's reduce-scatter (called by :class:`CompressedReduceScatter`)."""
+        if group is not None and group is not self.communicator.group and group.size() != self.communicator.size:
+            raise ValueError(f"{owner}: FSDP reduces over a group of {group.size()} ranks, register() used one of "
+                             f"{self.communicator.size}")
+        if comm.index in self._seen:   # this module reduces again: the previous step is over
+            self._close_step()
+        step, layout, k = self.step, comm.layout, self.communicator.size
+        dense = step < getattr(self.codec, "warmup_steps", 0)
+        signature = [f"hgc.fsdp module={comm.module!r}", f"world={k}", f"scale={scale!r}",
+                     f"dtype={input_tensor.dtype}", f"step={step}", f"dense={dense}",
+                     self.codec.agreement_key(), self.memory.agreement_key(),
+                     *(f"{s.name}:{tuple(s.shape)}" for s in layout.segments)]
+        common = dict(scale=scale, signature=signature, owner=owner, check=self.check_agreement,
+                      stats=self.exchange_stats)
+        if dense:
+            job = dense_reduce_scatter_job(self.communicator, layout, input_tensor, output_tensor, **common)
+        else:
+            job = reduce_scatter_job(self.codec, self.memory, self.communicator, layout, input_tensor, output_tensor,
+                                     step=step, order=self.order, **common)
+        outcome = run_blocking(job)
+        if not outcome.nonfinite:
+            apply_ramp([output_tensor], ramp_factor(getattr(self.codec, "lr_warmup_steps", 0), step))
+        s = self.exchange_stats
+        s.tensors += len(layout.segments)
+        s.bytes_payload += outcome.payload
+        s.bytes_payload_dense += 4 * layout.numel
+        s.bytes_sent += outcome.sent
+        s.bytes_sent_inter_node += outcome.sent
+        s.nonfinite_steps += int(outcome.nonfinite)
+        self.calls += 1
+        self.bytes_dense_reduce_scatter += (k - 1) * layout.chunk_numel * input_tensor.element_size()
+        self._seen.add(comm.index)
+        if len(self._seen) == len(self.comms):
+            self._close_step()
+
+    def stats(self) -> dict:
+        """This rank's cumulative counters: ``steps`` (backward passes that reduced), ``calls``
+        (module reduce-scatters), ``bytes_sent`` (what this rank sent: preambles, shared scales,
+        sizes and the payloads to the other owners; its own chunk is not counted),
+        ``bytes_dense`` (what FSDP2's own reduce-scatter of the same inputs sends per rank in the
+        reduce dtype, ``(K-1)/K`` of the input's bytes), their ratio ``wire_ratio``, per-step
+        values, ``bytes_payload`` (all payloads this rank encoded, its own chunk included),
+        ``nonfinite_steps`` (calls whose output was NaN), encode/exchange/decode seconds, and
+        ``memory_bytes`` (:meth:`memory_bytes`)."""
+        d = self.exchange_stats.as_dict()
+        steps = self.exchange_stats.steps + (1 if self._seen else 0)
+        d.update(steps=steps, calls=self.calls, bytes_dense=self.bytes_dense_reduce_scatter,
+                 bytes_dense_per_step=self.bytes_dense_reduce_scatter / steps if steps else 0.0,
+                 bytes_sent_per_step=self.exchange_stats.bytes_sent / steps if steps else 0.0,
+                 wire_ratio=(self.bytes_dense_reduce_scatter / self.exchange_stats.bytes_sent
+                             if self.exchange_stats.bytes_sent else None),
+                 memory_bytes=self.memory_bytes(), padding_bytes=self.communicator.padding_bytes)
+        return d
+
+    def memory_bytes(self) -> int:
+        """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations)."""
+        stores = [getattr(self.memory, a, {}) for a in ("residuals", "velocities", "accumulations")]
+        return sum(t.numel() * t.element_size() for store in stores for t in store.values())
+
+    def state_dict(self) -> dict:
+        return self.compression.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.compression.load_state_dict(state)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.compression.set_epoch(epoch)
+
+    def __repr__(self) -> str:
+        return (f"FSDPCompressionState({self.codec!r}, memory={self.memory!r}, modules={len(self.comms)}, "
+                f"world={self.communicator.size})")
+
+
+def _fsdp_module_class():
+    from torch.distributed.fsdp import FSDPModule
+    return FSDPModule
+
+
+def _groups(model: torch.nn.Module):
+    """``(module name, module, param group)`` of every FSDPModule of ``model`` with a parameter group."""
+    fsdp_module = _fsdp_module_class()
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, fsdp_module):
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                found.append((name, module, group))
+    return found
+
+
+def _layout(name: str, group, names: Dict[int, str], owner: str) -> Optional[ShardLayout]:
+    """The shard layout of one parameter group's trainable parameters (None when it has none)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
+    params = [fp for fp in group.fsdp_params if fp.sharded_param.requires_grad]
+    if not params:
+        return None
+    info = group.mesh_info
+    if isinstance(info, HSDPMeshInfo):
+        raise NotImplementedError(
+            f"{owner}: module {name or '<root>'!r} is sharded on a 2-D mesh (FSDP2's own HSDP, whose replica "
+            "all-reduce is dense). The compressed HSDP mode (a 1-D mesh inside each node and the codec between "
+            "nodes) is not written yet: shard over a 1-D mesh of all ranks for the compressed reduce-scatter")
+    if not isinstance(info, FSDPMeshInfo):
+        raise ValueError(f"{owner}: module {name or '<root>'!r} is not sharded (mesh info {type(info).__name__})")
+    shards = []
+    for fp in params:
+        pname = names.get(id(fp.sharded_param), getattr(fp, "_param_fqn", None))
+        dim = getattr(getattr(fp, "fsdp_placement", None), "dim", 0)
+        if dim != 0:
+            raise NotImplementedError(f"{owner}: parameter {pname!r} is sharded on dim {dim} (Shard({dim})); the "
+                                      "compressed reduce-scatter takes Shard(0) placements only for now")
+        shards.append((pname, tuple(fp.padded_sharded_param_size)))
+    return ShardLayout(shards, info.shard_mesh_size)
+
+
+def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Optional[torch.optim.Optimizer] = None,
+             check_agreement: bool = True, **options) -> FSDPCompressionState:
+    """Compress the reduce-scatters of every ``FSDPModule`` in ``model`` with ``codec``; return the state.
+
+    ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
+    (``hgc.Compression.<codec>``, e.g. ``error_feedback=``, ``bits=``, ``density=``, ``scales=``,
+    ``warmup_steps=``). ``optimizer``: the optimizer that steps the parameters (the Adam family
+    gets the codec's Adam defaults from the first step; without it, from its first ``step()``;
+    DGC with ``momentum=None`` takes an SGD's momentum at its first ``step()``).
+    ``check_agreement``: compare what the ranks exchange at every call (the preamble runs anyway
+    for the non-finite flags). Call it on every rank, after ``fully_shard``, before the first
+    backward; see the module doc for what works and what does not yet."""
+    owner = f"hgc.fsdp.register({codec!r})"
+    if codec not in available_codecs():
+        raise ValueError(f"hgc.fsdp.register: unknown codec {codec!r}; available: {', '.join(available_codecs())} "
+                         "(for FSDP2's own dense reduce-scatter, call nothing)")
+    given = sorted(set(options) & set(_REFUSED))
+    if given:
+        raise ValueError(f"{owner}: {given} are not taken here: FSDP2's parameter groups are the buckets and the "
+                         "pattern is the compressed reduce-scatter")
+    groups = _groups(model)
+    if not groups:
+        raise ValueError(f"{owner}: {type(model).__name__} holds no FSDPModule: call fully_shard on it (and its "
+                         "submodules) first")
+    names = {id(p): n for n, p in model.named_parameters()}
+    layouts = [(name, module, _layout(name, group, names, owner)) for name, module, group in groups]
+    layouts = [(name, module, group_layout, group) for (name, module, group_layout), (_, _, group)
+               in zip(layouts, groups) if group_layout is not None]
+    if not layouts:
+        raise ValueError(f"{owner}: no FSDPModule of {type(model).__name__} holds a trainable parameter")
+    process_group = layouts[0][3].mesh_info.shard_process_group
+    sizes = {lay.world_size for _, _, lay, _ in layouts}
+    if len(sizes) != 1:
+        raise NotImplementedError(f"{owner}: the modules are sharded over groups of different sizes {sorted(sizes)}")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
+    communicator = TorchDistributedCommunicator(process_group)
+    compression = factory(named, communicator=communicator, optimizer=optimizer, check_agreement=check_agreement,
+                          **options)
+    if compression.state.memory.needs_all_grads:
+        raise NotImplementedError(f"{owner}: DGC's clip_norm needs the whole step's gradient norm before the first "
+                                  "module reduces, which FSDP2's module-by-module reduce-scatters do not give; "
+                                  "clip after the reduce instead (clip_norm=None)")
+    if optimizer is None:
+        compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
+    state = FSDPCompressionState(compression, communicator, check_agreement)
+    for name, module, group_layout, group in layouts:
+        module.set_reduce_scatter_unused_params(True, recurse=False)
+        module.set_custom_reduce_scatter(state.add_module(name, group_layout))
+    return state
