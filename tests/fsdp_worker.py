@@ -5,6 +5,7 @@
     torchrun --nproc_per_node K tests/fsdp_worker.py mismatch
     torchrun --nproc_per_node K tests/fsdp_worker.py nonfinite
     torchrun --nproc_per_node K tests/fsdp_worker.py accumulate
+    torchrun --nproc_per_node K tests/fsdp_worker.py errors
 
 Rank 0 prints one JSON line at the end. ``oracle`` calls every registered module's reduce-scatter
 with known inputs (every rank can rebuild every rank's input from the seeds) and compares the
@@ -88,7 +89,7 @@ def oracle(codec_key: str, extra: dict) -> dict:
     name, codec_opts, reg_opts = CODECS[codec_key]
     k, me = dist.get_world_size(), dist.get_rank()
     net = build()
-    state = hgc.fsdp.register(net, name, **codec_opts, **reg_opts, **extra)
+    state = hgc.fsdp.register(net, name, **{**codec_opts, **reg_opts, **extra})
     refs = [hgc.get_codec(name, **{**codec_opts, "impl": "reference",
                                    **({"rank_stream": r} if hasattr(state.codec, "rank_stream") else {})})
             for r in range(k)]
@@ -158,20 +159,24 @@ def train(codec_key: str, extra: dict) -> dict:
     lr, steps = float(extra.pop("lr", 0.05)), int(extra.pop("steps", 60))
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.0 if codec_key == "dgc" else 0.9)
     state = None
-    if codec_key != "dense":
+    if codec_key == "dense":
+        hgc.ddp.hold_backward_context(net)   # what register() does (gloo's abort at exit)
+    else:
         name, codec_opts, reg_opts = CODECS[codec_key]
         codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
         reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
-        state = hgc.fsdp.register(net, name, optimizer=opt, **codec_opts, **reg_opts, **extra)
+        state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
     losses = []
     for x, y in batches(steps, 32, seed=77 + me):
         loss = torch.nn.functional.mse_loss(net(x).float(), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
-        t = loss.detach().clone()
-        dist.all_reduce(t)
-        losses.append(t.item() / k)
+        losses.append(loss.item())
+    every = torch.tensor(losses)
+    dist.all_reduce(every)
+    hgc.ddp.keep_until_exit(every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
+    losses = (every / k).tolist()
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     return {"ok": True, "codec": codec_key, "first": first, "last": last, "finite": all(map(math.isfinite, losses)),
             "stats": None if state is None else state.stats()}
@@ -190,6 +195,7 @@ def mismatch() -> dict:
         raise AssertionError("no ExchangeMismatchError")
     flags = torch.tensor([1.0])
     dist.all_reduce(flags)
+    hgc.ddp.keep_until_exit(flags)
     return {"ok": True, "raised_on": int(flags.item()), "message": message[:300]}
 
 
@@ -237,6 +243,43 @@ def accumulate() -> dict:
     return {"ok": True, "calls": calls, "modules": len(state.comms), "max_diff": diff}
 
 
+def errors() -> dict:
+    """What register() refuses, each with a message naming the problem (every rank raises the same)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Shard
+    k = dist.get_world_size()
+    cases = {
+        "unknown codec": (lambda: hgc.fsdp.register(build(), "nosuch"), ValueError, "unknown codec"),
+        "refused option": (lambda: hgc.fsdp.register(build(), "onebit", pattern="two_phase"), ValueError,
+                           "not taken here"),
+        "no FSDPModule": (lambda: hgc.fsdp.register(Net(), "onebit"), ValueError, "call fully_shard"),
+        "dgc clip_norm": (lambda: hgc.fsdp.register(build(), "dgc", momentum=0.0, clip_norm=1.0),
+                          NotImplementedError, "clip_norm"),
+    }
+
+    def shard1():
+        net = Net()
+        fully_shard(net, shard_placement_fn=lambda p: Shard(1) if p.dim() == 2 and p.shape[1] % k == 0 else None)
+        hgc.fsdp.register(net, "onebit")
+    cases["Shard(1)"] = (shard1, NotImplementedError, "Shard(1)")
+    if k == 4:
+        def hsdp():
+            net = Net()
+            fully_shard(net, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
+            hgc.fsdp.register(net, "onebit")
+        cases["2-D mesh"] = (hsdp, NotImplementedError, "2-D mesh")
+    messages = {}
+    for what, (fn, exc, words) in cases.items():
+        try:
+            fn()
+        except exc as e:
+            assert words in str(e), (what, str(e))
+            messages[what] = str(e)[:200]
+        else:
+            raise AssertionError(f"{what}: no {exc.__name__}")
+    return {"ok": True, "messages": messages}
+
+
 def main() -> None:
     dist.init_process_group("gloo")
     mode = sys.argv[1]
@@ -250,6 +293,8 @@ def main() -> None:
         result = nonfinite()
     elif mode == "accumulate":
         result = accumulate()
+    elif mode == "errors":
+        result = errors()
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if dist.get_rank() == 0:

@@ -58,6 +58,7 @@ from typing import Dict, List, Optional
 import torch
 
 from ..codecs import available_codecs
+from ..ddp.gloo_exit import hold_backward_context
 from ..exchange.reduce_scatter import ShardLayout, dense_reduce_scatter_job, memory_keys, reduce_scatter_job
 from ..exchange.stats import ExchangeStats
 from ..exchange.step_ramp import apply_ramp, ramp_factor
@@ -251,6 +252,10 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     if given:
         raise ValueError(f"{owner}: {given} are not taken here: FSDP2's parameter groups are the buckets and the "
                          "pattern is the compressed reduce-scatter")
+    if options.get("clip_norm") is not None:
+        raise NotImplementedError(f"{owner}: DGC's clip_norm needs the whole step's gradient norm before the first "
+                                  "module reduces, which FSDP2's module-by-module reduce-scatters do not give; "
+                                  "clip after the reduce instead (clip_norm=None)")
     groups = _groups(model)
     if not groups:
         raise ValueError(f"{owner}: {type(model).__name__} holds no FSDPModule: call fully_shard on it (and its "
@@ -270,14 +275,11 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     communicator = TorchDistributedCommunicator(process_group)
     compression = factory(named, communicator=communicator, optimizer=optimizer, check_agreement=check_agreement,
                           **options)
-    if compression.state.memory.needs_all_grads:
-        raise NotImplementedError(f"{owner}: DGC's clip_norm needs the whole step's gradient norm before the first "
-                                  "module reduces, which FSDP2's module-by-module reduce-scatters do not give; "
-                                  "clip after the reduce instead (clip_norm=None)")
     if optimizer is None:
         compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
     state = FSDPCompressionState(compression, communicator, check_agreement)
     for name, module, group_layout, group in layouts:
         module.set_reduce_scatter_unused_params(True, recurse=False)
         module.set_custom_reduce_scatter(state.add_module(name, group_layout))
+    hold_backward_context(model)   # PyTorch 2.13's abort at exit on gloo: see horovod_gradcomp/ddp/gloo_exit.py
     return state
