@@ -6,6 +6,7 @@
     torchrun --nproc_per_node K tests/fsdp_worker.py nonfinite
     torchrun --nproc_per_node K tests/fsdp_worker.py accumulate
     torchrun --nproc_per_node K tests/fsdp_worker.py errors
+    torchrun --nproc_per_node 4 tests/fsdp_worker.py hsdp CODEC [key=value ...]   (CODEC "dense": FSDP2's HSDP)
 
 Rank 0 prints one JSON line at the end. ``oracle`` calls every registered module's reduce-scatter
 with known inputs (every rank can rebuild every rank's input from the seeds) and compares the
@@ -15,6 +16,7 @@ and the rank's own residual, decode, sum in float32, times 1/K.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import sys
@@ -243,6 +245,51 @@ def accumulate() -> dict:
     return {"ok": True, "calls": calls, "modules": len(state.comms), "max_diff": diff}
 
 
+def hsdp(codec_key: str, extra: dict) -> dict:
+    """2 x 2 at K=4: FSDP2 shards over each node's pair ("shard" of a 2-D mesh), the codec averages
+    across the pairs. Trains 40 steps; reports the losses and whether replicas hold bitwise the same
+    shards (a digest of every local shard, compared between the ranks at the same place)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    k, me = dist.get_world_size(), dist.get_rank()
+    mesh = init_device_mesh("cpu", (2, k // 2), mesh_dim_names=("replicate", "shard"))
+    torch.manual_seed(0)
+    net = Net()
+    if codec_key == "dense":   # FSDP2's own HSDP (2-D mesh, dense all-reduce)
+        for m in (net.inp, net.mid, net):
+            fully_shard(m, mesh=mesh)
+        hgc.ddp.hold_backward_context(net)
+    else:
+        for m in (net.inp, net.mid, net):
+            fully_shard(m, mesh=mesh["shard"])
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
+    state = None
+    if codec_key != "dense":
+        name, codec_opts, reg_opts = CODECS[codec_key]
+        codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
+        reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
+        state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
+        assert state.mode == "hsdp", state
+    losses = []
+    for x, y in batches(40, 32, seed=77 + me):
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    every = torch.tensor(losses)
+    dist.all_reduce(every)
+    hgc.ddp.keep_until_exit(every)
+    losses = (every / k).tolist()
+    flat = torch.cat([p.to_local().detach().reshape(-1) for p in net.parameters()])
+    digests = [None] * k
+    dist.all_gather_object(digests, hashlib.sha256(flat.numpy().tobytes()).hexdigest())
+    half = k // 2
+    same = all(digests[r] == digests[r + half] for r in range(half))
+    return {"ok": True, "codec": codec_key, "first": sum(losses[:5]) / 5, "last": sum(losses[-5:]) / 5,
+            "replicas_equal": same, "stats": None if state is None else
+            {key: v for key, v in state.stats().items() if key != "modules"}}
+
+
 def errors() -> dict:
     """What register() refuses, each with a message naming the problem (every rank raises the same)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -295,6 +342,8 @@ def main() -> None:
         result = accumulate()
     elif mode == "errors":
         result = errors()
+    elif mode == "hsdp":
+        result = hsdp(sys.argv[2], options(sys.argv[3:]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if dist.get_rank() == 0:

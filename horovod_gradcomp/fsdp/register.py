@@ -11,10 +11,12 @@ float32 (:mod:`horovod_gradcomp.exchange.reduce_scatter`). The result is decoded
 requantization by the owner), and FSDP2's own pre- and post-divide factors, ``reduce_dtype``
 and gradient copy-out are left as they are.
 
-Mode. Sharded (a 1-D mesh over all ranks of the group) is what this module builds. A model
-sharded on a 2-D mesh (FSDP2's own HSDP, ``mesh`` with a replicate dimension) is refused with a
-message: the compressed replica exchange between nodes (a 1-D mesh inside each node plus an
-all-reduce hook) is not written yet.
+Modes. Sharded (the modules' 1-D mesh spans every rank): the compressed reduce-scatter above.
+HSDP (the modules' 1-D mesh spans the ranks of one node, ``mesh=mesh_2d["shard"]``): FSDP2's dense
+reduce-scatter inside the node, then the codec between nodes in the all-reduce hook
+(:mod:`horovod_gradcomp.fsdp.hsdp`; residuals the size of the shard). ``mode="auto"`` picks the
+one the layout says. A model sharded on a 2-D mesh (FSDP2's own HSDP, whose dense all-reduce runs
+before the hook) is refused with a message saying how to shard instead.
 
 Where the state lives and what it costs (sharded mode). The codec's options come from the same
 factories as under Horovod and DDP (``hgc.Compression.<codec>``: error feedback on for onebit,
@@ -45,7 +47,7 @@ rank; when any rank's input holds a NaN or Inf, nothing is encoded (the memory i
 the reduced shard is NaN on every rank, as the DDP path does (a GradScaler or a finite check then
 skips the step).
 
-Not yet: HSDP mode, ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
+Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
 needs the whole step's gradient norm before the first module reduces), the stall watchdog,
 ``async_op``, checkpoints through ``torch.distributed.checkpoint`` (``state_dict`` works as the
 DDP state's does: per rank, same world size).
@@ -56,6 +58,7 @@ import functools
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 
 from ..codecs import available_codecs
 from ..ddp.gloo_exit import hold_backward_context
@@ -67,6 +70,7 @@ from ..horovod.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .comm import CompressedReduceScatter
 from .driver import run_blocking
+from .hsdp import CountingHook, HSDPCompressionState, ReplicaAverage, replica_group
 
 #: Options of the Horovod/DDP factories that mean nothing here (FSDP2 decides the buckets: its
 #: parameter groups; the pattern is the compressed reduce-scatter).
@@ -217,8 +221,9 @@ def _layout(name: str, group, names: Dict[int, str], owner: str) -> Optional[Sha
     if isinstance(info, HSDPMeshInfo):
         raise NotImplementedError(
             f"{owner}: module {name or '<root>'!r} is sharded on a 2-D mesh (FSDP2's own HSDP, whose replica "
-            "all-reduce is dense). The compressed HSDP mode (a 1-D mesh inside each node and the codec between "
-            "nodes) is not written yet: shard over a 1-D mesh of all ranks for the compressed reduce-scatter")
+            "all-reduce is dense and runs before the all-reduce hook). For the codec between nodes shard over the "
+            "node's 1-D mesh instead (fully_shard(..., mesh=mesh_2d['shard'])): register() then finds the replicas "
+            "and runs HSDP mode; or shard over a 1-D mesh of all ranks for the compressed reduce-scatter")
     if not isinstance(info, FSDPMeshInfo):
         raise ValueError(f"{owner}: module {name or '<root>'!r} is not sharded (mesh info {type(info).__name__})")
     shards = []
@@ -233,7 +238,7 @@ def _layout(name: str, group, names: Dict[int, str], owner: str) -> Optional[Sha
 
 
 def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Optional[torch.optim.Optimizer] = None,
-             check_agreement: bool = True, **options) -> FSDPCompressionState:
+             mode: str = "auto", check_agreement: bool = True, **options):
     """Compress the reduce-scatters of every ``FSDPModule`` in ``model`` with ``codec``; return the state.
 
     ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
@@ -242,8 +247,13 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     gets the codec's Adam defaults from the first step; without it, from its first ``step()``;
     DGC with ``momentum=None`` takes an SGD's momentum at its first ``step()``).
     ``check_agreement``: compare what the ranks exchange at every call (the preamble runs anyway
-    for the non-finite flags). Call it on every rank, after ``fully_shard``, before the first
-    backward; see the module doc for what works and what does not yet."""
+    for the non-finite flags). ``mode``: "sharded" (FSDP2 shards over every rank: the compressed
+    reduce-scatter; returns a :class:`FSDPCompressionState`), "hsdp" (FSDP2 shards over the ranks
+    of a node: its dense reduce-scatter there, the codec between nodes,
+    :mod:`horovod_gradcomp.fsdp.hsdp`; returns an ``HSDPCompressionState``) or "auto" (the one the
+    layout says: "hsdp" when the modules' 1-D mesh is smaller than the world). Call it on every rank,
+    after ``fully_shard``, before the first backward (HSDP mode creates process groups); see the
+    module doc for what works and what does not yet."""
     owner = f"hgc.fsdp.register({codec!r})"
     if codec not in available_codecs():
         raise ValueError(f"hgc.fsdp.register: unknown codec {codec!r}; available: {', '.join(available_codecs())} "
@@ -272,6 +282,20 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
         raise NotImplementedError(f"{owner}: the modules are sharded over groups of different sizes {sorted(sizes)}")
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
+    world, node = dist.get_world_size(), sizes.pop()
+    if mode == "auto":
+        mode = "hsdp" if node < world else "sharded"
+    if mode not in ("sharded", "hsdp"):
+        raise ValueError(f"{owner}: mode must be 'auto', 'sharded' or 'hsdp', got {mode!r}")
+    if mode == "sharded" and node != world:
+        raise ValueError(f"{owner}: mode='sharded' needs the modules sharded over all {world} ranks; they are sharded "
+                         f"over {node} (use mode='hsdp' for the codec between the groups)")
+    if mode == "hsdp":
+        if node == world:
+            raise ValueError(f"{owner}: mode='hsdp' needs the modules sharded over the ranks of one node (a 1-D mesh "
+                             f"smaller than the world); they are sharded over all {world} ranks")
+        return _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement,
+                              world // node, options)
     communicator = TorchDistributedCommunicator(process_group)
     compression = factory(named, communicator=communicator, optimizer=optimizer, check_agreement=check_agreement,
                           **options)
@@ -282,4 +306,28 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
         module.set_reduce_scatter_unused_params(True, recurse=False)
         module.set_custom_reduce_scatter(state.add_module(name, group_layout))
     hold_backward_context(model)   # PyTorch 2.13's abort at exit on gloo: see horovod_gradcomp/ddp/gloo_exit.py
+    return state
+
+
+def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement, replicas, options):
+    """HSDP mode (:mod:`horovod_gradcomp.fsdp.hsdp`): one compression per module over the replicas."""
+    if codec == "dgc" and options.get("momentum") is None:
+        raise ValueError(f"{owner}: in HSDP mode pass DGC's momentum= explicitly (and step with SGD momentum 0): "
+                         "each module has its own compression, and only one could take over the optimizer's")
+    group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
+    communicator = TorchDistributedCommunicator(group)
+    hooks = []
+    for name, module, layout, fsdp_group in layouts:
+        params = [(names[id(fp.sharded_param)], fp.sharded_param) for fp in fsdp_group.fsdp_params
+                  if fp.sharded_param.requires_grad]
+        compression = factory(params, communicator=communicator, optimizer=optimizer,
+                              check_agreement=check_agreement, **options)
+        if optimizer is None:
+            compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in params])
+        hooks.append(ReplicaAverage(compression, layout, name))
+    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas)
+    for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
+        module.set_reduce_scatter_unused_params(True, recurse=False)
+        module.set_all_reduce_hook(CountingHook(state, hook))
+    hold_backward_context(model)
     return state
