@@ -85,6 +85,8 @@ class FSDPCompressionState:
     codec, communicator, comms (the modules' reduce-scatters, in model order), order (memory key ->
     stream index over every module's keys)."""
 
+    mode = "sharded"
+
     def __init__(self, compression, communicator: TorchDistributedCommunicator, check_agreement: bool = True):
         self.compression = compression
         self.codec = compression.codec
