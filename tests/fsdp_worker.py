@@ -220,8 +220,8 @@ def nonfinite() -> dict:
             c(torch.empty(c.layout.chunk_numel), torch.zeros(c.layout.numel), state.communicator.group,
               dist.ReduceOp.AVG)
     comm(out, rank_input(lay.numel, 1, dist.get_rank(), 0, lay), state.communicator.group, dist.ReduceOp.AVG)
-    return {"ok": True, "all_nan": all_nan, "memory_untouched": untouched, "finite_after": bool(torch.isfinite(out).all()),
-            "nonfinite_steps": state.stats()["nonfinite_steps"]}
+    return {"ok": True, "all_nan": all_nan, "memory_untouched": untouched,
+            "finite_after": bool(torch.isfinite(out).all()), "nonfinite_steps": state.stats()["nonfinite_steps"]}
 
 
 def accumulate() -> dict:
