@@ -7,7 +7,8 @@ Run (4 processes on gloo, 1-bit SGD with error feedback):
 
 ``--codec``: ``none`` (FSDP2's own dense reduce-scatter) or any name in ``hgc.available_codecs()``;
 ``--codec-opt KEY=VALUE`` passes options to the codec's factory (e.g. ``density=0.01``,
-``bits=4``). Every transformer block is its own ``fully_shard`` unit, then the whole model. With
+``bits=4``). ``--hsdp NODES``: FSDP2 shards over each of NODES groups of ranks and the codec
+averages across the groups (HSDP mode). Every transformer block is its own ``fully_shard`` unit, then the whole model. With
 ``--json`` rank 0 prints one JSON object as its last line: the losses, the test loss and, for a
 codec, ``stats()`` (bytes sent per step against FSDP2's dense reduce-scatter of the same inputs).
 """
@@ -61,6 +62,9 @@ def parse_args(argv=None):
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-3 (adamw), 0.1 (sgd, momentum 0.9)")
     p.add_argument("--bf16", action="store_true", help="MixedPrecisionPolicy(bf16 parameters, fp32 reduce)")
+    p.add_argument("--hsdp", type=int, default=0, metavar="NODES",
+                   help="HSDP over NODES groups of ranks: FSDP2 shards inside each group, the codec between them "
+                        "(with --codec none: FSDP2's own HSDP on the 2-D mesh)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     return parse_codec_args(p, argv, ["none", *hgc.available_codecs()])
@@ -71,6 +75,13 @@ def build(args, vocab: int) -> nn.Module:
     model = CharTransformer(vocab, args.context, args.width, args.heads, args.layers)
     mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)} if args.bf16 \
         else {}
+    if args.hsdp:
+        from torch.distributed.device_mesh import init_device_mesh
+        size = dist.get_world_size()
+        if args.hsdp < 2 or size % args.hsdp:
+            raise SystemExit(f"--hsdp {args.hsdp}: the {size} ranks must split into 2 or more equal groups")
+        mesh = init_device_mesh("cpu", (args.hsdp, size // args.hsdp), mesh_dim_names=("replicate", "shard"))
+        mp["mesh"] = mesh if args.codec == "none" else mesh["shard"]
     for block in model.blocks:
         fully_shard(block, **mp)
     fully_shard(model, **mp)
@@ -108,7 +119,8 @@ def main(argv=None):
     dist.all_reduce(mean)
     hgc.ddp.keep_until_exit(mean)
     mean = (mean / size).tolist()
-    result = {"codec": args.codec, "options": args.options, "world_size": size, "optimizer": args.optimizer,
+    result = {"codec": args.codec, "options": args.options, "world_size": size, "hsdp": args.hsdp,
+              "optimizer": args.optimizer,
               "steps": args.steps, "first_loss": sum(mean[:10]) / 10, "last_loss": sum(mean[-20:]) / 20,
               "test_loss": test, "seconds": elapsed, "finite": all(map(math.isfinite, mean)),
               "parameters": sum(p.numel() for p in model.parameters()),
