@@ -118,3 +118,13 @@ def test_hsdp_every_codec_between_nodes_keeps_replicas_identical():
             assert result["last"] < 0.9 * result["first"], result
         else:
             assert result["last"] < 1.5 * dense["last"], (codec, result["last"], dense["last"])
+
+
+def test_example_trains_and_reports_bytes():
+    """examples/train_fsdp.py: a few steps of the character transformer under onebit, its JSON line
+    with stats() (fewer bytes per step than FSDP2's own reduce-scatter)."""
+    proc = run(torchrun(2, "examples/train_fsdp.py", "--codec", "onebit", "--optimizer", "sgd", "--steps", "5",
+                        "--json"), timeout=TIMEOUT)
+    result = last_json(proc)
+    assert result["finite"] and result["stats"]["steps"] == 5, result
+    assert result["stats"]["bytes_sent_per_step"] < result["stats"]["bytes_dense_per_step"] / 4
