@@ -1,4 +1,6 @@
 """FSDP2: the codecs inside ``fully_shard``'s reduce-scatter (``hgc.fsdp.register``)."""
-from .register import FSDPCompressionState, register
+from .hsdp import HSDPCompressionState
+from .register import register
+from .state import FSDPCompressionState
 
-__all__ = ["FSDPCompressionState", "register"]
+__all__ = ["FSDPCompressionState", "HSDPCompressionState", "register"]

@@ -32,7 +32,7 @@ def owner_scale(op, k: int, owner: str) -> float:
 class CompressedReduceScatter(ReduceScatter):
     """FSDP2's reduce-scatter of one ``FSDPModule`` through a codec (see the module doc).
 
-    Fields: state (the :class:`~horovod_gradcomp.fsdp.register.FSDPCompressionState`), module
+    Fields: state (the :class:`~horovod_gradcomp.fsdp.state.FSDPCompressionState`), module
     (the module's name in the model, "" for the root), index (its place among the state's
     modules), layout (its :class:`ShardLayout`)."""
 
