@@ -20,11 +20,12 @@ from .optim import OnebitAdam, OnebitAdamW
 from .training import DoubleBufferedStep, double_buffering_pays
 from .training.schemes import ADAG, EASGD, Downpour, ModelAveraging, Scheme
 from . import ddp, elastic  # noqa: E402  (hgc.ddp.register: DDP comm hook; hgc.elastic.TorchState)
+from . import fsdp  # noqa: E402  (hgc.fsdp.register: codecs inside FSDP2's reduce-scatter)
 
 __all__ = [
     "__version__", "ADAG", "Codec", "Compression", "DensitySchedule", "DGCMemory", "DoubleBufferedStep", "Downpour",
     "EASGD", "ExchangeMismatchError", "MalformedPayloadError", "ModelAveraging", "NativeUnavailableError",
-    "OnebitAdam", "OnebitAdamW", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic",
+    "OnebitAdam", "OnebitAdamW", "OptimizerMismatchError", "Payload", "Scheme", "available_codecs", "ddp", "elastic", "fsdp",
     "UnsupportedHorovodOption", "double_buffering_pays", "get_codec", "load_job_state", "native_available",
     "native_cuda_status", "native_error", "native_has_cuda", "twin_available", "register_codec", "save_job_state",
     "UnsafeCheckpointError",

@@ -1,0 +1,214 @@
+"""``state = hgc.fsdp.register(model, codec, **options)``: the codecs inside FSDP2's reduce-scatter.
+
+Call it on every rank after ``fully_shard`` (on the submodules, then the root). For every
+``FSDPModule`` of ``model`` whose parameter group holds trainable parameters it sets a
+:class:`~horovod_gradcomp.fsdp.comm.CompressedReduceScatter` (``set_custom_reduce_scatter``):
+FSDP2 then hands that object the flat reduce-scatter input of the group (every rank's
+dim-0-padded shards of every parameter, chunk by chunk) and each rank gets back the codec's
+estimate of the mean (or sum) of its own shard: every rank encodes each segment of each chunk
+through its memory, owner j receives and decodes the K payloads of chunk j and sums them in
+float32 (:mod:`horovod_gradcomp.exchange.reduce_scatter`). The result is decoded once (no
+requantization by the owner), and FSDP2's own pre- and post-divide factors, ``reduce_dtype``
+and gradient copy-out are left as they are.
+
+Modes. Sharded (the modules' 1-D mesh spans every rank): the compressed reduce-scatter above.
+HSDP (the modules' 1-D mesh spans the ranks of one node, ``mesh=mesh_2d["shard"]``): FSDP2's dense
+reduce-scatter inside the node, then the codec between nodes in the all-reduce hook
+(:mod:`horovod_gradcomp.fsdp.hsdp`; residuals the size of the shard). ``mode="auto"`` picks the
+one the layout says. A model sharded on a 2-D mesh (FSDP2's own HSDP, whose dense all-reduce runs
+before the hook) is refused with a message saying how to shard instead.
+
+Where the state lives and what it costs (sharded mode). The codec's options come from the same
+factories as under Horovod and DDP (``hgc.Compression.<codec>``: error feedback on for onebit,
+off for terngrad and qsgd; DGC's memory; the Adam-aware defaults). The worker memory is keyed by
+segment, ``"<parameter>[<chunk>]"``, and every rank encodes all K chunks of every parameter, so:
+
+* onebit's error-feedback residual (and terngrad's or qsgd's when ``error_feedback=True``) is one
+  tensor per parameter and chunk, in the reduce dtype: **on every rank, as large as the unsharded
+  padded gradient** (the full model's gradient in fp32 with the default reduce dtype: 4 bytes per
+  parameter, K times the rank's shard), living on the gradients' device for the whole run;
+* DGC's accumulation (and its velocity, when it has momentum) are the same size each, so twice
+  the unsharded gradient with momentum;
+* terngrad and qsgd (no error feedback by default) keep nothing.
+
+This is the price of compressing before the reduce: each rank's residual must remember what it
+failed to send of every chunk, not only its own. ``state.memory_bytes()`` reports it.
+
+Steps. A step is one backward pass that reduce-scatters (gradient accumulation with
+``set_requires_gradient_sync(False)`` calls nothing until the last micro-batch): it ends when
+every registered module has reduced once, or when a module reduces a second time. FSDP2 is asked
+to reduce-scatter unused parameters too (``set_reduce_scatter_unused_params(True)``, zeros for a
+parameter that got no gradient), so that every call of a module has the same layout on every rank.
+
+Agreement and non-finite values. Every call starts with the preamble collective
+(:mod:`horovod_gradcomp.exchange.preamble`): ranks whose codec, options, memory, parameters or
+step differ raise :class:`~horovod_gradcomp.exchange.communicator.ExchangeMismatchError` on every
+rank; when any rank's input holds a NaN or Inf, nothing is encoded (the memory is untouched) and
+the reduced shard is NaN on every rank, as the DDP path does (a GradScaler or a finite check then
+skips the step).
+
+Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
+needs the whole step's gradient norm before the first module reduces), the stall watchdog,
+``async_op``, checkpoints through ``torch.distributed.checkpoint`` (``state_dict`` works as the
+DDP state's does: per rank, same world size).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from ..codecs import available_codecs
+from ..ddp.gloo_exit import hold_backward_context
+from ..exchange.reduce_scatter import ShardLayout
+from ..horovod.adam_defaults import AdamDefaultsGuard
+from ..horovod.factories import Compression
+from ..transports.torch_dist import TorchDistributedCommunicator
+from .hsdp import CountingHook, HSDPCompressionState, ReplicaAverage, replica_group
+from .state import FSDPCompressionState
+
+#: Options of the Horovod/DDP factories that mean nothing here (FSDP2 decides the buckets: its
+#: parameter groups; the pattern is the compressed reduce-scatter).
+_REFUSED = ("pattern", "bucket_bytes", "overlap", "transport", "process_set", "pipeline_bytes", "ranks_per_node",
+            "inner_pattern", "communicator")
+
+
+def _fsdp_module_class():
+    from torch.distributed.fsdp import FSDPModule
+    return FSDPModule
+
+
+def _groups(model: torch.nn.Module):
+    """``(module name, module, param group)`` of every FSDPModule of ``model`` with a parameter group."""
+    fsdp_module = _fsdp_module_class()
+    found = []
+    for name, module in model.named_modules():
+        if isinstance(module, fsdp_module):
+            group = module._get_fsdp_state()._fsdp_param_group
+            if group is not None:
+                found.append((name, module, group))
+    return found
+
+
+def _layout(name: str, group, names: Dict[int, str], owner: str) -> Optional[ShardLayout]:
+    """The shard layout of one parameter group's trainable parameters (None when it has none)."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import FSDPMeshInfo, HSDPMeshInfo
+    params = [fp for fp in group.fsdp_params if fp.sharded_param.requires_grad]
+    if not params:
+        return None
+    info = group.mesh_info
+    if isinstance(info, HSDPMeshInfo):
+        raise NotImplementedError(
+            f"{owner}: module {name or '<root>'!r} is sharded on a 2-D mesh (FSDP2's own HSDP, whose replica "
+            "all-reduce is dense and runs before the all-reduce hook). For the codec between nodes shard over the "
+            "node's 1-D mesh instead (fully_shard(..., mesh=mesh_2d['shard'])): register() then finds the replicas "
+            "and runs HSDP mode; or shard over a 1-D mesh of all ranks for the compressed reduce-scatter")
+    if not isinstance(info, FSDPMeshInfo):
+        raise ValueError(f"{owner}: module {name or '<root>'!r} is not sharded (mesh info {type(info).__name__})")
+    shards = []
+    for fp in params:
+        pname = names.get(id(fp.sharded_param), getattr(fp, "_param_fqn", None))
+        dim = getattr(getattr(fp, "fsdp_placement", None), "dim", 0)
+        if dim != 0:
+            raise NotImplementedError(f"{owner}: parameter {pname!r} is sharded on dim {dim} (Shard({dim})); the "
+                                      "compressed reduce-scatter takes Shard(0) placements only for now")
+        shards.append((pname, tuple(fp.padded_sharded_param_size)))
+    return ShardLayout(shards, info.shard_mesh_size)
+
+
+def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Optional[torch.optim.Optimizer] = None,
+             mode: str = "auto", check_agreement: bool = True, **options):
+    """Compress the reduce-scatters of every ``FSDPModule`` in ``model`` with ``codec``; return the state.
+
+    ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
+    (``hgc.Compression.<codec>``, e.g. ``error_feedback=``, ``bits=``, ``density=``, ``scales=``,
+    ``warmup_steps=``). ``optimizer``: the optimizer that steps the parameters (the Adam family
+    gets the codec's Adam defaults from the first step; without it, from its first ``step()``;
+    DGC with ``momentum=None`` takes an SGD's momentum at its first ``step()``).
+    ``check_agreement``: compare what the ranks exchange at every call (the preamble runs anyway
+    for the non-finite flags). ``mode``: "sharded" (FSDP2 shards over every rank: the compressed
+    reduce-scatter; returns a :class:`FSDPCompressionState`), "hsdp" (FSDP2 shards over the ranks
+    of a node: its dense reduce-scatter there, the codec between nodes,
+    :mod:`horovod_gradcomp.fsdp.hsdp`; returns an ``HSDPCompressionState``) or "auto" (the one the
+    layout says: "hsdp" when the modules' 1-D mesh is smaller than the world). Call it on every rank,
+    after ``fully_shard``, before the first backward (HSDP mode creates process groups); see the
+    module doc for what works and what does not yet."""
+    owner = f"hgc.fsdp.register({codec!r})"
+    if codec not in available_codecs():
+        raise ValueError(f"hgc.fsdp.register: unknown codec {codec!r}; available: {', '.join(available_codecs())} "
+                         "(for FSDP2's own dense reduce-scatter, call nothing)")
+    given = sorted(set(options) & set(_REFUSED))
+    if given:
+        raise ValueError(f"{owner}: {given} are not taken here: FSDP2's parameter groups are the buckets and the "
+                         "pattern is the compressed reduce-scatter")
+    if options.get("clip_norm") is not None:
+        raise NotImplementedError(f"{owner}: DGC's clip_norm needs the whole step's gradient norm before the first "
+                                  "module reduces, which FSDP2's module-by-module reduce-scatters do not give; "
+                                  "clip after the reduce instead (clip_norm=None)")
+    groups = _groups(model)
+    if not groups:
+        raise ValueError(f"{owner}: {type(model).__name__} holds no FSDPModule: call fully_shard on it (and its "
+                         "submodules) first")
+    names = {id(p): n for n, p in model.named_parameters()}
+    layouts = [(name, module, _layout(name, group, names, owner)) for name, module, group in groups]
+    layouts = [(name, module, group_layout, group) for (name, module, group_layout), (_, _, group)
+               in zip(layouts, groups) if group_layout is not None]
+    if not layouts:
+        raise ValueError(f"{owner}: no FSDPModule of {type(model).__name__} holds a trainable parameter")
+    process_group = layouts[0][3].mesh_info.shard_process_group
+    sizes = {lay.world_size for _, _, lay, _ in layouts}
+    if len(sizes) != 1:
+        raise NotImplementedError(f"{owner}: the modules are sharded over groups of different sizes {sorted(sizes)}")
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    factory = getattr(Compression, codec, None) or functools.partial(Compression.codec, codec)
+    world, node = dist.get_world_size(), sizes.pop()
+    if mode == "auto":
+        mode = "hsdp" if node < world else "sharded"
+    if mode not in ("sharded", "hsdp"):
+        raise ValueError(f"{owner}: mode must be 'auto', 'sharded' or 'hsdp', got {mode!r}")
+    if mode == "sharded" and node != world:
+        raise ValueError(f"{owner}: mode='sharded' needs the modules sharded over all {world} ranks; they are sharded "
+                         f"over {node} (use mode='hsdp' for the codec between the groups)")
+    if mode == "hsdp":
+        if node == world:
+            raise ValueError(f"{owner}: mode='hsdp' needs the modules sharded over the ranks of one node (a 1-D mesh "
+                             f"smaller than the world); they are sharded over all {world} ranks")
+        return _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement,
+                              world // node, options)
+    communicator = TorchDistributedCommunicator(process_group)
+    compression = factory(named, communicator=communicator, optimizer=optimizer, check_agreement=check_agreement,
+                          **options)
+    if optimizer is None:
+        compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
+    state = FSDPCompressionState(compression, communicator, check_agreement)
+    for name, module, group_layout, group in layouts:
+        module.set_reduce_scatter_unused_params(True, recurse=False)
+        module.set_custom_reduce_scatter(state.add_module(name, group_layout))
+    hold_backward_context(model)   # PyTorch 2.13's abort at exit on gloo: see horovod_gradcomp/ddp/gloo_exit.py
+    return state
+
+
+def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement, replicas, options):
+    """HSDP mode (:mod:`horovod_gradcomp.fsdp.hsdp`): one compression per module over the replicas."""
+    if codec == "dgc" and options.get("momentum") is None:
+        raise ValueError(f"{owner}: in HSDP mode pass DGC's momentum= explicitly (and step with SGD momentum 0): "
+                         "each module has its own compression, and only one could take over the optimizer's")
+    group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
+    communicator = TorchDistributedCommunicator(group)
+    hooks = []
+    for name, module, layout, fsdp_group in layouts:
+        params = [(names[id(fp.sharded_param)], fp.sharded_param) for fp in fsdp_group.fsdp_params
+                  if fp.sharded_param.requires_grad]
+        compression = factory(params, communicator=communicator, optimizer=optimizer,
+                              check_agreement=check_agreement, **options)
+        if optimizer is None:
+            compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in params])
+        hooks.append(ReplicaAverage(compression, layout, name))
+    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas)
+    for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
+        module.set_reduce_scatter_unused_params(True, recurse=False)
+        module.set_all_reduce_hook(CountingHook(state, hook))
+    hold_backward_context(model)
+    return state
