@@ -12,7 +12,7 @@ from .native import (NativeUnavailableError, native_available, native_cuda_statu
                      native_has_cuda, twin_available)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .codecs.payload_checks import MalformedPayloadError
-from .exchange.communicator import ExchangeMismatchError
+from .errors import ExchangeMismatchError
 from .state import DensitySchedule, DGCMemory, UnsafeCheckpointError
 from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
 from .horovod.checkpoint import load_job_state, save_job_state

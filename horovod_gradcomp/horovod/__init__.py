@@ -2,9 +2,9 @@
 their factories, the parameter index and the optimizer check.
 
 Importing it under an MPI launcher initializes MPI before ``hvd.init()`` can, so that
-Horovod never finalizes MPI under a running exchange (:mod:`horovod_gradcomp.exchange.mpi_lifetime`).
+Horovod never finalizes MPI under a running exchange (:mod:`horovod_gradcomp.transports.mpi_lifetime`).
 """
-from ..exchange.mpi_lifetime import initialize_mpi_before_horovod
+from ..transports.mpi_lifetime import initialize_mpi_before_horovod
 from .compression import CodecCompression
 from .dense import DenseCompression
 from .factories import Compression

@@ -27,7 +27,7 @@ import torch
 
 from ..codecs.base import Codec
 from ..codecs.onebit import saved_codec_repr
-from ..exchange.communicator import MPICommunicator, default_communicator
+from ..transports.mpi import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.compression_state import CompressionState

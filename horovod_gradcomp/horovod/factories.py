@@ -30,7 +30,7 @@ import torch
 
 from ..codecs import get_codec
 from ..codecs.registry import codec_class
-from ..exchange.communicator import MPICommunicator
+from ..transports.mpi import MPICommunicator
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.dgc_memory import DensitySchedule, DGCMemory
 from ..codecs.dgc import DGCCodec
