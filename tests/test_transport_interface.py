@@ -37,7 +37,7 @@ def defined_by(cls, name: str) -> type:
 
 
 @pytest.mark.parametrize("cls, protocols", [
-    (MPICommunicator, (interface.Communicator, interface.SplittableCommunicator)),
+    (MPICommunicator, (interface.Communicator, interface.SplittableCommunicator, interface.DeviceBufferCommunicator)),
     (PollingCommunicator, (interface.Communicator, interface.SplittableCommunicator)),
     (HorovodCommunicator, (interface.Communicator,)),
     (TorchDistributedCommunicator, (interface.AsyncCommunicator, interface.SplittableCommunicator)),

@@ -24,8 +24,9 @@ direct path when the communicator says it accepts buffers on their device
 (``comm.takes_device_buffers(device)``: :class:`~horovod_gradcomp.transports.mpi.MPICommunicator`
 does when :func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` is true, i.e. Open MPI's
 ``MPIX_Query_cuda_support`` through mpi4py), unless the environment variable
-``HOROVOD_GRADCOMP_HOST_STAGING=1`` forces staging through host memory; otherwise :class:`CudaStaging`. Horovod's and torch.distributed's
-communicators do not declare it, so they always get host buffers. Received bytes are cut by the
+``HOROVOD_GRADCOMP_HOST_STAGING=1`` forces staging through host memory; otherwise
+:class:`CudaStaging`. Horovod's and torch.distributed's communicators do not declare it, so they
+always get host buffers. Received bytes are cut by the
 staging that matches where they are (:func:`staging_into`): bytes already on the payloads'
 device were received directly.
 
@@ -43,6 +44,7 @@ from typing import Dict, Sequence, Tuple
 
 import torch
 
+from ..transports.interface import DeviceBufferCommunicator
 from ..transports.mpi import ready_for_mpi
 from .env import flag_from_env
 
@@ -184,9 +186,9 @@ def host_staging_forced() -> bool:
 
 def takes_device_buffers(comm, device: torch.device) -> bool:
     """Whether ``comm`` declares that its collectives take buffers on ``device`` (False for a
-    communicator without ``takes_device_buffers``, and for None)."""
-    ask = getattr(comm, "takes_device_buffers", None)
-    return bool(ask(device)) if callable(ask) else False
+    communicator that is no :class:`~horovod_gradcomp.transports.interface.DeviceBufferCommunicator`,
+    and for None)."""
+    return isinstance(comm, DeviceBufferCommunicator) and bool(comm.takes_device_buffers(device))
 
 
 def staging_for(device, comm=None):

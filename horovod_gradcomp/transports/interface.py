@@ -12,9 +12,10 @@ itself (``tests/test_transports.py`` checks that no member is left to the protoc
 * :class:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator` (the DDP hook),
   which is also an :class:`AsyncCommunicator`: each collective issued without waiting.
 
-Two capabilities some transports add: :class:`AsyncCommunicator` (the DDP hook chains the
-futures of one bucket's requests) and :class:`SplittableCommunicator` (the hierarchical pattern
-splits a communicator into its node and peer groups).
+Capabilities some transports add: :class:`AsyncCommunicator` (the DDP hook chains the futures of
+one bucket's requests), :class:`SplittableCommunicator` (the hierarchical pattern splits a
+communicator into its node and peer groups) and :class:`DeviceBufferCommunicator` (the staging
+hands CUDA buffers to a CUDA-aware MPI directly).
 
 Buffers are flat uint8 tensors; counts are one byte count per rank, in rank order. Every member
 except ``rank`` and ``size`` is a collective: every rank of the communicator calls it, in the same
@@ -110,7 +111,19 @@ class SplittableCommunicator(Protocol):
         ...
 
 
+@runtime_checkable
+class DeviceBufferCommunicator(Protocol):
+    """A communicator that may take buffers in device memory (MPI with a CUDA-aware library);
+    one without this member takes host buffers only."""
+
+    def takes_device_buffers(self, device) -> bool:
+        """True when the collectives take uint8 buffers on ``device`` (received bytes then land
+        there too)."""
+        ...
+
+
 #: The collectives of :class:`Communicator` (what a recording wrapper times).
 COLLECTIVES = ("allgather", "allgatherv", "alltoallv", "allgatherv_known", "allreduce_max")
 
-__all__ = ["AsyncCommunicator", "COLLECTIVES", "Communicator", "PendingCollective", "SplittableCommunicator"]
+__all__ = ["AsyncCommunicator", "COLLECTIVES", "Communicator", "DeviceBufferCommunicator", "PendingCollective",
+           "SplittableCommunicator"]

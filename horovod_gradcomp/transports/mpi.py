@@ -23,12 +23,12 @@ import numpy as np
 import torch
 
 from .checks import alltoallv_counts, check_bytes, displacements, group_of, known_counts, split_parts
-from .interface import Communicator, SplittableCommunicator
+from .interface import Communicator, DeviceBufferCommunicator, SplittableCommunicator
 from .mpi_lifetime import register_exit_check
 from .mpi_poll_loop import PollingComm
 
 
-class MPICommunicator(Communicator, SplittableCommunicator):
+class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunicator):
     """Collectives on uint8 tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``):
     host tensors, or CUDA tensors with a CUDA-aware MPI (see the module doc).
 
