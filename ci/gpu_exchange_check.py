@@ -40,7 +40,8 @@ from mpi4py import MPI
 import horovod_gradcomp as hgc
 from horovod_gradcomp.bench.shapes import resnet50_shapes
 from horovod_gradcomp.exchange import staging
-from horovod_gradcomp.exchange.communicator import MPICommunicator
+from horovod_gradcomp.transports import mpi as mpi_transport
+from horovod_gradcomp.transports.mpi import MPICommunicator
 
 CASES = [
     ("onebit", "allgather", {}),
@@ -117,7 +118,7 @@ def check_staging(before: dict) -> tuple:
     """Which staging the cases took; the direct path's own checks when MPI is CUDA-aware."""
     after = staging_counts()
     moved = {kind: {k: after[kind][k] - before[kind][k] for k in after[kind]} for kind in after}
-    if not staging.cuda_aware_mpi():
+    if not mpi_transport.cuda_aware_mpi():
         library = MPI.Get_library_version().splitlines()[0]
         try:
             MPICommunicator().allgather(torch.zeros(4, dtype=torch.uint8, device="cuda"))
@@ -190,7 +191,7 @@ def main() -> int:
     torch.cuda.set_device(0)
     usable, why = hgc.native_cuda_status()
     if comm.rank == 0:
-        print(f"[gpu_exchange_check] -np {comm.size}, {why}; cuda_aware_mpi={staging.cuda_aware_mpi()}", flush=True)
+        print(f"[gpu_exchange_check] -np {comm.size}, {why}; cuda_aware_mpi={mpi_transport.cuda_aware_mpi()}", flush=True)
     failed = 0
     counts_before = staging_counts()
     for name, pattern, opts in CASES:

@@ -12,10 +12,10 @@ from .native import (NativeUnavailableError, native_available, native_cuda_statu
                      native_has_cuda, twin_available)
 from .codecs import Codec, Payload, available_codecs, get_codec, register_codec
 from .codecs.payload_checks import MalformedPayloadError
-from .exchange.communicator import ExchangeMismatchError
+from .errors import ExchangeMismatchError
 from .state import DensitySchedule, DGCMemory, UnsafeCheckpointError
-from .horovod import Compression, OptimizerMismatchError, UnsupportedHorovodOption
-from .horovod.checkpoint import load_job_state, save_job_state
+from .hvd_adapter import Compression, OptimizerMismatchError, UnsupportedHorovodOption
+from .hvd_adapter.checkpoint import load_job_state, save_job_state
 from .optim import OnebitAdam, OnebitAdamW
 from .training import DoubleBufferedStep, double_buffering_pays
 from .training.schemes import ADAG, EASGD, Downpour, ModelAveraging, Scheme

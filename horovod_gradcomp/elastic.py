@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 
-from .horovod.compression import CodecCompression
+from .hvd_adapter.compression import CodecCompression
 from .transports.horovod_ops import HorovodCommunicator
 
 

@@ -1,4 +1,4 @@
-"""The codecs' Adam-aware defaults (horovod/adam_defaults.py): taken under the Adam family,
+"""The codecs' Adam-aware defaults (hvd_adapter/adam_defaults.py): taken under the Adam family,
 never under SGD, never over an explicit option; logged once; kept by checkpoints."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.horovod.adam_defaults import ADAM_FAMILY, is_adam_family
+from horovod_gradcomp.hvd_adapter.adam_defaults import ADAM_FAMILY, is_adam_family
 from one_rank import OneRank
 
 #: codec factory -> the option its adam_defaults set, its SGD default and its Adam default
@@ -150,7 +150,7 @@ def test_a_checkpoint_of_the_adam_defaults_loads_with_weights_only(tmp_path):
 @pytest.mark.parametrize("opt_cls", [torch.optim.SGD, torch.optim.NAdam])
 def test_the_guard_takes_them_at_the_first_step_of_the_optimizer(opt_cls, caplog):
     """What the DDP hook registers when it is given no optimizer=: the first step() decides."""
-    from horovod_gradcomp.horovod.adam_defaults import AdamDefaultsGuard
+    from horovod_gradcomp.hvd_adapter.adam_defaults import AdamDefaultsGuard
     model = _model()
     comp = _make("terngrad", model)
     guard = AdamDefaultsGuard(comp, model.parameters())
@@ -171,7 +171,7 @@ def test_the_guard_takes_them_at_the_first_step_of_the_optimizer(opt_cls, caplog
 
 
 def test_the_guard_leaves_a_resumed_state_alone():
-    from horovod_gradcomp.horovod.adam_defaults import AdamDefaultsGuard
+    from horovod_gradcomp.hvd_adapter.adam_defaults import AdamDefaultsGuard
     model = _model()
     state = _make("dgc", model, optimizer=torch.optim.Adam(model.parameters())).state_dict()
     comp = _make("dgc", model)
@@ -186,7 +186,7 @@ def test_a_checkpoint_from_before_the_adam_defaults_resumes_as_it_ran():
     """A state written under Adam at the SGD defaults (no adapted_options): after the load,
     neither the first compress nor the first step takes the Adam defaults."""
     pytest.importorskip("horovod.torch")   # compress() checks the DistributedOptimizer's Horovod options
-    from horovod_gradcomp.horovod.adam_defaults import AdamDefaultsGuard
+    from horovod_gradcomp.hvd_adapter.adam_defaults import AdamDefaultsGuard
     model = _model()
     old = _make("terngrad", model).state_dict()
     old.pop("adapted_options")

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from horovod_gradcomp.bench import exchange_bench as eb
-from horovod_gradcomp.exchange.polling import PollingCommunicator
+from horovod_gradcomp.transports.mpi_polling import PollingCommunicator
 
 
 def test_poll_option_builds_a_polling_communicator():

@@ -9,7 +9,7 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.state.dgc_memory import DensitySchedule, DGCMemory
-from horovod_gradcomp.horovod.optimizer_check import OptimizerMismatchError, PlainSGDGuard
+from horovod_gradcomp.hvd_adapter.optimizer_check import OptimizerMismatchError, PlainSGDGuard
 
 
 def test_warmup_follows_the_papers_exponential_schedule():
@@ -169,7 +169,7 @@ def test_explicit_momentum_under_another_optimizer_is_refused():
 
 def test_default_momentum_under_adam_is_none_with_one_warning(monkeypatch):
     """``Compression.dgc()`` (momentum from the optimizer) under Adam/AdamW: momentum 0, said once."""
-    from horovod_gradcomp.horovod import optimizer_check
+    from horovod_gradcomp.hvd_adapter import optimizer_check
     monkeypatch.setattr(optimizer_check, "_warned_without_momentum", False)
     params = make_params()
     adopted = []

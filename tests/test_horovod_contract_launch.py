@@ -152,7 +152,7 @@ opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
 model(torch.randn(2, 4)).sum().backward()
 try:
     opt.step()
-except hgc.exchange.ExchangeMismatchError as e:
+except hgc.ExchangeMismatchError as e:
     print(f"rank {hvd.rank()}: ExchangeMismatchError: {e}"[:200], flush=True)
     raise SystemExit(3)
 print("finished", hvd.rank(), flush=True)

@@ -6,7 +6,7 @@ import multiprocessing
 
 import pytest
 
-from horovod_gradcomp.exchange import mpi_lifetime
+from horovod_gradcomp.transports import mpi_lifetime
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The non-finite check folded into the encode (horovod_gradcomp/exchange/measure.py).
+"""The non-finite check folded into the encode (horovod_gradcomp/exchange/nonfinite_check.py).
 
 * onebit: ``measure`` (the encode's first pass alone) then ``encode(..., scales=...)`` (the
   second alone) is bitwise the whole encode: bits, scales and residual, on the native CPU
@@ -18,7 +18,7 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs.onebit import onebit_columns
-from horovod_gradcomp.exchange import measure, preamble
+from horovod_gradcomp.exchange import nonfinite_check, preamble
 from horovod_gradcomp.native import require_native, require_twin
 
 from one_rank import OneRank
@@ -159,9 +159,9 @@ def test_terngrad_local_scales_flag_nan_and_inf(impl, dtype, bad, clip):
     codec = _codec(impl, "terngrad", clip=clip)
     for shape in [(37,), (40, 6)]:
         g = _poisoned(shape, dtype, bad)
-        units = [measure.Unit("a", g, None), measure.Unit("b", _grad(shape, dtype, 4), None)]
-        assert measure._measure_local(codec, units).nonfinite, f"{impl} {shape} {bad} clip={clip}"
-        assert not measure._measure_local(codec, units[1:]).nonfinite
+        units = [nonfinite_check.Unit("a", g, None), nonfinite_check.Unit("b", _grad(shape, dtype, 4), None)]
+        assert nonfinite_check._measure_local(codec, units).nonfinite, f"{impl} {shape} {bad} clip={clip}"
+        assert not nonfinite_check._measure_local(codec, units[1:]).nonfinite
 
 
 @pytest.mark.parametrize("options", [{"bits": 4, "bucket": 16}, {"bits": 4, "bucket": 16, "norm": "max"},
@@ -181,17 +181,18 @@ def test_qsgd_payloads_show_nan_and_inf(impl, dtype, bad, options):
 def test_check_kinds():
     ef, off = hgc.state.ErrorFeedback(True), hgc.state.ErrorFeedback(False)
     onebit, tern, qsgd = hgc.get_codec("onebit"), hgc.get_codec("terngrad"), hgc.get_codec("qsgd")
-    assert measure.check_kind(onebit, ef, "allgather") == "measure"
-    assert measure.check_kind(onebit, off, "two_phase") == "measure"
-    assert measure.check_kind(hgc.get_codec("onebit", scales="rows"), ef, "allgather") == "measure"
-    assert measure.check_kind(onebit, ef, "dense") == "pass"
-    assert measure.check_kind(tern, off, "allgather") == measure.check_kind(tern, ef, "two_phase") == "scales"
-    assert measure.check_kind(qsgd, off, "two_phase") == "payloads"
-    assert measure.check_kind(qsgd, ef, "allgather") == "pass"   # non-fused error feedback writes r before
+    assert nonfinite_check.check_kind(onebit, ef, "allgather") == "measure"
+    assert nonfinite_check.check_kind(onebit, off, "two_phase") == "measure"
+    assert nonfinite_check.check_kind(hgc.get_codec("onebit", scales="rows"), ef, "allgather") == "measure"
+    assert nonfinite_check.check_kind(onebit, ef, "dense") == "pass"
+    assert nonfinite_check.check_kind(tern, off, "allgather") == "scales"
+    assert nonfinite_check.check_kind(tern, ef, "two_phase") == "scales"
+    assert nonfinite_check.check_kind(qsgd, off, "two_phase") == "payloads"
+    assert nonfinite_check.check_kind(qsgd, ef, "allgather") == "pass"   # non-fused error feedback writes r before
     from horovod_gradcomp.state.dgc_memory import DensitySchedule, DGCMemory
     dgc = hgc.get_codec("dgc", density=0.1)
-    assert measure.check_kind(dgc, DGCMemory(DensitySchedule(0.1)), "allgather") == "pass"
-    assert measure.check_kind(dgc, DGCMemory(DensitySchedule(0.1), clip_norm=1.0), "allgather") == "norm"
+    assert nonfinite_check.check_kind(dgc, DGCMemory(DensitySchedule(0.1)), "allgather") == "pass"
+    assert nonfinite_check.check_kind(dgc, DGCMemory(DensitySchedule(0.1), clip_norm=1.0), "allgather") == "norm"
 
 
 # -- whole steps: no has_nonfinite, and the guarantee ---------------------------------

@@ -52,7 +52,7 @@ def test_wire_thread_runs_calls_in_submission_order_on_one_thread():
 
 def test_wire_poll_interval_from_the_environment(monkeypatch):
     from horovod_gradcomp.exchange import pipeline
-    from horovod_gradcomp.exchange.communicator import MPICommunicator
+    from horovod_gradcomp.transports.mpi import MPICommunicator
     monkeypatch.delenv(pipeline.WIRE_POLL_ENV, raising=False)
     assert pipeline.wire_poll_s() == pipeline.WIRE_POLL_S
     monkeypatch.setenv(pipeline.WIRE_POLL_ENV, "0")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.training.schemes.center import shard_bounds
+from horovod_gradcomp.training.schemes.sharded_center import shard_bounds
 from horovod_gradcomp.training.schemes.coding import RangeCoder, pieces_of_range
 from horovod_gradcomp.training.schemes.wire import pack_payload, unpack_payload
 

@@ -13,7 +13,8 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs import get_codec
 from horovod_gradcomp.exchange import fusion, staging
-from horovod_gradcomp.exchange.communicator import MPICommunicator
+from horovod_gradcomp.transports import mpi as mpi_transport
+from horovod_gradcomp.transports.mpi import MPICommunicator
 from horovod_gradcomp.exchange.fusion import FusedLayout, pack_variable, unpack_variable
 
 
@@ -75,17 +76,17 @@ def test_mpi_communicator_declares_device_buffers_from_cuda_aware_mpi(monkeypatc
     monkeypatch.delenv(staging.HOST_STAGING_ENV, raising=False)
     comm = MPICommunicator(comm=object())   # no MPI call: the declaration is local
     assert comm.takes_device_buffers("cpu")
-    monkeypatch.setattr(staging, "cuda_aware_mpi", lambda: False)
+    monkeypatch.setattr(mpi_transport, "cuda_aware_mpi", lambda: False)
     assert not comm.takes_device_buffers("cuda:0")
     assert isinstance(staging.staging_for("cuda:0", comm), staging.CudaStaging)
-    monkeypatch.setattr(staging, "cuda_aware_mpi", lambda: True)
+    monkeypatch.setattr(mpi_transport, "cuda_aware_mpi", lambda: True)
     assert comm.takes_device_buffers("cuda:0")
     assert type(staging.staging_for("cuda:0", comm)) is staging.DirectStaging
     assert not comm.takes_device_buffers("meta")
 
 
 def test_cuda_aware_mpi_answers_a_bool():
-    assert isinstance(staging.cuda_aware_mpi(), bool)
+    assert isinstance(mpi_transport.cuda_aware_mpi(), bool)
 
 
 def test_staging_into_follows_where_the_bytes_are():
@@ -183,7 +184,7 @@ def test_a_cpu_exchange_runs_the_direct_path_without_copies():
 
 
 def test_communicator_refuses_buffers_mpi_cannot_take(monkeypatch):
-    monkeypatch.setattr(staging, "cuda_aware_mpi", lambda: False)
+    monkeypatch.setattr(mpi_transport, "cuda_aware_mpi", lambda: False)
     comm = MPICommunicator(comm=object())
     with pytest.raises(TypeError, match="does not take buffers on meta"):
         comm.allgather(torch.empty(4, dtype=torch.uint8, device="meta"))

@@ -10,7 +10,7 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.stripes import (balanced_ranges, column_stripes, matrix_shape, row_stripes, stripe_key,
                                       stripes)
-from horovod_gradcomp.exchange.encoding import stream_position
+from horovod_gradcomp.exchange.stream_positions import stream_position
 from horovod_gradcomp.exchange.two_phase import StripePlan, TwoPhasePattern, choose_axis
 
 KS = [1, 2, 3, 4, 8]

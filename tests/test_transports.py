@@ -9,7 +9,8 @@ import torch
 import torch.distributed as dist
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.communicator import ExchangeMismatchError, MPICommunicator
+from horovod_gradcomp.errors import ExchangeMismatchError
+from horovod_gradcomp.transports.mpi import MPICommunicator
 from horovod_gradcomp.exchange.preamble import bucket_preamble
 from horovod_gradcomp.transports import select_communicator
 from horovod_gradcomp.transports.torch_dist import TorchDistributedCommunicator

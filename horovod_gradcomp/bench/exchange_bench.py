@@ -21,7 +21,7 @@ Configs (``--configs``, comma-separated; options ``name:key=value,key=value``):
   reported. The default list has the ``pattern=two_phase`` variants only when
   ``Compression.codec`` accepts ``pattern``.
 * ``CODEC:...,poll=SECONDS``: the codec's collectives through
-  :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator` (nonblocking collectives,
+  :class:`~horovod_gradcomp.transports.mpi_polling.PollingCommunicator` (nonblocking collectives,
   tested every SECONDS with sleeps in between: the waiting rank leaves the core to others);
 * ``local``: the same step with a plain ``torch.optim.SGD`` and no communication (the
   compute-only step; ``--breakdown`` adds it first);
@@ -165,7 +165,7 @@ def make_compression(cfg: Config, named_parameters):
         raise ValueError(f"unknown codec {cfg.name!r}; available: {', '.join(hgc.available_codecs())}")
     options = dict(cfg.options)
     if "poll" in options:    # the bench's own option: waits through the polling communicator
-        from ..exchange.polling import PollingCommunicator
+        from ..transports.mpi_polling import PollingCommunicator
         interval = options.pop("poll")
         if not isinstance(interval, (int, float)) or interval <= 0:
             raise ValueError(f"{cfg.label}: poll=SECONDS must be a positive number, got {interval!r}")

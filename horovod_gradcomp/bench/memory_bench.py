@@ -33,6 +33,8 @@ import tempfile
 from pathlib import Path
 from typing import Dict, List, Sequence
 
+from ..transports.interface import COLLECTIVES
+
 COMMAND = "memory"
 HELP = "extra bytes per rank of each codec (state, payloads, fused buffers) as a multiple of the model size"
 
@@ -149,7 +151,7 @@ class _RecordingComm:
 
     def __getattr__(self, name):
         attr = getattr(self._comm, name)
-        if name not in ("allgather", "allgatherv", "alltoallv", "allgatherv_known", "allreduce_max"):
+        if name not in COLLECTIVES:
             return attr
 
         def recorded(*args, **kwargs):
@@ -168,7 +170,7 @@ def measure_config(text: str, shapes, grads, steps: int) -> dict:
     """One rank's measurement of config ``text`` (see the module doc)."""
     import torch
     from .exchange_bench import make_compression, parse_config
-    from ..exchange.communicator import default_communicator
+    from ..transports.mpi import default_communicator
     cfg = parse_config(text)
     params = [torch.nn.Parameter(torch.zeros(s)) for s in shapes]
     named = [(f"t{i:03d}", p) for i, p in enumerate(params)]

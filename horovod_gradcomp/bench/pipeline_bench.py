@@ -4,7 +4,7 @@ pipeline (:class:`horovod_gradcomp.training.double_buffering.DoubleBufferedStep`
 The model: an MLP of ``--depth`` square ``--width`` x ``--width`` layers (float32, one torch
 thread per rank), cross-entropy on random data (a fixed minibatch of ``--batch`` samples
 per rank). The compression: ``--codec onebit`` (the default: 1-bit SGD with error
-feedback, whose MPI waits use :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator`
+feedback, whose MPI waits use :class:`~horovod_gradcomp.transports.mpi_polling.PollingCommunicator`
 with ``--comm polling``, so that the waiting exchange thread does not spin on the core the
 forward/backward pass needs) or ``none`` (Horovod's allreduce). Horovod is initialized only
 for ``none``: a codec's pipeline does not use it, and its background thread would take CPU
@@ -100,7 +100,7 @@ def _setup(args):
     import torch.nn.functional as F
 
     import horovod_gradcomp as hgc
-    from horovod_gradcomp.exchange.polling import PollingCommunicator
+    from horovod_gradcomp.transports.mpi_polling import PollingCommunicator
 
     world = _World(use_horovod=args.codec == "none")
     torch.set_num_threads(1)

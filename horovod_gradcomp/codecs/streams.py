@@ -4,8 +4,8 @@ A codec's stream is identified by ``(seed, rank_stream)``; every encode draws fr
 one *position* of that stream, and element i of a tensor gets a random number that depends on
 (key, i) alone. Native kernels and the pure-torch references compute the same numbers, so a
 reference replays a native encode bit for bit. The exchange sets the position before every
-encode (``CounterStream.reset_stream``, rule in :mod:`horovod_gradcomp.exchange.encoding`), so
-the numbers never depend on the order in which gradient hooks fire.
+encode (``CounterStream.reset_stream``, rule in :mod:`horovod_gradcomp.exchange.stream_positions`),
+so the numbers never depend on the order in which gradient hooks fire.
 
 Two generators, both fixed by the native kernels' wire format:
 

@@ -38,7 +38,8 @@ import torch
 from ..exchange.allgather import AllgatherPattern
 from ..exchange.dense_warmup import DensePattern
 from ..exchange.bucket import Bucket, BucketOutcome, result_tensor
-from ..exchange.encoding import StepPositions, measured_or_local_scales, with_measured
+from ..exchange.scale_agreement import measured_or_local_scales, with_measured
+from ..exchange.stream_positions import StepPositions
 from ..exchange.engine import BucketJob, StepEngine
 from ..exchange.fusion import pack_variable, unpack_variable
 from ..exchange.hierarchical import HierarchicalPattern

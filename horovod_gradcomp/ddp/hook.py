@@ -110,8 +110,8 @@ import torch
 from ..codecs import available_codecs
 from ..exchange.timeline import Interval
 from ..exchange.watchdog import StallWatchdog
-from ..horovod.adam_defaults import AdamDefaultsGuard
-from ..horovod.factories import Compression
+from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
+from ..hvd_adapter.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .arguments import refuse_options, require_ddp_model
 from .bucket_exchange import Call, bucket_job

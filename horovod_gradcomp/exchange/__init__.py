@@ -1,7 +1,6 @@
-"""Where payloads travel: communicators, fusion, buckets and plans, the allgather and two-phase
-patterns, stripes, the step engine and statistics."""
-from .communicator import ExchangeMismatchError, MPICommunicator, default_communicator
+"""The exchange: the step engine and the patterns it runs (allgather, two-phase, dense,
+hierarchical), with the buckets, plans, stripes, fusion, staging and statistics they use. The
+bytes travel through a transport (:mod:`horovod_gradcomp.transports`)."""
 from .engine import StepEngine
-from .polling import PollingCommunicator
 
-__all__ = ["ExchangeMismatchError", "MPICommunicator", "PollingCommunicator", "StepEngine", "default_communicator"]
+__all__ = ["StepEngine"]

@@ -19,8 +19,9 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
-from .encoding import StepPositions, agree_scales, with_measured
-from .measure import nonfinite_payloads
+from .scale_agreement import agree_scales, with_measured
+from .stream_positions import StepPositions
+from .nonfinite_check import nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
 from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes

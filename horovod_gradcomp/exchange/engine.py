@@ -75,8 +75,8 @@ from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
 from .allgather import AllgatherPattern
 from .bucket import Bucket, BucketOutcome
-from .buckets import BucketPlan
-from .measure import Measured, measure_bucket, whole_units
+from .bucket_plan import BucketPlan
+from .nonfinite_check import Measured, measure_bucket, whole_units
 from .preamble import PREAMBLE_BYTES, bucket_preamble
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 from .step_ramp import apply_ramp, ramp_factor

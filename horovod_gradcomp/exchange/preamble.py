@@ -21,7 +21,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import torch
 
-from .communicator import ExchangeMismatchError
+from ..errors import ExchangeMismatchError
 
 DIGEST_BYTES = 16
 PREAMBLE_BYTES = 24  # digest, flag byte, padding to 8

@@ -12,7 +12,7 @@ the communicator hands to MPI and MPI writes received bytes into:
   waits on the host for an event recorded after the concatenation on the current stream (that
   event only, never a ``synchronize()`` of the whole device); the communicator does the same
   before MPI writes into a freshly allocated receive buffer
-  (:meth:`~horovod_gradcomp.exchange.communicator.MPICommunicator.allgather` and the others).
+  (:meth:`~horovod_gradcomp.transports.mpi.MPICommunicator.allgather` and the others).
 * :class:`CudaStaging` (payloads on CUDA, wire in host memory): the buffers are concatenated on
   the device, copied to the (pinned) host buffer MPI will read with one asynchronous copy on the
   current stream, and an event recorded after it; :meth:`CudaStaging.gather` returns once that
@@ -21,18 +21,19 @@ the communicator hands to MPI and MPI writes received bytes into:
 
 Which one (:func:`staging_for`): CPU payloads take the host staging. CUDA payloads take the
 direct path when the communicator says it accepts buffers on their device
-(``comm.takes_device_buffers(device)``: :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator`
-does when :func:`cuda_aware_mpi` is true, i.e. Open MPI's ``MPIX_Query_cuda_support`` through
-mpi4py), unless the environment variable ``HOROVOD_GRADCOMP_HOST_STAGING=1`` forces staging
-through host memory; otherwise :class:`CudaStaging`. Horovod's and torch.distributed's
-communicators do not declare it, so they always get host buffers. Received bytes are cut by the
+(``comm.takes_device_buffers(device)``: :class:`~horovod_gradcomp.transports.mpi.MPICommunicator`
+does when :func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` is true, i.e. Open MPI's
+``MPIX_Query_cuda_support`` through mpi4py), unless the environment variable
+``HOROVOD_GRADCOMP_HOST_STAGING=1`` forces staging through host memory; otherwise
+:class:`CudaStaging`. Horovod's and torch.distributed's communicators do not declare it, so they
+always get host buffers. Received bytes are cut by the
 staging that matches where they are (:func:`staging_into`): bytes already on the payloads'
 device were received directly.
 
 What has run: every CPU exchange goes through :class:`DirectStaging` on the CPU (its counters are
 checked by the tests), and the choice between the three classes is tested with
-:func:`cuda_aware_mpi` replaced. What has NOT run (no GPU on the development machines): the
-CUDA copies and events of both CUDA stagings, and an MPI reading or writing device memory;
+:func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` replaced. What has NOT run (no GPU on the
+development machines): the CUDA copies and events of both CUDA stagings, and an MPI reading or writing device memory;
 ``ci/gpu_exchange_check.py`` checks them on the first machine with a GPU (the direct path only
 where its MPI is CUDA-aware).
 """
@@ -43,6 +44,8 @@ from typing import Dict, Sequence, Tuple
 
 import torch
 
+from ..transports.interface import DeviceBufferCommunicator
+from ..transports.mpi import ready_for_mpi
 from .env import flag_from_env
 
 #: Set to 1 to stage CUDA payloads through host memory even when MPI is CUDA-aware.
@@ -183,9 +186,9 @@ def host_staging_forced() -> bool:
 
 def takes_device_buffers(comm, device: torch.device) -> bool:
     """Whether ``comm`` declares that its collectives take buffers on ``device`` (False for a
-    communicator without ``takes_device_buffers``, and for None)."""
-    ask = getattr(comm, "takes_device_buffers", None)
-    return bool(ask(device)) if callable(ask) else False
+    communicator that is no :class:`~horovod_gradcomp.transports.interface.DeviceBufferCommunicator`,
+    and for None)."""
+    return isinstance(comm, DeviceBufferCommunicator) and bool(comm.takes_device_buffers(device))
 
 
 def staging_for(device, comm=None):
@@ -215,33 +218,6 @@ def staging_into(device, wire_device):
                      "(the wire buffers are either host memory or the payloads' own device)")
 
 
-def ready_for_mpi(device) -> None:
-    """Return once the work queued so far on ``device``'s current CUDA stream has completed (one
-    event, waited on the host): MPI reads and writes device memory outside any stream. Nothing to
-    wait for on the CPU. Runs only with a GPU."""
-    device = torch.device(device)
-    if device.type != "cuda":
-        return
-    with torch.cuda.device(device):
-        done = torch.cuda.Event()
-        done.record(torch.cuda.current_stream(device))
-        done.synchronize()
-
-
-def cuda_aware_mpi() -> bool:
-    """True when the MPI library says it can read CUDA device memory (Open MPI's
-    ``MPIX_Query_cuda_support`` through mpi4py); False when it cannot or cannot tell."""
-    try:
-        from mpi4py import MPI
-    except ImportError:
-        return False
-    query = getattr(MPI, "Query_cuda_support", None)
-    try:
-        return bool(query()) if query is not None else False
-    except Exception:  # noqa: BLE001 - an MPI without the extension: not CUDA-aware
-        return False
-
-
 def _payload_device(device) -> torch.device:
     device = torch.device(device)
     if device.type not in ("cpu", "cuda"):
@@ -265,5 +241,5 @@ def _shared(kind: type, device: torch.device):
 
 _HOST = HostStaging()
 
-__all__ = ["CudaStaging", "DirectStaging", "HOST_STAGING_ENV", "HostStaging", "cuda_aware_mpi", "host_staging_forced",
-           "ready_for_mpi", "staging_for", "staging_into", "takes_device_buffers"]
+__all__ = ["CudaStaging", "DirectStaging", "HOST_STAGING_ENV", "HostStaging", "host_staging_forced", "staging_for",
+           "staging_into", "takes_device_buffers"]

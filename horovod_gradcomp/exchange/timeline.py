@@ -21,6 +21,8 @@ import time
 from contextlib import contextmanager
 from typing import Dict, List, NamedTuple, Sequence
 
+from ..transports.interface import COLLECTIVES
+
 
 class Interval(NamedTuple):
     phase: str
@@ -65,7 +67,7 @@ class TimedCommunicator:
     """A communicator whose collectives are recorded as ``collective`` on ``timeline``; every
     other attribute is the wrapped communicator's."""
 
-    COLLECTIVES = ("allgather", "allgatherv", "alltoallv", "allgatherv_known", "allreduce_max")
+    COLLECTIVES = COLLECTIVES
 
     def __init__(self, comm, timeline: Timeline):
         self._comm, self._timeline = comm, timeline

@@ -19,10 +19,12 @@ defined (local rank l of every node exchanges shard l). :func:`require_equal` ra
 naming the node sizes otherwise; ``pattern="auto"`` falls back to the flat exchange instead.
 
 Sub-communicators (:func:`sub_communicators`): ``node`` (this node's ranks, ordered by local
-rank) and ``peers`` (the ranks with this rank's local rank, one per node, ordered by node):
-``MPI_Comm_split`` of an mpi4py communicator, or ``torch.distributed.new_group`` for every node
-and every local rank (every rank creates all of them, in the same order). Horovod's own
-collectives (``transport="horovod"``) have no sub-groups here: refused with a message.
+rank) and ``peers`` (the ranks with this rank's local rank, one per node, ordered by node), made
+by the transport's ``split``
+(:class:`~horovod_gradcomp.transports.interface.SplittableCommunicator`): ``MPI_Comm_split`` of an
+mpi4py communicator, or ``torch.distributed.new_group`` for every node and every local rank (every
+rank creates all of them, in the same order). Horovod's own collectives (``transport="horovod"``)
+have no sub-groups here: refused with a message.
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
+from ..transports.interface import SplittableCommunicator
 from .env import RANKS_PER_NODE_ENV, positive_int_from_env
 
 
@@ -169,17 +172,6 @@ def _recorded(comm):
     return getattr(comm, "recorded_communicator", comm)
 
 
-def _mpi_comm(comm):
-    """The mpi4py communicator behind ``comm`` (an :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator`
-    or a polling view of one, possibly recorded), or None."""
-    from .communicator import MPICommunicator
-    comm = _recorded(comm)
-    if not isinstance(comm, MPICommunicator):
-        return None
-    raw = comm.connect()
-    return getattr(raw, "_c", raw)   # a polling communicator's own MPI communicator
-
-
 def require_equal(layout: Layout, owner: str) -> None:
     """Raise ValueError naming the node sizes unless every node has the same number of ranks."""
     if not layout.equal:
@@ -191,54 +183,25 @@ def require_equal(layout: Layout, owner: str) -> None:
 
 
 def can_split(comm) -> bool:
-    """True when :func:`sub_communicators` can split ``comm`` (mpi4py or torch.distributed)."""
-    from .communicator import MPICommunicator
-    comm = _recorded(comm)
-    return isinstance(comm, MPICommunicator) or (getattr(comm, "group", None) is not None
-                                                 and hasattr(comm, "allgather_async"))
+    """True when :func:`sub_communicators` can split ``comm``: its transport is a
+    :class:`~horovod_gradcomp.transports.interface.SplittableCommunicator` (mpi4py, torch.distributed)."""
+    return isinstance(_recorded(comm), SplittableCommunicator)
 
 
 def sub_communicators(comm, layout: Layout, owner: str = "hierarchical exchange"):
-    """``(node, peers)`` communicators of this rank (see the module doc). Collective on ``comm``.
+    """``(node, peers)`` communicators of this rank (see the module doc): the transport's
+    ``split`` into the nodes, then into the groups of equal local rank. Collective on ``comm``.
     Those of a recorded communicator are recorded on the same timeline."""
     require_equal(layout, owner)
     base = _recorded(comm)
     if base is not comm:
         return tuple(comm.record(c) for c in sub_communicators(base, layout, owner))
-    mpi_comm = _mpi_comm(comm)
-    if mpi_comm is not None:
-        from .communicator import MPICommunicator
-        from .polling_comm import PollingComm
-        node = mpi_comm.Split(layout.node, layout.local_rank)
-        peers = mpi_comm.Split(layout.local_rank, layout.node)
-        raw = comm.connect()
-        if isinstance(raw, PollingComm):   # keep the base communicator's way of waiting
-            node, peers = PollingComm(node, raw._interval), PollingComm(peers, raw._interval)
-        return MPICommunicator(comm=node), MPICommunicator(comm=peers)
-    if can_split(comm):
-        return _torch_groups(comm, layout)
-    raise TypeError(f"{owner}: pattern='hierarchical' needs an mpi4py or torch.distributed communicator to split into "
-                    f"nodes, got {comm!r} (Horovod's own collectives, transport='horovod', have no sub-groups here: "
-                    "use transport='mpi')")
-
-
-def _torch_groups(comm, layout: Layout):
-    """torch.distributed groups for every node and every local rank (created by every rank, in
-    the same order), wrapped as communicators; this rank's two are returned."""
-    import torch.distributed as dist
-    from ..transports.torch_dist import TorchDistributedCommunicator
-    ranks = dist.get_process_group_ranks(comm.group)   # group rank -> global rank
-    backend = dist.get_backend(comm.group)
-    mine_node = mine_peers = None
-    for i, node in enumerate(layout.nodes):
-        g = dist.new_group(ranks=[ranks[r] for r in node], backend=backend)
-        if i == layout.node:
-            mine_node = g
-    for local in range(layout.ranks_per_node):
-        g = dist.new_group(ranks=[ranks[node[local]] for node in layout.nodes], backend=backend)
-        if local == layout.local_rank:
-            mine_peers = g
-    return TorchDistributedCommunicator(mine_node), TorchDistributedCommunicator(mine_peers)
+    if not can_split(comm):
+        raise TypeError(f"{owner}: pattern='hierarchical' needs an mpi4py or torch.distributed communicator to split "
+                        f"into nodes, got {comm!r} (Horovod's own collectives, transport='horovod', have no sub-groups "
+                        "here: use transport='mpi')")
+    peer_groups = [[node[local] for node in layout.nodes] for local in range(layout.ranks_per_node)]
+    return comm.split(layout.nodes), comm.split(peer_groups)
 
 
 __all__ = ["Layout", "block_layout", "can_split", "discover_layout", "launcher_hint", "layout_from_identities",

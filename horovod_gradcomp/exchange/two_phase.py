@@ -66,9 +66,10 @@ import torch
 from ..codecs.base import Codec, Payload
 from ..state.error_feedback import ErrorFeedback, encode_with_residual
 from .bucket import Bucket, BucketOutcome, result_tensor
-from .encoding import StepPositions, agree_scales, local_scales, with_measured
+from .scale_agreement import agree_scales, local_scales, with_measured
+from .stream_positions import StepPositions
 from .fusion import FusedLayout
-from .measure import Unit, nonfinite_payloads, peek_residual
+from .nonfinite_check import Unit, nonfinite_payloads, peek_residual
 from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
 from .staging import staging_for
 from .stats import ExchangeStats, StepTotals

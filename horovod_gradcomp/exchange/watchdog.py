@@ -18,6 +18,7 @@ import time
 from contextlib import contextmanager
 from typing import Callable, Dict, Optional
 
+from ..transports.mpi_lifetime import abort_at_exit_while, mpi_abort
 from .env import seconds_from_env
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -33,13 +34,6 @@ def resolve_timeout(timeout: Optional[float]) -> float:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout < 0:
         raise ValueError(f"timeout must be a number of seconds >= 0 (0: no deadline), got {timeout!r}")
     return float(timeout)
-
-
-def mpi_abort(message: str) -> None:
-    """Print ``message`` and end the whole MPI job (every rank, and mpirun with them)."""
-    print(message, file=sys.stderr, flush=True)
-    from mpi4py import MPI
-    MPI.COMM_WORLD.Abort(1)
 
 
 class StallWatchdog:
@@ -121,8 +115,11 @@ _WATCHDOG: Optional[StallWatchdog] = None
 
 
 def default_watchdog() -> StallWatchdog:
-    """The process-wide watchdog (one thread for every compression object)."""
+    """The process-wide watchdog (one thread for every compression object). An MPI process that
+    exits while one of its guards is open aborts the job
+    (:func:`~horovod_gradcomp.transports.mpi_lifetime.abort_at_exit_while`)."""
     global _WATCHDOG
     if _WATCHDOG is None:
         _WATCHDOG = StallWatchdog()
+        abort_at_exit_while(_WATCHDOG.active)
     return _WATCHDOG

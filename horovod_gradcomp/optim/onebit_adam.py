@@ -23,7 +23,7 @@ rank's gradient, before the momentum) or, with ``decoupled=True`` (:class:`Onebi
 AdamW's ``p <- p * (1 - lr * weight_decay)``.
 
 Bytes: each step one exchange of the parameters' size, through ``self.compression``
-(a :class:`~horovod_gradcomp.horovod.compression.CodecCompression`, onebit, ``warmup_steps=W``):
+(a :class:`~horovod_gradcomp.hvd_adapter.compression.CodecCompression`, onebit, ``warmup_steps=W``):
 its ``stats()`` counts the dense warm-up steps and the 1-bit steps alike.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
-from ..horovod.factories import Compression
+from ..hvd_adapter.factories import Compression
 
 _NAMED_HINT = "pass model.named_parameters() (the names key the exchange and its error feedback)"
 
@@ -55,7 +55,7 @@ class OnebitAdam(torch.optim.Optimizer):
             ``hgc.Compression`` factories: mpi4py under mpirun, Horovod's collectives on Gloo;
             a :class:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator` for DDP).
         transport, process_set, pattern, bucket_bytes, timeout: the exchange's options, as
-            :meth:`hgc.Compression.codec <horovod_gradcomp.horovod.factories.Compression.codec>`.
+            :meth:`hgc.Compression.codec <horovod_gradcomp.hvd_adapter.factories.Compression.codec>`.
 
     Fields: ``compression`` (the exchange, with ``stats()``), ``names`` (name of each parameter),
     ``skipped_steps`` (steps not applied because some rank's gradient was not finite).

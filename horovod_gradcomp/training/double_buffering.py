@@ -41,7 +41,7 @@ cost (as with 1-bit SGD on a fast network) double buffering costs more than it h
 When the exchange dominates it pays only if ``e < c + f``. The overlap is ideal only when
 compute and exchange do not share the bottleneck resource: on a rank with one core,
 encoding and decoding compete with the forward/backward pass, and so does an MPI wait
-that spins (give a codec a :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator`)
+that spins (give a codec a :class:`~horovod_gradcomp.transports.mpi_polling.PollingCommunicator`)
 and Horovod's own background thread (a codec's pipeline needs no ``hvd.init()``).
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
-"""The communicator seam over Horovod's own collectives (works on MPI and on Gloo).
+"""The Horovod transport: Horovod's own collectives (works on MPI and on Gloo).
 
-:class:`HorovodCommunicator` has the interface of :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator`
+:class:`HorovodCommunicator` implements :class:`~horovod_gradcomp.transports.interface.Communicator`
 and moves the same uint8 buffers through ``hvd.allgather`` (uneven first dimensions),
 ``hvd.alltoall`` (with splits) and ``hvd.allreduce(op=hvd.Max)``, on the global process set
 or on one ``process_set``. It is what ``horovodrun --gloo`` and Horovod elastic need (no MPI
@@ -28,11 +28,14 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..exchange.communicator import ExchangeMismatchError, _check_bytes, _counts
+from ..errors import ExchangeMismatchError
+from .checks import alltoallv_counts, check_bytes, known_counts, split_parts
+from .interface import Communicator
 
 
-class HorovodCommunicator:
+class HorovodCommunicator(Communicator):
     """Collectives on uint8 CPU tensors through ``horovod.torch`` (call ``hvd.init()`` first).
+    It cannot be split into sub-communicators (Horovod's process sets are registered up front).
 
     Args:
         process_set: a ``hvd.ProcessSet`` (None: the global one). On ranks outside it the
@@ -93,10 +96,10 @@ class HorovodCommunicator:
         """Every rank's n (one allgather of an int64)."""
         return self._gather_rows(torch.tensor([n], dtype=torch.int64), name).numpy()
 
-    # -- the MPICommunicator interface ------------------------------------------------------
+    # -- the Communicator interface ---------------------------------------------------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
         """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
-        _check_bytes(send, "allgather")
+        check_bytes(send, "allgather")
         out = self._gather_rows(send.reshape(1, -1), self._name("allgather"))
         if out.shape != (self.size, send.numel()):
             raise ExchangeMismatchError(f"allgather: ranks sent different sizes (got {tuple(out.shape)} for "
@@ -106,20 +109,18 @@ class HorovodCommunicator:
     def allgatherv(self, send: torch.Tensor) -> list:
         """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
         One allgather of the sizes, then one allgather of the data."""
-        _check_bytes(send, "allgatherv")
+        check_bytes(send, "allgatherv")
         call = self._name("allgatherv")
         sizes = self._sizes(send.numel(), call + ".sizes")
-        return _split(self._gather_rows(send, call), sizes)
+        return split_parts(self._gather_rows(send, call), sizes)
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
-        """Personalized exchange (see :meth:`MPICommunicator.alltoallv`): ``send_counts[j]``
+        """Personalized exchange (see :meth:`Communicator.alltoallv
+        <horovod_gradcomp.transports.interface.Communicator.alltoallv>`): ``send_counts[j]``
         bytes to rank j, ``recv_counts[j]`` bytes from rank j, one ``hvd.alltoall``. The
         received splits are checked against ``recv_counts``."""
-        _check_bytes(send, "alltoallv")
-        k = self.size
-        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
-        if int(sc.sum()) != send.numel():
-            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
+        check_bytes(send, "alltoallv")
+        sc, rc = alltoallv_counts(send, send_counts, recv_counts, self.size)
         out, received = self._hvd.alltoall(send, splits=torch.from_numpy(sc.astype(np.int32)),
                                            name=self._name("alltoallv"), process_set=self.process_set)
         if not np.array_equal(received.numpy().astype(np.int64), rc):
@@ -128,17 +129,13 @@ class HorovodCommunicator:
         return out
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
-        """Allgather of parts whose sizes every rank knows (see
-        :meth:`MPICommunicator.allgatherv_known`): one allgather, no size exchange."""
-        _check_bytes(send, "allgatherv_known")
-        c = _counts(counts, self.size, "counts")
-        if send.numel() != int(c[self.rank]):
-            raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
-                             f"{int(c[self.rank])}")
+        """Allgather of parts whose sizes every rank knows: one allgather, no size exchange."""
+        check_bytes(send, "allgatherv_known")
+        c = known_counts(send, counts, self.rank, self.size)
         recv = self._gather_rows(send, self._name("allgatherv_known"))
         if recv.numel() != int(c.sum()):
             raise ExchangeMismatchError(f"allgatherv_known: received {recv.numel()} bytes, counts sum to {int(c.sum())}")
-        return _split(recv, c)
+        return split_parts(recv, c)
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
         """Elementwise maximum over ranks of a float64 vector (one ``hvd.allreduce``, ``op=hvd.Max``)."""
@@ -149,8 +146,3 @@ class HorovodCommunicator:
     def __repr__(self) -> str:
         return f"HorovodCommunicator(process_set={self.process_set}, prefix={self.prefix!r})"
 
-
-def _split(flat: torch.Tensor, sizes: np.ndarray) -> list:
-    """Views of ``flat`` cut into back-to-back parts of the given sizes."""
-    offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    return [flat[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]

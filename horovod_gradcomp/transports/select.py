@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..exchange.communicator import MPICommunicator, default_communicator
+from .mpi import default_communicator
 
 TRANSPORTS = ("auto", "mpi", "horovod")
 #: Set by horovodrun --gloo (and elastic) in every worker's environment.
@@ -37,7 +37,7 @@ def _is_global(hvd, process_set) -> bool:
 def select_communicator(transport: str = "auto", process_set=None, owner: str = "Compression"):
     """The communicator for ``transport`` ("auto" | "mpi" | "horovod") and ``process_set``
     (a ``hvd.ProcessSet`` or None), by the rule of the module doc. The mpi choice returns
-    the process-wide :func:`~horovod_gradcomp.exchange.communicator.default_communicator`."""
+    the process-wide :func:`~horovod_gradcomp.transports.mpi.default_communicator`."""
     if transport not in TRANSPORTS:
         raise ValueError(f"{owner}: transport must be one of {TRANSPORTS}, got {transport!r}")
     hvd, initialized = _horovod_state()

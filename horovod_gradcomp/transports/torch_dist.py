@@ -1,10 +1,10 @@
-"""The communicator seam over ``torch.distributed`` (for the DDP comm hook).
+"""The torch.distributed transport (for the DDP comm hook).
 
-:class:`TorchDistributedCommunicator` has the interface of
-:class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` (blocking collectives) plus an
-asynchronous twin of each collective (``*_async``: issued with ``async_op=True``, returning a
-:class:`Pending` of what the blocking one returns). The blocking ones are the asynchronous ones
-waited for: one code path.
+:class:`TorchDistributedCommunicator` is an
+:class:`~horovod_gradcomp.transports.interface.AsyncCommunicator`: the blocking collectives of
+:class:`~horovod_gradcomp.transports.interface.Communicator` plus an asynchronous twin of each
+(``*_async``: issued with ``async_op=True``, returning a :class:`Pending` of what the blocking
+one returns). The blocking ones are the asynchronous ones waited for: one code path.
 
 Python's exit. A gloo worker thread frees each work after completing its future, and a work
 holds the tensors it was given; freeing a tensor that Python created takes the GIL. If Python
@@ -47,7 +47,8 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from ..exchange.communicator import _counts
+from .checks import alltoallv_counts, check_bytes, group_of, known_counts
+from .interface import AsyncCommunicator, PendingCollective, SplittableCommunicator
 
 
 #: How many of the most recent works a communicator keeps (see the module doc) ...
@@ -57,12 +58,7 @@ KEEP_BYTES = 256 << 20
 KEEP_WORKS_MIN = 8
 
 
-def _check_bytes(send: torch.Tensor, what: str) -> None:
-    if not isinstance(send, torch.Tensor) or send.dtype != torch.uint8 or send.dim() != 1:
-        raise TypeError(f"{what} expects a flat uint8 tensor")
-
-
-class Pending:
+class Pending(PendingCollective):
     """A collective in flight and how to finish its result.
 
     ``wait()`` waits for ``inner`` (a work's ``torch.futures.Future``, another Pending, or None),
@@ -101,7 +97,7 @@ def _done(value) -> Pending:
     return Pending(None, lambda _: value)
 
 
-class TorchDistributedCommunicator:
+class TorchDistributedCommunicator(AsyncCommunicator, SplittableCommunicator):
     """Collectives on flat uint8 tensors over a ``torch.distributed`` process group.
 
     Args:
@@ -167,7 +163,7 @@ class TorchDistributedCommunicator:
     # -- asynchronous collectives --------------------------------------------------------
     def allgather_async(self, send: torch.Tensor) -> Pending:
         """Future of uint8[K, n]: every rank's ``send`` (n bytes on every rank), row k from rank k."""
-        _check_bytes(send, "allgather")
+        check_bytes(send, "allgather", host_only=False)
         send = self._on_device(send)
         k = self.size
         if k == 1:
@@ -183,11 +179,8 @@ class TorchDistributedCommunicator:
     def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> Pending:
         """Future of ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` for parts whose sizes every
         rank knows: one allgather padded to the largest part (padding counted)."""
-        _check_bytes(send, "allgatherv_known")
-        c = _counts(counts, self.size, "counts")
-        if send.numel() != int(c[self.rank]):
-            raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
-                             f"{int(c[self.rank])}")
+        check_bytes(send, "allgatherv_known", host_only=False)
+        c = known_counts(send, counts, self.rank, self.size)
         longest = int(c.max()) if c.size else 0
         padded = send
         if send.numel() < longest:
@@ -204,13 +197,12 @@ class TorchDistributedCommunicator:
 
     def alltoallv_async(self, send: torch.Tensor, send_counts: Sequence[int],
                         recv_counts: Sequence[int]) -> Pending:
-        """Future of the personalized exchange (see :meth:`MPICommunicator.alltoallv`): one
+        """Future of the personalized exchange (see :meth:`Communicator.alltoallv
+        <horovod_gradcomp.transports.interface.Communicator.alltoallv>`): one
         ``all_to_all_single`` with uneven splits."""
-        _check_bytes(send, "alltoallv")
+        check_bytes(send, "alltoallv", host_only=False)
         k = self.size
-        sc, rc = _counts(send_counts, k, "send_counts"), _counts(recv_counts, k, "recv_counts")
-        if int(sc.sum()) != send.numel():
-            raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
+        sc, rc = alltoallv_counts(send, send_counts, recv_counts, k)
         send = self._on_device(send)
         if k == 1:
             return _done(send.clone())
@@ -228,7 +220,7 @@ class TorchDistributedCommunicator:
         work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
         return self._pending(work, lambda _: t.cpu().numpy().reshape(shape), t)
 
-    # -- the MPICommunicator interface (blocking) -------------------------------------------
+    # -- the Communicator interface (blocking) ---------------------------------------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
         """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
         return self.allgather_async(send).wait()
@@ -236,22 +228,37 @@ class TorchDistributedCommunicator:
     def allgatherv(self, send: torch.Tensor) -> list:
         """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
         One allgather of the sizes, then one allgather padded to the largest size."""
-        _check_bytes(send, "allgatherv")
+        check_bytes(send, "allgatherv", host_only=False)
         sizes = self.sizes_async(send.numel()).wait()
         return self.allgatherv_known_async(send, sizes).wait()
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
-        """Personalized exchange (see :meth:`MPICommunicator.alltoallv`)."""
+        """Personalized exchange (see :meth:`Communicator.alltoallv
+        <horovod_gradcomp.transports.interface.Communicator.alltoallv>`)."""
         return self.alltoallv_async(send, send_counts, recv_counts).wait()
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
-        """Allgather of parts whose sizes every rank knows (see
-        :meth:`MPICommunicator.allgatherv_known`): one allgather padded to the largest part."""
+        """Allgather of parts whose sizes every rank knows: one allgather padded to the largest part."""
         return self.allgatherv_known_async(send, counts).wait()
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
         """Elementwise maximum over ranks of a float64 vector (one ``all_reduce``, MAX)."""
         return self.allreduce_max_async(values).wait()
+
+    def split(self, groups: Sequence[Sequence[int]]) -> "TorchDistributedCommunicator":
+        """The communicator of the group holding this rank (``groups``: lists of this group's
+        ranks partitioning them, the same on every rank; see
+        :class:`~horovod_gradcomp.transports.interface.SplittableCommunicator`): every rank
+        creates a ``new_group`` for every group, in the given order, on this group's backend."""
+        index, _ = group_of(groups, self.rank, self.size)
+        ranks = self._dist.get_process_group_ranks(self.group)   # group rank -> global rank
+        backend = self._dist.get_backend(self.group)
+        mine = None
+        for i, members in enumerate(groups):
+            created = self._dist.new_group(ranks=[ranks[r] for r in members], backend=backend)
+            if i == index:
+                mine = created
+        return TorchDistributedCommunicator(mine)
 
     def __repr__(self) -> str:
         return f"TorchDistributedCommunicator(backend={self.backend!r}, size={self.size})"

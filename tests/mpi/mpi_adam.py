@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.horovod import optimizer_check
+from horovod_gradcomp.hvd_adapter import optimizer_check
 
 from .mpi_helpers import assert_identical_across_ranks, init, needs_peers
 

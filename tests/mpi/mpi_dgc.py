@@ -13,8 +13,8 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.communicator import ExchangeMismatchError
-from horovod_gradcomp.horovod.optimizer_check import OptimizerMismatchError
+from horovod_gradcomp.errors import ExchangeMismatchError
+from horovod_gradcomp.hvd_adapter.optimizer_check import OptimizerMismatchError
 
 from .mpi_helpers import assert_identical_across_ranks, init, needs_peers
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from horovod_gradcomp.codecs.base import Codec, Payload
-from horovod_gradcomp.horovod.factories import CodecCompression
+from horovod_gradcomp.hvd_adapter.factories import CodecCompression
 
 from .mpi_helpers import gather_tensors, init
 

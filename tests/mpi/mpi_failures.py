@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange import ExchangeMismatchError, preamble
+from horovod_gradcomp.errors import ExchangeMismatchError
+from horovod_gradcomp.exchange import preamble
 
 from .mpi_helpers import assert_identical_across_ranks, init, needs_peers
 

@@ -17,9 +17,9 @@ import torch
 from mpi4py import MPI
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange import communicator as communicator_module
-from horovod_gradcomp.exchange.communicator import MPICommunicator
-from horovod_gradcomp.exchange.polling import PollingCommunicator
+from horovod_gradcomp.transports import mpi as mpi_transport
+from horovod_gradcomp.transports.mpi import MPICommunicator
+from horovod_gradcomp.transports.mpi_polling import PollingCommunicator
 from horovod_gradcomp.exchange.watchdog import default_watchdog
 from horovod_gradcomp.transports import horovod_ops
 
@@ -89,7 +89,7 @@ class WatchedHorovod:
 @pytest.fixture
 def recorder(monkeypatch):
     rec = Recorder()
-    monkeypatch.setattr(communicator_module, "_DEFAULT", MPICommunicator(base=WatchedComm(MPI.COMM_WORLD, rec)))
+    monkeypatch.setattr(mpi_transport, "_DEFAULT", MPICommunicator(base=WatchedComm(MPI.COMM_WORLD, rec)))
     original = horovod_ops.HorovodCommunicator.__init__
 
     def watched_init(self, *args, **kwargs):

@@ -68,7 +68,7 @@ def reference_mean_of_decoded(codec_ref, compensated: torch.Tensor) -> tuple[tor
 def two_phase_exchange(pattern, names, grads, state, order, outs=None):
     """One bucket through ``pattern`` (a TwoPhasePattern) on the default communicator, at
     ``state.step``: ``(results, info)``."""
-    from horovod_gradcomp.exchange import default_communicator
+    from horovod_gradcomp.transports import default_communicator
     from horovod_gradcomp.exchange.bucket import Bucket
     from horovod_gradcomp.exchange.stats import ExchangeStats, StepTotals
     outcome = pattern.exchange(default_communicator(), Bucket(list(names), grads, state, order, outs or {}),

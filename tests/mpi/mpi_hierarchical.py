@@ -20,7 +20,7 @@ import torch
 from mpi4py import MPI
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange import ExchangeMismatchError
+from horovod_gradcomp.errors import ExchangeMismatchError
 from horovod_gradcomp.exchange.hierarchical import shard_key
 
 from .mpi_helpers import LocalGradients

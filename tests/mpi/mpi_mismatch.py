@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange import ExchangeMismatchError
+from horovod_gradcomp.errors import ExchangeMismatchError
 
 from .mpi_helpers import assert_identical_across_ranks, init, needs_peers
 

@@ -14,7 +14,7 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.preamble import PREAMBLE_BYTES
-from horovod_gradcomp.exchange.communicator import ExchangeMismatchError
+from horovod_gradcomp.errors import ExchangeMismatchError
 
 from .mpi_helpers import (LocalGradients, assert_identical_across_ranks, init, needs_peers, onebit_unramped,
                           reference_mean_of_decoded)

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.communicator import MPICommunicator
-from horovod_gradcomp.exchange.polling import PollingCommunicator
+from horovod_gradcomp.transports.mpi import MPICommunicator
+from horovod_gradcomp.transports.mpi_polling import PollingCommunicator
 
 from .mpi_helpers import assert_identical_across_ranks, init, onebit_unramped
 

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.communicator import ExchangeMismatchError, MPICommunicator
+from horovod_gradcomp.errors import ExchangeMismatchError
+from horovod_gradcomp.transports.mpi import MPICommunicator
 from horovod_gradcomp.exchange.preamble import bucket_preamble
 from horovod_gradcomp.transports import select_communicator
 from horovod_gradcomp.transports.horovod_ops import HorovodCommunicator

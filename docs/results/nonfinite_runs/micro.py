@@ -5,7 +5,7 @@ import statistics, time, torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.bench.shapes import resnet50_shapes
 from horovod_gradcomp.exchange.preamble import has_nonfinite
-from horovod_gradcomp.exchange.encoding import local_scales
+from horovod_gradcomp.exchange.scale_agreement import local_scales
 torch.set_num_threads(1)
 gen = torch.Generator().manual_seed(0)
 grads = [torch.randn(s, generator=gen) for s in resnet50_shapes()]

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .center_scheme import CenterPushScheme
+from .center_push_scheme import CenterPushScheme
 
 
 class ADAG(CenterPushScheme):

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 
 from .base import Scheme
-from .center import ShardedCenter
-from .polling import barrier
+from .sharded_center import ShardedCenter
+from .backoff_waits import barrier
 
 
 class CenterClient:

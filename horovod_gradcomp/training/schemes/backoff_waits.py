@@ -1,9 +1,10 @@
-"""Waiting on MPI requests without spinning a core.
+"""The asynchronous schemes' waits on MPI requests: tests with a doubling sleep in between.
 
 Open MPI's blocking waits poll the progress engine in a tight loop. The asynchronous
 schemes wait often (a service thread per rank, workers waiting for slow peers), on
 machines where ranks may share cores, so they test the requests and sleep between tests,
-with a delay that doubles from 10 us up to ``max_delay``.
+with a delay that doubles from 10 us up to ``max_delay`` (a backoff, unlike the fixed
+interval of the exchange's :mod:`horovod_gradcomp.transports.mpi_poll_loop`).
 """
 from __future__ import annotations
 

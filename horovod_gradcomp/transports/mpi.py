@@ -1,35 +1,34 @@
-"""The communicator seam: packed byte buffers between ranks through mpi4py.
+"""The MPI transport: packed byte buffers between ranks through mpi4py.
 
 It works on its own duplicate of ``MPI.COMM_WORLD``, never on the communicator Horovod
 uses, so its collectives cannot pair with Horovod's. Building one performs no MPI call: rank
 and size are local calls, and the duplicate is made by the first collective (inside the first
 exchange, under the stall watchdog). Outside an MPI launcher mpi4py is imported on first use;
-under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.exchange.mpi_lifetime`).
+under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.transports.mpi_lifetime`).
 
 Buffers are flat uint8 tensors in host memory, or on a CUDA device when the MPI library is
-CUDA-aware (:meth:`MPICommunicator.takes_device_buffers`; the direct path of
-:mod:`~horovod_gradcomp.exchange.staging`): mpi4py then takes the tensors themselves (their
-``__cuda_array_interface__``), and every receive buffer is allocated on the send buffer's device.
+CUDA-aware (:func:`cuda_aware_mpi`, :meth:`MPICommunicator.takes_device_buffers`; the direct
+path of :mod:`~horovod_gradcomp.exchange.staging`): mpi4py then takes the tensors themselves (their
+``__cuda_array_interface__``), every receive buffer is allocated on the send buffer's device, and
+MPI touches device memory only once the work queued on the current stream has completed
+(:func:`ready_for_mpi`).
 The device case has not run yet (no GPU here; ``ci/gpu_exchange_check.py`` runs it).
 """
 from __future__ import annotations
 
-import atexit
 import threading
 from typing import Optional, Sequence
 
 import numpy as np
 import torch
 
-from . import staging
-from .polling_comm import PollingComm
+from .checks import alltoallv_counts, check_bytes, displacements, group_of, known_counts, split_parts
+from .interface import Communicator, DeviceBufferCommunicator, SplittableCommunicator
+from .mpi_lifetime import register_exit_check
+from .mpi_poll_loop import PollingComm
 
 
-class ExchangeMismatchError(RuntimeError):
-    """Ranks disagree on what is exchanged (different parameter sets, shapes or codecs)."""
-
-
-class MPICommunicator:
+class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunicator):
     """Collectives on uint8 tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``):
     host tensors, or CUDA tensors with a CUDA-aware MPI (see the module doc).
 
@@ -72,7 +71,7 @@ class MPICommunicator:
             with self._lock:
                 if self._comm is None:
                     self._comm = self._duplicate(self._world())
-                    _register_exit_check()
+                    register_exit_check()
         return self._comm
 
     def _duplicate(self, base):
@@ -104,7 +103,7 @@ class MPICommunicator:
         """This communicator (the same MPI communicator: collectives keep their order) with
         collectives that wait by ``Test`` + ``sleep(interval_s)`` instead of spinning, for a
         thread that waits while another thread of the rank computes
-        (:mod:`horovod_gradcomp.exchange.polling_comm`); ``self`` when it already polls."""
+        (:mod:`horovod_gradcomp.transports.mpi_poll_loop`); ``self`` when it already polls."""
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
         inner = self.connect()  # inside an exchange: the duplicate exists already (the preamble made it)
@@ -112,19 +111,26 @@ class MPICommunicator:
             return self
         return MPICommunicator(PollingComm(inner, float(interval_s)))
 
+    def split(self, groups: Sequence[Sequence[int]]) -> "MPICommunicator":
+        """The communicator of the group holding this rank, ``groups`` partitioning this
+        communicator's ranks (every rank passes the same lists; see
+        :class:`~horovod_gradcomp.transports.interface.SplittableCommunicator`): one
+        ``MPI_Comm_split`` with the group's index as colour and the rank's place in it as key.
+        A polling communicator's groups poll too. Collective."""
+        color, key = group_of(groups, self.rank, self.size)
+        return MPICommunicator(comm=self.connect().Split(color, key))
+
     def takes_device_buffers(self, device) -> bool:
         """True when the collectives take uint8 buffers on ``device`` (received bytes then land
         on ``device`` too): host memory always; a CUDA device when the MPI library is CUDA-aware
-        (:func:`~horovod_gradcomp.exchange.staging.cuda_aware_mpi`)."""
+        (:func:`cuda_aware_mpi`)."""
         device = torch.device(device)
-        return device.type == "cpu" or (device.type == "cuda" and staging.cuda_aware_mpi())
+        return device.type == "cpu" or (device.type == "cuda" and cuda_aware_mpi())
 
     def _checked(self, send: torch.Tensor, what: str) -> torch.device:
         """The device of ``send`` (where the receive buffer goes) after checking that it is a flat
         uint8 tensor these collectives take (TypeError otherwise)."""
-        if not isinstance(send, torch.Tensor) or send.dtype != torch.uint8 or send.dim() != 1:
-            raise TypeError(f"{what} expects a flat uint8 tensor, got {getattr(send, 'dtype', type(send).__name__)} "
-                            f"{tuple(getattr(send, 'shape', ()))}")
+        check_bytes(send, what, host_only=False)
         if not self.takes_device_buffers(send.device):
             raise TypeError(f"{what}: this MPI does not take buffers on {send.device} (host memory always; CUDA "
                             "memory only with a CUDA-aware MPI, and cuda_aware_mpi() is False here): stage the bytes "
@@ -137,7 +143,7 @@ class MPICommunicator:
         device = self._checked(send, "allgather")
         recv = torch.empty((self.size, send.numel()), dtype=torch.uint8, device=device)
         from mpi4py import MPI
-        staging.ready_for_mpi(device)
+        ready_for_mpi(device)
         self.connect().Allgather([_mpi_buffer(send), MPI.BYTE], [_mpi_buffer(recv), MPI.BYTE])
         return recv
 
@@ -149,11 +155,11 @@ class MPICommunicator:
         from mpi4py import MPI
         sizes = np.empty(self.size, dtype=np.int64)
         self.connect().Allgather([np.array([send.numel()], dtype=np.int64), MPI.INT64_T], [sizes, MPI.INT64_T])
-        offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
         recv = torch.empty(int(sizes.sum()), dtype=torch.uint8, device=device)
-        staging.ready_for_mpi(device)
-        self.connect().Allgatherv([_mpi_buffer(send), MPI.BYTE], [_mpi_buffer(recv), (sizes, offsets), MPI.BYTE])
-        return [recv[int(o):int(o) + int(n)] for o, n in zip(offsets, sizes)]
+        ready_for_mpi(device)
+        self.connect().Allgatherv([_mpi_buffer(send), MPI.BYTE],
+                                  [_mpi_buffer(recv), (sizes, displacements(sizes)), MPI.BYTE])
+        return split_parts(recv, sizes)
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
         """Personalized exchange with sizes known on both sides (no size exchange).
@@ -165,11 +171,12 @@ class MPICommunicator:
         on rank j (not checked: MPI fails or truncates otherwise). One collective. The result is
         on ``send``'s device."""
         device = self._checked(send, "alltoallv")
-        sc, rc, recv = alltoallv_buffers(send, send_counts, recv_counts, self.size, check=lambda t, what: None)
+        sc, rc = alltoallv_counts(send, send_counts, recv_counts, self.size)
+        recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=device)
         from mpi4py import MPI
-        staging.ready_for_mpi(device)
-        self.connect().Alltoallv([_mpi_buffer(send), (sc, _displacements(sc)), MPI.BYTE],
-                                 [_mpi_buffer(recv), (rc, _displacements(rc)), MPI.BYTE])
+        ready_for_mpi(device)
+        self.connect().Alltoallv([_mpi_buffer(send), (sc, displacements(sc)), MPI.BYTE],
+                                 [_mpi_buffer(recv), (rc, displacements(rc)), MPI.BYTE])
         return recv
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
@@ -178,16 +185,13 @@ class MPICommunicator:
         ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` (views into one receive buffer on
         ``send``'s device, part k at offset ``sum(counts[:k])``). One collective, no size exchange."""
         device = self._checked(send, "allgatherv_known")
-        c = _counts(counts, self.size, "counts")
-        if send.numel() != int(c[self.rank]):
-            raise ValueError(f"allgatherv_known: rank {self.rank} sends {send.numel()} bytes, counts say "
-                             f"{int(c[self.rank])}")
-        displs = _displacements(c)
+        c = known_counts(send, counts, self.rank, self.size)
+        displs = displacements(c)
         recv = torch.empty(int(c.sum()), dtype=torch.uint8, device=device)
         from mpi4py import MPI
-        staging.ready_for_mpi(device)
+        ready_for_mpi(device)
         self.connect().Allgatherv([_mpi_buffer(send), MPI.BYTE], [_mpi_buffer(recv), (c, displs), MPI.BYTE])
-        return [recv[int(o):int(o) + int(n)] for o, n in zip(displs, c)]
+        return split_parts(recv, c)
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
         """Elementwise maximum over ranks of a float64 vector (one collective)."""
@@ -198,62 +202,37 @@ class MPICommunicator:
         return out
 
 
-_exit_check_registered = False
-
-
-def _register_exit_check() -> None:
-    """Register :func:`_abort_if_exchanging` once, at the first duplicate: after ``hvd.init()``
-    and after mpi4py's import, so that it runs before Horovod's shutdown and MPI's finalize."""
-    global _exit_check_registered
-    if not _exit_check_registered:
-        _exit_check_registered = True
-        atexit.register(_abort_if_exchanging)
-
-
-def _abort_if_exchanging() -> None:
-    """At exit: when another thread of this process is still inside an exchange (a rank failed
-    mid-step while the communication thread waits in a collective), end the MPI job with
-    ``MPI_Abort`` and a message, instead of letting MPI be finalized under that thread."""
-    from .watchdog import default_watchdog, mpi_abort
-    if default_watchdog().active():
-        mpi_abort("horovod_gradcomp: this process exits while another of its threads is still inside an exchange "
-                  "(a rank failed during a step); aborting the MPI job rather than finalizing MPI under it")
-
-
-def _check_bytes(send: torch.Tensor, what: str) -> None:
-    if send.dtype != torch.uint8 or send.dim() != 1 or send.device.type != "cpu":
-        raise TypeError(f"{what} expects a flat uint8 CPU tensor")
-
-
 def _mpi_buffer(t: torch.Tensor):
     """What mpi4py reads or writes for ``t``: a numpy view of host memory, the CUDA tensor itself
     (mpi4py takes its ``__cuda_array_interface__``; only a CUDA-aware MPI gets one)."""
     return t.numpy() if t.device.type == "cpu" else t
 
 
-def alltoallv_buffers(send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int], size: int,
-                      check=None):
-    """The checked ``(send_counts, recv_counts, receive buffer)`` of an alltoallv among ``size`` ranks
-    (every transport's ``alltoallv`` starts with this). ``check(send, what)`` vets the send buffer
-    (default: a flat uint8 CPU tensor); the receive buffer is on ``send``'s device."""
-    (check or _check_bytes)(send, "alltoallv")
-    sc, rc = _counts(send_counts, size, "send_counts"), _counts(recv_counts, size, "recv_counts")
-    if int(sc.sum()) != send.numel():
-        raise ValueError(f"alltoallv: send holds {send.numel()} bytes, send_counts sum to {int(sc.sum())}")
-    return sc, rc, torch.empty(int(rc.sum()), dtype=torch.uint8, device=send.device)
+def ready_for_mpi(device) -> None:
+    """Return once the work queued so far on ``device``'s current CUDA stream has completed (one
+    event, waited on the host): MPI reads and writes device memory outside any stream. Nothing to
+    wait for on the CPU. Runs only with a GPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return
+    with torch.cuda.device(device):
+        done = torch.cuda.Event()
+        done.record(torch.cuda.current_stream(device))
+        done.synchronize()
 
 
-def _counts(counts: Sequence[int], size: int, what: str) -> np.ndarray:
-    """Byte counts as a non-negative int64 vector of one entry per rank."""
-    c = np.asarray(list(counts), dtype=np.int64)
-    if c.shape != (size,) or (c < 0).any():
-        raise ValueError(f"{what}: expected {size} non-negative byte counts, got {list(counts)}")
-    return c
-
-
-def _displacements(counts: np.ndarray) -> np.ndarray:
-    """Offsets of back-to-back parts of the given sizes."""
-    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64)
+def cuda_aware_mpi() -> bool:
+    """True when the MPI library says it can read CUDA device memory (Open MPI's
+    ``MPIX_Query_cuda_support`` through mpi4py); False when it cannot or cannot tell."""
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return False
+    query = getattr(MPI, "Query_cuda_support", None)
+    try:
+        return bool(query()) if query is not None else False
+    except Exception:  # noqa: BLE001 - an MPI without the extension: not CUDA-aware
+        return False
 
 
 _DEFAULT: Optional[MPICommunicator] = None
@@ -265,3 +244,6 @@ def default_communicator() -> MPICommunicator:
     if _DEFAULT is None:
         _DEFAULT = MPICommunicator()
     return _DEFAULT
+
+
+__all__ = ["MPICommunicator", "cuda_aware_mpi", "default_communicator", "ready_for_mpi"]

@@ -1,8 +1,8 @@
-"""The waiting half of :mod:`horovod_gradcomp.exchange.polling`: an mpi4py communicator whose
+"""The wait loop of :mod:`horovod_gradcomp.transports.mpi_polling`: an mpi4py communicator whose
 blocking collectives are its nonblocking ones plus ``Test`` and ``sleep``.
 
-Kept apart from :class:`~horovod_gradcomp.exchange.polling.PollingCommunicator` so that
-:meth:`MPICommunicator.polling <horovod_gradcomp.exchange.communicator.MPICommunicator.polling>`
+Kept apart from :class:`~horovod_gradcomp.transports.mpi_polling.PollingCommunicator` so that
+:meth:`MPICommunicator.polling <horovod_gradcomp.transports.mpi.MPICommunicator.polling>`
 can wrap a communicator it already has without importing the subclass.
 """
 from __future__ import annotations
@@ -13,8 +13,9 @@ __all__ = ["PollingComm"]
 
 
 class PollingComm:
-    """The mpi4py calls :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` makes, on
-    ``comm``, done as nonblocking requests completed by ``Test`` every ``interval_s`` seconds."""
+    """The mpi4py calls :class:`~horovod_gradcomp.transports.mpi.MPICommunicator` makes, on
+    ``comm``, done as nonblocking requests completed by ``Test`` every ``interval_s`` seconds;
+    ``Split`` returns communicators that wait the same way."""
 
     def __init__(self, comm, interval_s: float):
         self._c = comm
@@ -25,6 +26,11 @@ class PollingComm:
 
     def Get_size(self) -> int:  # noqa: N802
         return self._c.Get_size()
+
+    def Split(self, color: int, key: int) -> "PollingComm":  # noqa: N802
+        """``MPI_Comm_split`` of ``comm`` (a blocking collective: MPI has no nonblocking split),
+        its result waiting by ``Test`` + ``sleep`` as this one does."""
+        return PollingComm(self._c.Split(color, key), self._interval)
 
     def Allgather(self, send, recv) -> None:  # noqa: N802
         self._wait(self._c.Iallgather(send, recv))

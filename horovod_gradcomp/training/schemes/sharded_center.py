@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .base import Scheme, mpi_type
-from .polling import barrier, wait_all, wait_one
+from .backoff_waits import barrier, wait_all, wait_one
 
 OP_PULL, OP_PUSH, OP_STOP = 1, 2, 3
 TAG_REQ, TAG_DATA, TAG_META, TAG_VALUES = 301, 302, 303, 304

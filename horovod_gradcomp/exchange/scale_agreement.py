@@ -1,48 +1,22 @@
-"""What both exchange patterns share before bytes travel: where each encode draws its random
-numbers, and the one agreement on shared scales.
+"""The encode options every pattern agrees on before bytes travel: shared scales, and the
+scales measured before the preamble.
 
-Stream positions. A stochastic codec is reset to a position before every encode, so its random
-numbers depend on (step, tensor, stripe, phase) and never on the order in which hooks fire:
-
-    position = ((step * P + i) * S + s) * F + f
-
-with P the number of parameters, i the tensor's index in the sorted names, S stripes per
-tensor and F encodes per stripe. The allgather pattern encodes each tensor once (S = F = 1:
-``step * P + i``); the two-phase pattern cuts each tensor into S = K stripes, encoded by
-their worker (f = 0) and requantized by their owner (f = 1).
-
-Shared scales. A codec with ``shared_scale`` (TernGrad) encodes every tensor with the maximum
-over ranks of its ``local_scale``: all of a bucket's scales travel in one MAX-allreduce.
+A codec with ``shared_scale`` (TernGrad) encodes every tensor with the maximum over ranks of its
+``local_scale``: all of a bucket's scales travel in one MAX-allreduce (:func:`agree_scales`).
 The local scales are usually measured before the preamble (they are the non-finite check of a
-shared-scale codec, :mod:`horovod_gradcomp.exchange.measure`) and only reduced here.
+shared-scale codec, :mod:`horovod_gradcomp.exchange.nonfinite_check`) and only reduced here;
+onebit's measured scales join the encode options through :func:`with_measured`. Where each
+encode draws its random numbers is :mod:`horovod_gradcomp.exchange.stream_positions`.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Mapping, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
 import numpy as np
 import torch
 
 from ..codecs.base import Codec
 from .stats import ExchangeStats, StepTotals, allreduce_wire_bytes
-
-
-def stream_position(step: int, num_params: int, index: int, stripes: int = 1, stripe: int = 0,
-                    phases: int = 1, phase: int = 0) -> int:
-    """``((step * num_params + index) * stripes + stripe) * phases + phase`` (see the module doc)."""
-    return ((step * num_params + index) * stripes + stripe) * phases + phase
-
-
-class StepPositions:
-    """``positions(name, stripe=0, phase=0)``: :func:`stream_position` of one step's encodes.
-
-    Fields: step, order (name -> index i, the sorted names), stripes (S), phases (F)."""
-
-    def __init__(self, step: int, order: Mapping[str, int], stripes: int = 1, phases: int = 1):
-        self.step, self.order, self.stripes, self.phases = step, order, stripes, phases
-
-    def __call__(self, name: str, stripe: int = 0, phase: int = 0) -> int:
-        return stream_position(self.step, len(self.order), self.order[name], self.stripes, stripe, self.phases, phase)
 
 
 def local_scales(codec: Codec, values: Sequence[torch.Tensor]) -> List[float]:
@@ -58,7 +32,7 @@ def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Seque
     be encoded: ``{"scale": max over ranks of codec.local_scale(v)}`` for a ``shared_scale``
     codec, in one MAX-allreduce for all of them; ``{}`` each otherwise (``compensated`` is then
     not called). ``local``: the local scales, measured already (before the preamble,
-    :mod:`horovod_gradcomp.exchange.measure`): ``compensated`` is not called. Every rank must
+    :mod:`horovod_gradcomp.exchange.nonfinite_check`): ``compensated`` is not called. Every rank must
     call it with the same ``count`` (a collective)."""
     if not getattr(codec, "shared_scale", False) or count == 0:
         return [{} for _ in range(count)]
@@ -84,8 +58,10 @@ def measured_or_local_scales(codec: Codec, count: int, compensated: Callable[[],
 
 def with_measured(options: Sequence[dict], keys: Sequence[str], measured) -> List[dict]:
     """``options`` (one dict per key) merged with the encode options ``measured`` holds for
-    ``keys`` (onebit's scales; :class:`~horovod_gradcomp.exchange.measure.Measured` or None)."""
+    ``keys`` (onebit's scales; :class:`~horovod_gradcomp.exchange.nonfinite_check.Measured` or None)."""
     if measured is None or not measured.options:
         return list(options)
     return [dict(o, **m) for o, m in zip(options, measured.options_for(keys))]
 
+
+__all__ = ["agree_scales", "local_scales", "measured_or_local_scales", "with_measured"]

@@ -1,8 +1,8 @@
 """The factories passed as ``compression=`` to stock ``hvd.DistributedOptimizer``.
 
 ``Compression.none()`` / ``fp16()``: Horovod's own allreduce
-(:class:`~horovod_gradcomp.horovod.dense.DenseCompression`), with the same ``stats()``. Every
-codec: a :class:`~horovod_gradcomp.horovod.compression.CodecCompression` (see that module for
+(:class:`~horovod_gradcomp.hvd_adapter.dense.DenseCompression`), with the same ``stats()``. Every
+codec: a :class:`~horovod_gradcomp.hvd_adapter.compression.CodecCompression` (see that module for
 how a step is exchanged).
 
 Interactions with DistributedOptimizer's other options:
@@ -11,7 +11,7 @@ Interactions with DistributedOptimizer's other options:
 * ``op=hvd.Average`` gives the mean, ``op=hvd.Sum`` the sum; ``gradient_predivide_factor``
   cancels out as it does for dense gradients.
 * ``op=hvd.Adasum`` is refused at the first ``compress`` with an
-  :class:`~horovod_gradcomp.horovod.options_check.UnsupportedHorovodOption`; ``groups`` works
+  :class:`~horovod_gradcomp.hvd_adapter.options_check.UnsupportedHorovodOption`; ``groups`` works
   (grouped allreduce of placeholders).
 * sparse gradients: with ``sparse_as_dense=False`` Horovod allgathers them itself and the
   compression returns them untouched; with ``sparse_as_dense=True`` their dense copy is
@@ -30,7 +30,7 @@ import torch
 
 from ..codecs import get_codec
 from ..codecs.registry import codec_class
-from ..exchange.communicator import MPICommunicator
+from ..transports.mpi import MPICommunicator
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.dgc_memory import DensitySchedule, DGCMemory
 from ..codecs.dgc import DGCCodec
@@ -124,7 +124,7 @@ class Compression:
         ``optimizer``: the optimizer that steps these parameters, when the caller knows it
         (the DDP hook, Lightning, Accelerate). Under the Adam family (Adam, AdamW, NAdam, RAdam,
         Adamax) the codec's ``adam_defaults`` replace the options not given here
-        (:mod:`~horovod_gradcomp.horovod.adam_defaults`); under Horovod the
+        (:mod:`~horovod_gradcomp.hvd_adapter.adam_defaults`); under Horovod the
         ``DistributedOptimizer`` is found at the first ``compress`` without it."""
         explicit = frozenset(codec_options)
         codec_options = {**codec_class(name).adapter_defaults, **codec_options}

@@ -27,7 +27,7 @@ import torch
 
 from ..codecs.base import Codec
 from ..codecs.onebit import saved_codec_repr
-from ..exchange.communicator import MPICommunicator, default_communicator
+from ..transports.mpi import MPICommunicator, default_communicator
 from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.compression_state import CompressionState
@@ -50,7 +50,7 @@ class CodecCompression:
         state: this rank's :class:`~horovod_gradcomp.state.CompressionState` (``memory``:
             error-feedback residuals or DGC's momentum and accumulation; the two-phase owner
             residuals; the step counter). ``memory`` is a shortcut to ``state.memory``.
-        index: the :class:`~horovod_gradcomp.horovod.param_index.ParamIndex` naming each ``p.grad``.
+        index: the :class:`~horovod_gradcomp.hvd_adapter.param_index.ParamIndex` naming each ``p.grad``.
         engine: the :class:`~horovod_gradcomp.exchange.engine.StepEngine` (bucket plan, thread,
             patterns, statistics).
         communicator: where payloads travel (a duplicate of COMM_WORLD by default).
@@ -162,7 +162,7 @@ class CodecCompression:
     def state_dict(self) -> dict:
         """This rank's state, tagged with the rank and world size it belongs to (residuals and
         owner stripes differ between ranks: save one per rank, or the whole job's at once with
-        :func:`~horovod_gradcomp.horovod.checkpoint.save_job_state`)."""
+        :func:`~horovod_gradcomp.hvd_adapter.checkpoint.save_job_state`)."""
         comm = self._comm()
         return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size,
                 "adapted_options": dict(self.adapted_options),

@@ -15,13 +15,19 @@ horovod_gradcomp under an MPI launcher initializes MPI through mpi4py
 MPI launcher (a lone process, torchrun, ``horovodrun --gloo``), and in the child processes of
 a rank (a DataLoader's spawned workers import the training script's modules again, with the
 launcher's environment), nothing is initialized.
+
+The other end of the lifetime: :func:`mpi_abort` ends the whole job (the stall watchdog's exit),
+and :func:`register_exit_check` makes a process that exits while another of its threads is still
+inside an exchange abort the job rather than finalize MPI under that thread.
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing
 import os
 import sys
 import warnings
+from typing import Callable, List
 
 ENV_VAR = "HOROVOD_GRADCOMP_MPI_INIT"
 #: Set by MPI launchers in every process: Open MPI, PMI (MPICH/Hydra, Intel MPI), PMIx.
@@ -63,3 +69,41 @@ def initialize_mpi_before_horovod() -> str:
     except ImportError:
         return "no mpi4py"  # the mpi transport is then unavailable anyway
     return "initialized"
+
+
+def mpi_abort(message: str) -> None:
+    """Print ``message`` and end the whole MPI job (every rank, and mpirun with them)."""
+    print(message, file=sys.stderr, flush=True)
+    from mpi4py import MPI
+    MPI.COMM_WORLD.Abort(1)
+
+
+#: Questions "is another thread of this process inside an exchange?", asked at exit.
+_BUSY: List[Callable[[], bool]] = []
+_exit_check_registered = False
+
+
+def abort_at_exit_while(busy: Callable[[], bool]) -> None:
+    """Have :func:`register_exit_check`'s handler end the MPI job when ``busy()`` is True at exit
+    (the exchange's stall watchdog declares its open guards here)."""
+    if busy not in _BUSY:
+        _BUSY.append(busy)
+
+
+def register_exit_check() -> None:
+    """Register :func:`abort_if_busy` once, at the MPI transport's first duplicate: after
+    ``hvd.init()`` and after mpi4py's import, so that it runs before Horovod's shutdown and
+    MPI's finalize (``atexit`` runs the latest registration first)."""
+    global _exit_check_registered
+    if not _exit_check_registered:
+        _exit_check_registered = True
+        atexit.register(abort_if_busy)
+
+
+def abort_if_busy() -> None:
+    """At exit: when another thread of this process is still inside an exchange (a rank failed
+    mid-step while the communication thread waits in a collective), end the MPI job with
+    ``MPI_Abort`` and a message, instead of letting MPI be finalized under that thread."""
+    if any(busy() for busy in _BUSY):
+        mpi_abort("horovod_gradcomp: this process exits while another of its threads is still inside an exchange "
+                  "(a rank failed during a step); aborting the MPI job rather than finalizing MPI under it")

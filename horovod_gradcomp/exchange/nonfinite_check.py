@@ -52,7 +52,7 @@ from ..codecs.base import Codec
 from ..state.dgc_memory import DGCMemory
 from ..state.error_feedback import ErrorFeedback
 from . import preamble
-from .encoding import local_scales
+from .scale_agreement import local_scales
 from .stats import ExchangeStats
 from .stripes import matrix_shape
 

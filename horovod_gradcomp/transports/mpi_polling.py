@@ -5,7 +5,7 @@ that waits holds a core at 100% for the whole transfer. When the exchange runs i
 background thread of a rank that has one core (the double-buffered pipeline, 2 ranks on 2
 cores), that loop takes the core from the forward/backward pass it is meant to overlap.
 
-:class:`PollingCommunicator` is an :class:`~horovod_gradcomp.exchange.communicator.MPICommunicator` whose
+:class:`PollingCommunicator` is an :class:`~horovod_gradcomp.transports.mpi.MPICommunicator` whose
 collectives are the nonblocking MPI ones (``Iallgather``, ``Iallgatherv``,
 ``Ialltoallv``, ``Iallreduce``), completed by calling ``Test`` every ``interval_s``
 seconds and sleeping in between (the GIL and the core are free while it sleeps). What is
@@ -16,8 +16,8 @@ Pass it as ``communicator=`` to a codec's ``hgc.Compression`` factory.
 """
 from __future__ import annotations
 
-from .communicator import MPICommunicator
-from .polling_comm import PollingComm
+from .mpi import MPICommunicator
+from .mpi_poll_loop import PollingComm
 
 __all__ = ["PollingCommunicator"]
 
