@@ -10,18 +10,23 @@ shares (never hook order):
   names, :mod:`horovod_gradcomp.exchange.buckets`) and with ``overlap``, a communication
   thread exchanges bucket j as soon as its gradients are all in, while backward goes on;
 * with an explicit ``partition`` (:meth:`StepEngine.exchange`), bucket j is ``partition[j]``:
-  the partition a caller such as PyTorch DDP chose. The DDP hook drives the same per-bucket
-  steps itself, asynchronously (:meth:`StepEngine.bucket_job`, :meth:`StepEngine.open_bucket`,
-  :meth:`StepEngine.close_bucket`, :meth:`StepEngine.close_step`), so a step through either
-  path with the same partition gives the same stream positions, residuals and results.
+  the partition a caller such as PyTorch DDP chose. The DDP hook runs the same bucket sequence
+  (:meth:`StepEngine.bucket_job`, then :meth:`StepEngine.bucket_steps` through its own driver,
+  then :meth:`StepEngine.close_step`), so a step through either path with the same partition
+  gives the same stream positions, residuals and results.
 
-Each bucket, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`):
-the preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that
-the ranks agree and tells every rank whether any rank holds a non-finite gradient), then its
-pattern (:class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
-or :class:`~horovod_gradcomp.exchange.two_phase.TwoPhasePattern`), which encodes through the
-state's memory, exchanges and decodes the mean. Results are collected by name; the step closes
-with one ``stats`` record and ``state.end_step()``.
+One bucket, in one direction (engine -> pattern -> codec/state -> transport):
+:meth:`StepEngine.bucket_job` decides the pattern and measures the non-finite flag (once, from
+the encode's own first pass where the codec has one: :mod:`horovod_gradcomp.exchange.measure`);
+:meth:`StepEngine.bucket_steps` is the bucket's request sequence (:mod:`.requests`): the
+preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that the
+ranks agree and tells every rank whether any rank holds a non-finite gradient), then
+:meth:`StepEngine.open_bucket`, the pattern's own sequence (found by name in
+:attr:`StepEngine.patterns`, made from the registry :mod:`.patterns`), which encodes through
+the state's memory, requests the collectives and decodes the mean, and
+:meth:`StepEngine.close_bucket`. Here the engine's :class:`~.blocking_driver.BlockingDriver` runs
+that sequence, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`).
+Results are collected by name; the step closes with one ``stats`` record and ``state.end_step()``.
 
 Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encodes that
 bucket (its memory is untouched) and every result of the step is NaN on every rank, so every
