@@ -170,8 +170,7 @@ def run_handoff_case(name: str, opts: dict) -> tuple:
             bitwise &= torch.equal(got[n].view(-1).view(torch.uint8), want[n].view(-1).view(torch.uint8))
     h = made["cuda"].engine.handoff
     threads = sorted(set(h.seen("wait", "grad")))
-    patterns = made["cuda"].engine._patterns
-    wire = sum(p._wire.handoff.waits["wire-recv"] for p in patterns.values() if hasattr(p, "_wire"))
+    wire = made["cuda"].engine.driver.wire.handoff.waits["wire-recv"]
     ok = bitwise and "hgc-exchange" in threads and h.waits["result"] == h.records["result"] > 0
     if opts.get("pipeline_bytes") and MPI.COMM_WORLD.size > 1:
         ok = ok and wire > 0

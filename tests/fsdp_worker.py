@@ -26,7 +26,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.encoding import stream_position
+from horovod_gradcomp.exchange.stream_positions import stream_position
 
 #: The options the oracle and the registered compression share, per codec name given on the
 #: command line (qsgd-elias: QSGD's variable-size coding; dgc: exact top-k, so impl="reference"

@@ -14,7 +14,7 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs.base import Payload
 from horovod_gradcomp.exchange.bucket import Bucket
-from horovod_gradcomp.exchange.dense_warmup import DensePattern, _slices
+from horovod_gradcomp.exchange.dense import DensePattern, _slices
 from horovod_gradcomp.exchange.stats import ExchangeStats
 from horovod_gradcomp.state.compression_state import CompressionState
 from horovod_gradcomp.state.error_feedback import ErrorFeedback

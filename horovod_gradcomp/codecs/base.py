@@ -38,7 +38,7 @@ class Codec:
     #: DGC's payloads vary in size, so it has the allgather only.
     default_pattern: str = "allgather"
     #: Codec options that replace the constructor's defaults when the wrapped optimizer is of
-    #: the Adam family and the user did not pass them (:mod:`horovod_gradcomp.horovod.adam_defaults`;
+    #: the Adam family and the user did not pass them (:mod:`horovod_gradcomp.hvd_adapter.adam_defaults`;
     #: measured on the char model: docs/results/adam_table.md). Empty: the same defaults for every
     #: optimizer.
     adam_defaults: dict = {}
@@ -68,7 +68,7 @@ class Codec:
 
     #: True when a payload of non-finite input shows it (:meth:`payload_nonfinite`), so that the
     #: exchange may find a NaN or Inf in what it receives instead of reading the gradients first
-    #: (:mod:`horovod_gradcomp.exchange.measure`, kind "payloads").
+    #: (:mod:`horovod_gradcomp.exchange.nonfinite_check`, kind "payloads").
     shows_nonfinite: bool = False
 
     def payload_nonfinite(self, payload: Payload) -> bool:

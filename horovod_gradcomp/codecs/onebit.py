@@ -117,7 +117,7 @@ class OneBitCodec(Codec):
                  lr_warmup_steps: int = DEFAULT_LR_WARMUP_STEPS, ramp_steps: Optional[int] = None,
                  residual_cap: float = 0.0):
         """``warmup_steps``: the exchange averages the first N steps of a compression at full
-        precision (:mod:`horovod_gradcomp.exchange.dense_warmup`; residuals untouched, so error
+        precision (:mod:`horovod_gradcomp.exchange.dense`; residuals untouched, so error
         feedback starts from zero at step N); this codec's payloads from step N on.
         ``scales``: "rows" (the default) or "columns" (the spec; see the module doc).
         ``lr_warmup_steps`` (opt-in; default 0, none): the averaged gradients of step t < N are

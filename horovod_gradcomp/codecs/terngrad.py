@@ -153,7 +153,7 @@ class TernGradCodec(CounterStream, Codec):
     def __init__(self, impl: str = "native", seed: int = 0, rank_stream: int = 0,
                  clip: Optional[float] = None, warmup_steps: int = 0):
         """``warmup_steps``: the exchange averages the first N steps at full precision
-        (:mod:`horovod_gradcomp.exchange.dense_warmup`), this codec's payloads from step N on."""
+        (:mod:`horovod_gradcomp.exchange.dense`), this codec's payloads from step N on."""
         super().__init__(impl)
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"terngrad: warmup_steps must be an int >= 0, got {warmup_steps!r}")

@@ -13,7 +13,8 @@ hands over during backward:
    thread per collective in flight waits for it and then resumes the bucket where it stopped
    (owner requantization, the second collective, the decode into the bucket's gradient views),
    in turn with the sequencer, while backward goes on computing the next buckets
-   (:mod:`horovod_gradcomp.ddp.bucket_exchange`).
+   (:meth:`StepEngine.bucket_steps <horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`, run
+   by :mod:`horovod_gradcomp.ddp.future_driver`).
 
 Order. Collectives pair across ranks by the order in which each rank issues them, and the
 completions that resume a bucket arrive in an order that differs between ranks. So one thread
@@ -114,7 +115,7 @@ from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .arguments import refuse_options, require_ddp_model
-from .bucket_exchange import Call, bucket_job
+from .future_driver import Waiting, advance, with_known_sizes
 from .daemon_threads import DaemonThreads
 from .gloo_exit import hold_backward_context
 from .sparse_exchange import is_sparse, sparse_job
@@ -245,7 +246,7 @@ class DDPCompressionState:
     """The hook's state (what :func:`register` returns).
 
     Fields:
-        compression: the :class:`~horovod_gradcomp.horovod.compression.CodecCompression`
+        compression: the :class:`~horovod_gradcomp.hvd_adapter.compression.CodecCompression`
             (codec, memory, engine, statistics).
         communicator: its :class:`TorchDistributedCommunicator` (the hook's process group).
         per_bucket: True when each bucket is exchanged as DDP hands it over; False: one
@@ -395,7 +396,7 @@ class DDPCompressionState:
                     if begin_step and self.compression.state.memory.needs_all_grads:
                         self.compression.state.memory.begin_step(grads, comm.size)
                     job = self.engine.bucket_job(names, grads, tag, comm)
-                    what, gen = job.what, bucket_job(self.engine, comm, job, snapshot)
+                    what, gen = job.what, with_known_sizes(self.engine.bucket_steps(comm, job, snapshot))
                 guard = _watchdog().guard(self.engine.timeout, what)
                 guard.__enter__()
                 running = _Running(gen, tag, step, guard, {g.device for g in grads.values()})
@@ -406,16 +407,16 @@ class DDPCompressionState:
             self._active = running
             self._advance(running, None)
 
-    def _advance(self, job: _Running, fut: Optional[torch.futures.Future]) -> None:
-        """Resume ``job`` with the result of ``fut`` (None: start it); issue what it asks next."""
+    def _advance(self, job: _Running, pending=None) -> None:
+        """Resume ``job`` with the result of ``pending`` (None: start it); issue what it asks next
+        (:func:`~horovod_gradcomp.ddp.future_driver.advance`) and hand the wait to a waiter thread."""
         if job.step.error is not None:
             self._end_job(job)
             return
         try:
-            value = fut.wait() if fut is not None else None   # on CUDA: orders this thread's stream after the work
-            call: Call = job.gen.send(value)
-            issued_at = time.perf_counter()
-            done = call.fn(*call.args)
+            # on CUDA, waiting orders this thread's stream after the work
+            value = pending.wait() if pending is not None else None
+            waiting = advance(job.gen, value)
         except StopIteration:
             self._end_job(job)
             self._maybe_close(job.step)
@@ -425,26 +426,26 @@ class DDPCompressionState:
             self._end_job(job)
             return
         resume = self.handoff.record("resume", devices=job.devices)   # the job goes on on a waiter thread
-        self._waiters.post(self._await, job, call, issued_at, done, resume)
-        if call.last and self._active is job:
+        self._waiters.post(self._await, job, waiting, resume)
+        if waiting.last_out and self._active is job:
             self._active = None
             self._start_next()
 
-    def _await(self, job: _Running, call: Call, issued_at: float, done, resume=None) -> None:
+    def _await(self, job: _Running, waiting: Waiting, resume=None) -> None:
         """A waiter thread: wait for one collective (its error is raised again where the job
         resumes), record it, and resume its job in turn (its stream after the issuing thread's
         ``resume`` mark)."""
         try:
-            done.wait()
-        except BaseException:  # noqa: BLE001 - done.wait() raises it again in _advance
+            waiting.pending.wait()
+        except BaseException:  # noqa: BLE001 - pending.wait() raises it again in _advance
             pass
         if self._timeline is not None:
-            self._timeline.intervals.append(Interval("collective", f"hgc-ddp bucket {job.tag}: {call.kind}",
-                                                    issued_at, time.perf_counter()))
+            self._timeline.intervals.append(Interval("collective", f"hgc-ddp bucket {job.tag}: {waiting.kind}",
+                                                    waiting.issued_at, time.perf_counter()))
         with self._turn:
             try:
                 self.handoff.wait(resume)
-                self._advance(job, done)
+                self._advance(job, waiting.pending)
             except BaseException as exc:  # noqa: BLE001
                 self._fail_open(exc)
 
@@ -501,10 +502,7 @@ class DDPCompressionState:
                                f"{type(exc).__name__}: {exc}")
         err.__cause__ = exc
         step.error = err
-        engine = self.engine
-        for snapshot in reversed(engine._snapshots):
-            self.compression.state.restore(snapshot)
-        engine.abort_step()
+        self.engine.fail_step()
         self.compression.index.end_step()
         step.settle()
 
@@ -576,11 +574,11 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     ``process_set`` are not taken. DGC's momentum lives in the compression, as under Horovod: with
     ``momentum=None`` (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps
     the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum
-    correction (:mod:`horovod_gradcomp.horovod.optimizer_check`). ``optimizer=``: the optimizer
+    correction (:mod:`horovod_gradcomp.hvd_adapter.optimizer_check`). ``optimizer=``: the optimizer
     that steps the parameters; under the Adam family (Adam, AdamW, NAdam, RAdam, Adamax) the codec's
     Adam defaults (TernGrad ``clip=1.0``, DGC ``density=0.1``, onebit ``warmup_steps=100``) replace
     the options not given, from the first step; without it they are taken at the optimizer's first
-    ``step()`` and hold from the second step on (:mod:`horovod_gradcomp.horovod.adam_defaults`).
+    ``step()`` and hold from the second step on (:mod:`horovod_gradcomp.hvd_adapter.adam_defaults`).
     Call it on every rank at the same point (it may create a process group)."""
     require_ddp_model(ddp_model, "hgc.ddp.register")
     refuse_options(options, ("bucket_bytes", "overlap", "transport", "process_set"), "hgc.ddp.register",

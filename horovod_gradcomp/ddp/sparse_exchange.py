@@ -27,7 +27,7 @@ from typing import Generator, List, Sequence
 import torch
 
 from ..exchange.stats import allgather_wire_bytes
-from .bucket_exchange import Call
+from ..exchange.requests import Collective
 
 
 def is_sparse(t: torch.Tensor) -> bool:
@@ -64,8 +64,8 @@ def unpack_mean(parts: Sequence[torch.Tensor], nnzs: Sequence[int], like: torch.
     return torch.sparse_coo_tensor(summed.indices(), summed.values() / len(parts), like.shape).coalesce()
 
 
-def sparse_job(comm, grad: torch.Tensor, engine) -> Generator[Call, object, None]:
-    """The bucket's collectives (a generator of :class:`Call`, as the codec buckets' jobs): the
+def sparse_job(comm, grad: torch.Tensor, engine) -> Generator[Collective, object, None]:
+    """The bucket's collectives (a request sequence, :mod:`horovod_gradcomp.exchange.requests`, as the codec buckets' jobs): the
     mean over ranks written into ``grad`` (the bucket's sparse buffer); its bytes and a non-finite
     mean reported to ``engine`` (:meth:`~horovod_gradcomp.exchange.engine.StepEngine.record_sparse`)."""
     local = grad.detach().coalesce()
@@ -74,9 +74,10 @@ def sparse_job(comm, grad: torch.Tensor, engine) -> Generator[Call, object, None
     if k == 1:
         mean = torch.sparse_coo_tensor(local.indices(), local.values().clone(), local.shape).coalesce()
     else:
-        nnzs = yield Call(comm.sizes_async, (local._nnz(),), "sparse sizes")
+        nnzs = yield Collective("sizes", (local._nnz(),), comm, "sparse sizes")
         row = _row_bytes(local)
-        parts = yield Call(comm.allgatherv_known_async, (send, [int(n) * row for n in nnzs]), "sparse", last=True)
+        parts = yield Collective("allgatherv_known", (send, [int(n) * row for n in nnzs]), comm, "sparse",
+                                 last=True)
         mean = unpack_mean(parts, nnzs, local)
     with torch.no_grad():
         grad.copy_(mean)

@@ -7,10 +7,12 @@ memory (error feedback or DGC) from stream position ``step * P + i``; fixed-size
 travel in one allgather of the fused buffer, variable-size ones (``codec.variable_size``) in an
 allgather of the sizes and an allgatherv; every rank decodes the mean of the K payloads.
 
-With ``chunk_bytes`` and a communicator that may be called from a second thread, a bucket of
-fixed-size payloads larger than one chunk is pipelined (:mod:`horovod_gradcomp.exchange.pipeline`):
-one allgather per chunk on the wire thread while the next chunk is encoded and the previous
-one decoded. The bytes sent and the results are the same as in one allgather.
+The exchange is a request sequence (:meth:`AllgatherPattern.steps`, :mod:`.requests`). With
+``chunk_bytes`` and a driver that can keep a collective in flight (the blocking driver's wire
+thread), a bucket of fixed-size payloads larger than one chunk is pipelined
+(:mod:`horovod_gradcomp.exchange.pipeline`): one allgather per chunk issued while the next chunk
+is encoded and the previous one decoded. The bytes sent and the results are the same as in one
+allgather.
 """
 from __future__ import annotations
 
@@ -23,23 +25,23 @@ from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
 from .nonfinite_check import nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
+from .blocking_driver import RunsBlocking
+from .pipeline import ChunkPlanner
+from .requests import Collective, Issue, Steps, Wait
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
-class AllgatherPattern:
+class AllgatherPattern(RunsBlocking):
     """Fields: codec; chunker (the pipelined chunks of a bucket, :class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`);
-    threads_allowed (a callable: may this communicator be called from the wire thread);
-    a cache of fused layouts by bucket (buckets rarely change)."""
+    a cache of fused layouts by bucket (buckets rarely change). :meth:`steps` is the exchange;
+    :meth:`exchange` runs it at once."""
 
     name = "allgather"
 
-    def __init__(self, codec: Codec, chunk_bytes: Optional[int] = None, threads_allowed=lambda comm: True):
+    def __init__(self, codec: Codec, chunk_bytes: Optional[int] = None):
         self.codec = codec
         self.chunker = ChunkPlanner(codec, chunk_bytes)
-        self.threads_allowed = threads_allowed
         self._layouts: Dict[tuple, FusedLayout] = {}
-        self._wire = WireThread()
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
         """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
@@ -55,19 +57,21 @@ class AllgatherPattern:
             layout = self._layouts[entries] = FusedLayout(self.codec, entries)
         return layout
 
-    def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
-        """Encode, exchange and decode ``bucket`` (every rank calls it with the same names)."""
+    def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
+        """Encode, exchange and decode ``bucket``, as a request sequence (:mod:`.requests`; every
+        rank runs it with the same names). ``overlap``: the driver can keep a collective in flight
+        while this one encodes: a bucket of several chunks is then pipelined."""
         chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
                                      comm.size)
-        if chunks is not None and self.threads_allowed(comm):
-            return self._exchange_pipelined(comm, bucket, chunks, stats, totals)
-        pending = self.encode(comm, bucket, stats, totals)
+        if chunks is not None and overlap:
+            return (yield from self._pipelined(comm, bucket, chunks, stats, totals))
+        pending = self.encode_names(bucket, bucket.names, (yield from self.agree(comm, bucket, stats, totals)), stats)
         names, codec = bucket.names, self.codec
         results = {}
         if getattr(codec, "variable_size", False):
             with stats.timed("exchange_s"):
                 send = pack_variable(names, pending, comm)
-                parts = comm.allgatherv(send)
+            parts = yield Collective("allgatherv", (send,), comm, "payload", last=True)
             payload, extra = send.numel(), 8
             with stats.timed("decode_s"):
                 decoded = [unpack_variable(part, names, pending) for part in parts]
@@ -75,46 +79,36 @@ class AllgatherPattern:
         else:
             layout = self.layout(names, pending)
             with stats.timed("exchange_s"):
-                recv = comm.allgather(layout.pack(pending, comm=comm))
+                send = layout.pack(pending, comm=comm)
+            recv = yield Collective("allgather", (send,), comm, "payload", last=True)
             payload, extra = layout.nbytes, 0
             with stats.timed("decode_s"):
                 nonfinite = self.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket,
                                                 results)
         return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size), nonfinite=nonfinite)
 
-    def _exchange_pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats,
-                            totals: StepTotals) -> BucketOutcome:
-        """The fixed-size exchange chunk by chunk: chunk i's allgather on the wire thread while
-        chunk i+1 is encoded here; each chunk decoded as soon as its bytes are in."""
-        options = self.agree(comm, bucket, stats, totals)
-        wire = wire_communicator(comm)
+    def _pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats, totals: StepTotals) -> Steps:
+        """The fixed-size exchange chunk by chunk: chunk i's allgather issued, chunk i+1 encoded
+        meanwhile; each chunk decoded as soon as its bytes are in (at the latest, at the end)."""
+        options = yield from self.agree(comm, bucket, stats, totals)
         results, payload = {}, 0
         nonfinite = []
         inflight: deque = deque()
-
-        def decode(layout: FusedLayout, future) -> None:
-            with stats.timed("exchange_s", phase="wait"):
-                recv = future.result()
-            with stats.timed("decode_s"):
-                devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
-                nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
-
-        try:
-            for chunk in chunks:
-                names = [n for n, _, _ in chunk]
-                pending = self.encode_names(bucket, names, options, stats)
-                layout = self.layout(names, pending)
-                with stats.timed("exchange_s"):
-                    send = layout.pack(pending, comm=comm)
-                inflight.append((layout, self._wire.submit(timed_wire, stats, wire.allgather, send)))
-                payload += layout.nbytes
-                while inflight and inflight[0][1].done():
-                    decode(*inflight.popleft())
-            while inflight:
-                decode(*inflight.popleft())
-        except BaseException:
-            WireThread.cancel([f for _, f in inflight])
-            raise
+        for c, chunk in enumerate(chunks):
+            names = [n for n, _, _ in chunk]
+            pending = self.encode_names(bucket, names, options, stats)
+            layout = self.layout(names, pending)
+            with stats.timed("exchange_s"):
+                send = layout.pack(pending, comm=comm)
+            inflight.append((layout, (yield Issue(Collective("allgather", (send,), comm, "payload",
+                                                                 last=c == len(chunks) - 1)))))
+            payload += layout.nbytes
+            while inflight and (inflight[0][1].done() or c == len(chunks) - 1):
+                layout, handle = inflight.popleft()
+                recv = yield Wait(handle)
+                with stats.timed("decode_s"):
+                    devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
+                    nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
         return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size), nonfinite=any(nonfinite))
 
     def decode_stacked(self, unpacked, bucket: Bucket, results: Dict[str, object]) -> bool:
@@ -140,14 +134,15 @@ class AllgatherPattern:
         results.update(zip(names, means))
         return nonfinite
 
-    def agree(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, dict]:
-        """name -> encode options: the shared scales agreed over ranks when the codec has them
-        (one collective for the whole bucket; the local scales measured before the preamble
-        where they were), ``{}`` otherwise; plus what the bucket's check measured (onebit's
-        scales)."""
+    def agree(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Steps:
+        """name -> encode options (a request sequence): the shared scales agreed over ranks when
+        the codec has them (one collective for the whole bucket; the local scales measured before
+        the preamble where they were), ``{}`` otherwise; plus what the bucket's check measured
+        (onebit's scales)."""
         memory, names, grads, measured = bucket.state.memory, bucket.names, bucket.grads, bucket.measured
-        options = agree_scales(self.codec, comm, len(names), lambda: [memory.compensated(n, grads[n]) for n in names],
-                               stats, totals, local=measured.local_for(names) if measured is not None else None)
+        options = yield from agree_scales(
+            self.codec, comm, len(names), lambda: [memory.compensated(n, grads[n]) for n in names], stats, totals,
+            local=measured.local_for(names) if measured is not None else None)
         return dict(zip(names, with_measured(options, names, measured)))
 
     def encode_names(self, bucket: Bucket, names: Sequence[str], options: Mapping[str, dict],
@@ -160,10 +155,6 @@ class AllgatherPattern:
                                           [positions(n) for n in names])
         return dict(zip(names, payloads))
 
-    def encode(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Dict[str, Payload]:
-        """Every gradient of the bucket through this rank's memory, each from its stream position,
-        with the shared scales agreed first when the codec has them."""
-        return self.encode_names(bucket, bucket.names, self.agree(comm, bucket, stats, totals), stats)
 
 
 __all__ = ["AllgatherPattern"]

@@ -22,7 +22,7 @@ class Bucket:
             memory, step); updated in place through its methods.
         order: name -> index of the name among all parameters, sorted (stream positions).
         measured: what the bucket's non-finite check measured before the preamble
-            (:class:`~horovod_gradcomp.exchange.measure.Measured`: encode options and local scales
+            (:class:`~horovod_gradcomp.exchange.nonfinite_check.Measured`: encode options and local scales
             the pattern reuses, whether to look at the received payloads); None: nothing (the
             pattern computes what it needs itself).
     """

@@ -7,28 +7,33 @@ shares (never hook order):
 * without ``bucket_bytes``, all of the step's gradients form one bucket, exchanged at the
   flush (:meth:`StepEngine.finish`);
 * with ``bucket_bytes``, from the second step on (the plan is built from the first step's
-  names, :mod:`horovod_gradcomp.exchange.buckets`) and with ``overlap``, a communication
+  names, :mod:`horovod_gradcomp.exchange.bucket_plan`) and with ``overlap``, a communication
   thread exchanges bucket j as soon as its gradients are all in, while backward goes on;
 * with an explicit ``partition`` (:meth:`StepEngine.exchange`), bucket j is ``partition[j]``:
-  the partition a caller such as PyTorch DDP chose. The DDP hook drives the same per-bucket
-  steps itself, asynchronously (:meth:`StepEngine.bucket_job`, :meth:`StepEngine.open_bucket`,
-  :meth:`StepEngine.close_bucket`, :meth:`StepEngine.close_step`), so a step through either
-  path with the same partition gives the same stream positions, residuals and results.
+  the partition a caller such as PyTorch DDP chose. The DDP hook runs the same bucket sequence
+  (:meth:`StepEngine.bucket_job`, then :meth:`StepEngine.bucket_steps` through its own driver,
+  then :meth:`StepEngine.close_step`), so a step through either path with the same partition
+  gives the same stream positions, residuals and results.
 
-Each bucket, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`):
-the preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that
-the ranks agree and tells every rank whether any rank holds a non-finite gradient), then its
-pattern (:class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
-or :class:`~horovod_gradcomp.exchange.two_phase.TwoPhasePattern`), which encodes through the
-state's memory, exchanges and decodes the mean. Results are collected by name; the step closes
-with one ``stats`` record and ``state.end_step()``.
+One bucket, in one direction (engine -> pattern -> codec/state -> transport):
+:meth:`StepEngine.bucket_job` decides the pattern and measures the non-finite flag (once, from
+the encode's own first pass where the codec has one: :mod:`horovod_gradcomp.exchange.nonfinite_check`);
+:meth:`StepEngine.bucket_steps` is the bucket's request sequence (:mod:`.requests`): the
+preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that the
+ranks agree and tells every rank whether any rank holds a non-finite gradient), then
+:meth:`StepEngine.open_bucket`, the pattern's own sequence (found by name in
+:attr:`StepEngine.patterns`, made from the registry :mod:`.patterns`), which encodes through
+the state's memory, requests the collectives and decodes the mean, and
+:meth:`StepEngine.close_bucket`. Here the engine's :class:`~.blocking_driver.BlockingDriver` runs
+that sequence, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`).
+Results are collected by name; the step closes with one ``stats`` record and ``state.end_step()``.
 
 Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encodes that
 bucket (its memory is untouched) and every result of the step is NaN on every rank, so every
 rank skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left earlier in the
 step are rolled back to the memory they had before it (the engine snapshots a bucket's memory
 before encoding it whenever a step has several buckets). The flag comes from work the encode
-does anyway (:mod:`horovod_gradcomp.exchange.measure`, in :meth:`StepEngine.bucket_job`, before
+does anyway (:mod:`horovod_gradcomp.exchange.nonfinite_check`, in :meth:`StepEngine.bucket_job`, before
 the preamble and before any state is written): onebit's scales and TernGrad's local
 scales are measured there and reused by the encode; QSGD (no state) is flagged by the non-finite
 norms every rank receives, after the exchange; DGC with clipping by its step's norm. Only DGC
@@ -73,19 +78,18 @@ import torch
 from ..codecs.base import Codec
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
-from .allgather import AllgatherPattern
+from .blocking_driver import BlockingDriver
 from .bucket import Bucket, BucketOutcome
 from .bucket_plan import BucketPlan
 from .nonfinite_check import Measured, measure_bucket, whole_units
-from .preamble import PREAMBLE_BYTES, bucket_preamble
+from .patterns import build_patterns
+from .preamble import PREAMBLE_BYTES, preamble_steps
+from .requests import Steps
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 from .step_ramp import apply_ramp, ramp_factor
 from .stream_handoff import HandoffMark, StreamHandoff
 from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
-from .dense_warmup import DensePattern
-from .hierarchical import HierarchicalPattern
 from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
-from .two_phase import TwoPhasePattern
 from .watchdog import default_watchdog, resolve_timeout
 
 PATTERNS = ("allgather", "two_phase", "hierarchical", "auto")
@@ -102,7 +106,7 @@ class BucketJob:
     label in the agreement check and messages), pattern (chosen identically on every rank),
     signature (what the preamble's digest covers), local_nonfinite (a NaN or Inf here), k,
     rank, what (the stall watchdog's description of the wait), measured (the check's
-    :class:`~horovod_gradcomp.exchange.measure.Measured`: what the encode reuses)."""
+    :class:`~horovod_gradcomp.exchange.nonfinite_check.Measured`: what the encode reuses)."""
     names: List[str]
     grads: Dict[str, torch.Tensor]
     tag: str
@@ -129,7 +133,7 @@ class StepEngine:
         communicator: a callable returning the communicator (resolved at each bucket, so that
             the default one is created only when first needed).
         stats: this rank's :class:`~horovod_gradcomp.exchange.stats.ExchangeStats`.
-        plan: the current :class:`~horovod_gradcomp.exchange.buckets.BucketPlan` (None: one bucket).
+        plan: the current :class:`~horovod_gradcomp.exchange.bucket_plan.BucketPlan` (None: one bucket).
         handoff: the :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` of gradients
             and results between threads (see the module doc).
     The pending gradients, the results and the thread belong to the engine alone (under its lock).
@@ -174,12 +178,10 @@ class StepEngine:
         self.watchdog = default_watchdog()
         self.stats = ExchangeStats()
         self.plan: Optional[BucketPlan] = None
-        self._patterns = {"allgather": AllgatherPattern(codec, self.pipeline_bytes, _threads_allowed),
-                          "dense": DensePattern()}  # the codec's warm-up steps (warmup_steps)
-        if not variable and isinstance(state.memory, ErrorFeedback):
-            self._patterns["two_phase"] = TwoPhasePattern(codec, chunk_bytes=self.pipeline_bytes,
-                                                          threads_allowed=_threads_allowed)
-        self._patterns["hierarchical"] = HierarchicalPattern(codec, self._patterns, self.flat_auto, inner_pattern)
+        #: name -> this engine's pattern object (:mod:`.patterns`)
+        self.patterns = build_patterns(codec, state.memory, self.pipeline_bytes, inner_pattern, self.flat_auto)
+        #: runs each bucket's request sequence on the calling thread (:mod:`.blocking_driver`)
+        self.driver = BlockingDriver(self.stats, _threads_allowed)
         #: The node layout in use by the hierarchical pattern (None: flat exchange; see :meth:`connect_layout`).
         self.layout = None
         self._layout_resolved = False
@@ -193,7 +195,7 @@ class StepEngine:
         self._flush = False
         self._worker: Optional[threading.Thread] = None
         self._worker_error: Optional[BaseException] = None
-        self._totals = StepTotals()
+        self.totals = StepTotals()   # the step in progress's counts
         self._nonfinite = False
         self._snapshots: List[tuple] = []
         self._partition: Optional[List[List[str]]] = None
@@ -271,7 +273,14 @@ class StepEngine:
         self._grads, self._worker, self._worker_error, self._flush = {}, None, None, False
         self._marks, self._result_marks = {}, []
         self._results.clear()
-        self._totals, self._nonfinite, self._snapshots = StepTotals(), False, []
+        self.totals, self._nonfinite, self._snapshots = StepTotals(), False, []
+
+    def fail_step(self) -> None:
+        """Forget a step that failed part-way (the DDP hook's): the memory of its buckets back to
+        their snapshots (where the step began), then :meth:`abort_step`."""
+        for snapshot in reversed(self._snapshots):
+            self.state.restore(snapshot)
+        self.abort_step()
 
     def _skip_step(self) -> None:
         """Some rank had a non-finite gradient: undo the memory updates of this step's earlier
@@ -356,19 +365,28 @@ class StepEngine:
             marks = [self._marks.get(n) for n in names]
         self.handoff.wait_all(marks)   # this thread's stream after the work that wrote the gradients
         job = self.bucket_job(names, grads, tag, comm)
+        overlap = self.pipeline_bytes is not None and self.driver.overlaps(comm)
         with self.watchdog.guard(self.timeout, job.what):
-            with self.stats.timed("exchange_s", phase="preamble"):
-                nonfinite = bucket_preamble(comm, self.owner, job.signature, job.local_nonfinite,
-                                            self.check_agreement)
-            bucket = self.open_bucket(job, nonfinite, self.plan is not None if snapshot is None else snapshot)
-            if bucket is not None:
-                self.close_bucket(job, self._patterns[job.pattern].exchange(comm, bucket, self.stats, self._totals))
+            self.driver.run(self.bucket_steps(comm, job, self.plan is not None if snapshot is None else snapshot,
+                                              overlap))
+
+    def bucket_steps(self, comm, job: BucketJob, snapshot: bool, overlap: bool = False) -> Steps:
+        """One bucket after :meth:`bucket_job`, as a request sequence (:mod:`.requests`) that any
+        driver runs: the preamble (:func:`~.preamble.preamble_steps`), :meth:`open_bucket`, the
+        pattern's own sequence, :meth:`close_bucket`. ``snapshot``: as :meth:`open_bucket`'s;
+        ``overlap``: the driver can keep collectives in flight (pipelined chunks)."""
+        nonfinite = yield from preamble_steps(comm, self.owner, job.signature, job.local_nonfinite,
+                                              self.check_agreement, self.stats)
+        bucket = self.open_bucket(job, nonfinite, snapshot)
+        if bucket is not None:
+            self.close_bucket(job, (yield from self.patterns[job.pattern].steps(comm, bucket, self.stats, self.totals,
+                                                                               overlap)))
 
     # -- one bucket, step by step (the synchronous path above; the DDP hook's asynchronous one) --
     def bucket_job(self, names: Sequence[str], grads: Mapping[str, torch.Tensor], tag: str, comm) -> BucketJob:
         """Everything about a bucket decided before its first collective: pattern, the preamble's
         signature, whether this rank holds a non-finite gradient (from the encode's own first
-        pass where the codec has one, :mod:`horovod_gradcomp.exchange.measure`). Writes no state."""
+        pass where the codec has one, :mod:`horovod_gradcomp.exchange.nonfinite_check`). Writes no state."""
         grads = {n: grads[n].detach() for n in names}
         self.connect_layout(comm)
         pattern = self.choose_pattern(grads, comm.size)
@@ -383,9 +401,9 @@ class StepEngine:
                          measured)
 
     def _units(self, pattern: str, names: Sequence[str], grads: Mapping[str, torch.Tensor], comm):
-        """The encodes ``pattern`` will run for this bucket (:class:`~horovod_gradcomp.exchange.measure.Unit`)."""
+        """The encodes ``pattern`` will run for this bucket (:class:`~horovod_gradcomp.exchange.nonfinite_check.Unit`)."""
         if pattern == "two_phase":
-            return self._patterns["two_phase"].units(self.state.memory, names, grads, comm.size)
+            return self.patterns["two_phase"].units(self.state.memory, names, grads, comm.size)
         return whole_units(self.state.memory, names, grads)
 
     def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
@@ -393,7 +411,7 @@ class StepEngine:
         pattern, or None when there is nothing to exchange (no names; or a non-finite gradient
         somewhere: the results are NaN, nothing is encoded, the memory stays as it was).
         ``snapshot``: keep the bucket's memory first, for a step that is later skipped."""
-        self._totals.add(sent=allgather_wire_bytes(PREAMBLE_BYTES, job.k))
+        self.totals.add(sent=allgather_wire_bytes(PREAMBLE_BYTES, job.k))
         if not job.names:
             return None
         outs = {n: (g if g.is_contiguous() else None) for n, g in job.grads.items()}
@@ -404,7 +422,7 @@ class StepEngine:
             self.close_bucket(job, BucketOutcome(results, 0, 0))
             return None
         if snapshot:
-            self._snapshots.append(self.state.snapshot(*self._patterns[job.pattern].memory_keys(job.names, job.rank)))
+            self._snapshots.append(self.state.snapshot(*self.patterns[job.pattern].memory_keys(job.names, job.rank)))
         return Bucket(job.names, job.grads, self.state, self.order, outs, job.measured)
 
     def close_bucket(self, job: BucketJob, outcome: BucketOutcome) -> None:
@@ -418,10 +436,10 @@ class StepEngine:
             self._result_marks.append(mark)
             if outcome.nonfinite:  # found in the received payloads (measure kind "payloads"): on every rank
                 self._nonfinite = True
-        self._totals.add(tensors=len(job.names), payload=outcome.payload,
+        self.totals.add(tensors=len(job.names), payload=outcome.payload,
                          numel=sum(g.numel() for g in job.grads.values()), sent=outcome.sent,
                          intra=outcome.info.get("intra", 0.0) if outcome.info else 0.0)
-        self._totals.k = job.k
+        self.totals.k = job.k
 
     def record_sparse(self, *, numel: int, payload: int, sent: float, k: int, nonfinite: bool) -> None:
         """A sparse DDP bucket that the hook exchanged uncompressed
@@ -430,8 +448,8 @@ class StepEngine:
         with self._cv:
             if nonfinite:
                 self._nonfinite = True
-        self._totals.add(tensors=1, payload=payload, numel=numel, sent=sent)
-        self._totals.k = k
+        self.totals.add(tensors=1, payload=payload, numel=numel, sent=sent)
+        self.totals.k = k
 
     @property
     def step_nonfinite(self) -> bool:
@@ -441,7 +459,7 @@ class StepEngine:
 
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
         """This bucket's pattern (the same on every rank: it depends on shapes, K and the step only):
-        "dense" during the codec's ``warmup_steps`` (:mod:`horovod_gradcomp.exchange.dense_warmup`)."""
+        "dense" during the codec's ``warmup_steps`` (:mod:`horovod_gradcomp.exchange.dense`)."""
         if self.state.step < getattr(self.codec, "warmup_steps", 0):
             return "dense"
         if self.pattern != "auto":
@@ -452,7 +470,7 @@ class StepEngine:
 
     def flat_auto(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
         """The flat ``"auto"`` rule among ``k`` ranks (see the module doc): "allgather" or "two_phase"."""
-        two_phase = self._patterns.get("two_phase")
+        two_phase = self.patterns.get("two_phase")
         if two_phase is None or k <= 2 or not grads:
             return "allgather"
         entries = [(n, tuple(g.shape), g.dtype) for n, g in grads.items()]
@@ -480,7 +498,7 @@ class StepEngine:
                     require_equal(layout, self.owner)
                 if self.pattern == "hierarchical" or layout.multi_level:
                     node, peers = sub_communicators(comm, layout, self.owner)
-                    self._patterns["hierarchical"].connect(layout, node, peers)
+                    self.patterns["hierarchical"].connect(layout, node, peers)
                     self.layout = layout
         self._layout_resolved = True
         self.check_layout()
@@ -511,8 +529,8 @@ class StepEngine:
         return self.layout.key() if self.layout is not None else "flat"
 
     def _close_step(self, exchanged: List[str]) -> None:
-        self.stats.record_step(self._totals)
-        self._totals = StepTotals()
+        self.stats.record_step(self.totals)
+        self.totals = StepTotals()
         self.state.end_step()
         if self.bucket_bytes is not None and (self.plan is None or set(exchanged) != self.plan.names):
             in_order = sorted(exchanged, key=self.registration.__getitem__, reverse=True)

@@ -30,7 +30,7 @@ against L x (K-1) x S for the flat allgather: less than 1/L of it (the guide's t
 
 The engine keeps everything else as on the flat path: the preamble over all K ranks (its
 signature names the layout), the non-finite flag from one read of the local gradients before it
-(:func:`~horovod_gradcomp.exchange.measure.check_kind` ``"pass"``: the codecs' own measuring
+(:func:`~horovod_gradcomp.exchange.nonfinite_check.check_kind` ``"pass"``: the codecs' own measuring
 passes see node means, not this rank's gradient), snapshots of the shard keys' memory for a
 skipped step (:meth:`memory_keys`), the stall watchdog, stats (``intra`` bytes apart).
 Codec options that need the whole of one rank's gradient are refused: DGC's ``clip_norm``.
@@ -43,6 +43,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from .bucket import Bucket, BucketOutcome, result_tensor
+from .blocking_driver import RunsBlocking
+from .requests import Collective, Steps, passed_on
 from .stats import ExchangeStats, StepTotals
 from .stripes import Stripe, stripe_key, stripes
 from .two_phase import choose_axis
@@ -79,7 +81,7 @@ class NodeWork:
     gather_counts: List[int] = field(default_factory=list)
 
 
-class HierarchicalPattern:
+class HierarchicalPattern(RunsBlocking):
     """The node-then-peers exchange (see the module doc).
 
     Fields: codec; inner ("auto" | "allgather" | "two_phase"); patterns (the engine's flat
@@ -144,7 +146,7 @@ class HierarchicalPattern:
             self._orders[id(order)] = cached
         return cached
 
-    # -- the three steps (the synchronous exchange below; the DDP hook issues the collectives itself) --
+    # -- the three steps (the request sequence, :meth:`steps`, runs them around its collectives) --
     def scatter(self, bucket: Bucket, stats: ExchangeStats) -> NodeWork:
         """Step 1's send side: ``(send, send_counts, recv_counts)`` of the node alltoallv in a
         :class:`NodeWork` (segment j: stripe j of every gradient, in the wire dtype)."""
@@ -240,25 +242,27 @@ class HierarchicalPattern:
         info = dict(inner.info, intra=intra, inter=inner.sent, nodes=self.peers.size, ranks_per_node=L)
         return BucketOutcome(results, inner.payload, inner.sent + intra, info, nonfinite=inner.nonfinite)
 
-    def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
-        """One bucket through the three steps (see the module doc); ``comm`` (all K ranks) is not
-        used: the node and peer communicators carry everything."""
+    def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
+        """One bucket through the three steps (see the module doc), as a request sequence
+        (:mod:`.requests`); ``comm`` (all K ranks) is not used: the node and peer communicators
+        carry everything. The inner pattern's requests are passed on (none of them ``last``:
+        the node gather follows); ``overlap`` is handed to it."""
         node = self.node
         work = self.scatter(bucket, stats)
+        recv = work.send
         if node.size > 1:
-            with stats.timed("exchange_s", phase="node_scatter"):
-                recv = node.alltoallv(work.send, work.send_counts, work.recv_counts)
-        else:
-            recv = work.send
+            recv = yield Collective("alltoallv", (work.send, work.send_counts, work.recv_counts), node,
+                                    "node_scatter", "node_scatter")
         inner = self.node_means(work, recv, bucket, stats)
-        work.outcome = (self.inner_pattern(inner).exchange(self.peers, inner, stats, totals) if inner.names
-                        else BucketOutcome({}, 0, 0.0))  # no stripe for this local rank: none for its peers either
+        work.outcome = BucketOutcome({}, 0, 0.0)   # no stripe for this local rank: none for its peers either
+        if inner.names:
+            work.outcome = yield from passed_on(self.inner_pattern(inner).steps(self.peers, inner, stats, totals,
+                                                                                overlap))
         part, counts = self.gather_args(work, bucket, stats)
+        gathered = [part]
         if node.size > 1:
-            with stats.timed("exchange_s", phase="node_gather"):
-                gathered = node.allgatherv_known(part, counts)
-        else:
-            gathered = [part]
+            gathered = yield Collective("allgatherv_known", (part, counts), node, "node_gather", "node_gather",
+                                        last=True)
         return self.finish(work, gathered, bucket, stats)
 
     def __repr__(self) -> str:

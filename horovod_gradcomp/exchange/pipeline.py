@@ -97,14 +97,19 @@ class WireThread:
     """One daemon thread running collectives one at a time, in submission order.
 
     :meth:`submit` returns a :class:`WireFuture` of the call's result (its exception re-raised
-    by ``result()``). The thread starts on the first submit and lives as long as its owner (a
-    pattern). ``handoff``: the stream hand-overs of its calls (see the module doc)."""
+    by ``result()``). The thread starts on the first submit and lives as long as its owner (the
+    engine's :class:`~horovod_gradcomp.exchange.blocking_driver.BlockingDriver`). ``handoff``: the stream hand-overs of its calls (see the module doc)."""
 
     def __init__(self, name: str = "hgc-wire"):
         self._name = name
         self._executor = None
         self._lock = threading.Lock()
         self.handoff = StreamHandoff()
+
+    @property
+    def started(self) -> bool:
+        """True once a call has been submitted (the thread exists)."""
+        return self._executor is not None
 
     def submit(self, fn: Callable, *args) -> "WireFuture":
         """Run ``fn(*args)`` on the wire thread after the calls submitted before; the tensors

@@ -7,12 +7,12 @@ concatenated). A :class:`ShardLayout` names the segments of a chunk (one per par
 shard shape); every chunk has the same segments at the same offsets. Per call:
 
 1. preamble: one allgather of the agreement digest and this rank's non-finite flag
-   (:func:`~horovod_gradcomp.exchange.preamble.bucket_preamble`); when any rank flagged, no
+   (:func:`~horovod_gradcomp.exchange.preamble.preamble_steps`); when any rank flagged, no
    payload is encoded or sent, the memory is left as it was, and the output is NaN on every rank;
 2. [shared scales: one MAX-allreduce, TernGrad]; every segment of every chunk is encoded through
    the worker memory (error feedback or DGC) under the key ``"<param>[<chunk>]"``, so each segment
    has its own scales (per row for onebit) and its own residual; stochastic codecs draw from
-   stream position ``step * P + index`` of the key (:class:`~horovod_gradcomp.exchange.encoding.StepPositions`);
+   stream position ``step * P + index`` of the key (:class:`~horovod_gradcomp.exchange.stream_positions.StepPositions`);
 3. one alltoallv: owner j receives every rank's payloads of chunk j (fixed-size codecs: the
    chunk's :class:`~horovod_gradcomp.exchange.fusion.FusedLayout`, the same size on every rank;
    variable-size codecs: an alltoallv of the parts' sizes first, parts in
@@ -24,22 +24,24 @@ shard shape); every chunk has the same segments at the same offsets. Per call:
 A codec's dense warm-up steps (``warmup_steps``) go through :func:`dense_reduce_scatter_job`
 instead: the same alltoallv of the raw chunks and an fp32 sum in rank order.
 
-Each job is a generator that yields :class:`~horovod_gradcomp.ddp.bucket_exchange.Call` s (one
-asynchronous collective of a :class:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator`)
-and is resumed with each collective's result; it returns a :class:`ReduceScatterOutcome`.
+Each job is a request sequence (:mod:`horovod_gradcomp.exchange.requests`: it yields
+:class:`~horovod_gradcomp.exchange.requests.Collective` s and is resumed with their results), run
+by any driver of those requests (FSDP2's hook: the blocking driver); it returns a
+:class:`ReduceScatterOutcome`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Generator, List, Mapping, Sequence, Tuple
+from typing import List, Mapping, Sequence, Tuple
 
 import torch
 
 from ..codecs.base import Codec
-from ..ddp.bucket_exchange import Call, _agree_scales, _Captured, _Replay
-from .encoding import StepPositions
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .preamble import PREAMBLE_BYTES, bucket_preamble, has_nonfinite
+from .preamble import PREAMBLE_BYTES, has_nonfinite, preamble_steps
+from .requests import Collective, Steps
+from .scale_agreement import agree_scales
+from .stream_positions import StepPositions
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 from .stripes import stripe_key
 
@@ -111,20 +113,6 @@ class ReduceScatterOutcome:
     nonfinite: bool = False
 
 
-def _preamble(comm, owner: str, signature: Sequence[str], nonfinite: bool, check: bool
-              ) -> Generator[Call, object, bool]:
-    """The preamble collective (see :func:`bucket_preamble`); True when any rank flagged."""
-    if comm.size == 1:
-        return nonfinite
-    capture = _Replay(comm.size)
-    try:
-        bucket_preamble(capture, owner, signature, nonfinite, check)
-    except _Captured:
-        pass
-    every = yield Call(comm.allgather_async, (capture.sent[0],), "preamble")
-    return bucket_preamble(_Replay(comm.size, every.cpu()), owner, signature, nonfinite, check)
-
-
 def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
@@ -132,7 +120,7 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
 def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_tensor: torch.Tensor,
                        output_tensor: torch.Tensor, *, scale: float, step: int, order: Mapping[str, int],
                        signature: Sequence[str], owner: str, check: bool, stats: ExchangeStats
-                       ) -> Generator[Call, object, ReduceScatterOutcome]:
+                       ) -> Steps:
     """The compressed reduce-scatter of ``input_tensor`` into ``output_tensor`` (see the module doc).
 
     ``memory``: the worker memory (``encode_many(codec, keys, tensors, options, positions)``);
@@ -146,7 +134,7 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
     totals = StepTotals(k=k)
     with stats.timed("encode_s", "check"):
         local_nonfinite = has_nonfinite({"input": input_tensor})
-    nonfinite = yield from _preamble(comm, owner, signature, local_nonfinite, check)
+    nonfinite = yield from preamble_steps(comm, owner, signature, local_nonfinite, check, stats)
     sent = allgather_wire_bytes(PREAMBLE_BYTES, k)
     if nonfinite:
         output_tensor.fill_(float("nan"))
@@ -154,8 +142,8 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
 
     keys = [key for j in range(k) for key in layout.keys(j)]
     grads = [v for j in range(k) for v in layout.views(input_tensor, j)]
-    options = yield from _agree_scales(codec, comm, lambda: [memory.compensated(n, g) for n, g in zip(keys, grads)],
-                                       len(keys), stats, totals)
+    options = yield from agree_scales(codec, comm, len(keys),
+                                      lambda: [memory.compensated(n, g) for n, g in zip(keys, grads)], stats, totals)
     positions = StepPositions(step, order)
     with stats.timed("encode_s"):
         payloads = memory.encode_many(codec, keys, grads, options, [positions(n) for n in keys])
@@ -169,9 +157,10 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
             parts = [pack_variable(names, by_chunk[j]) for j in range(k)]
             counts = [p.numel() for p in parts]
             mine = torch.tensor(counts, dtype=torch.int64)
-        got = yield Call(comm.alltoallv_async, (_byte_view(mine), [8] * k, [8] * k), "sizes")
+        got = yield Collective("alltoallv", (_byte_view(mine), [8] * k, [8] * k), comm, "sizes")
         recv_counts = got.cpu().view(torch.int64).tolist()
-        recv = yield Call(comm.alltoallv_async, (torch.cat(parts), counts, recv_counts), "payload", last=True)
+        recv = yield Collective("alltoallv", (torch.cat(parts), counts, recv_counts), comm, "payload",
+                                 last=True)
         with stats.timed("decode_s"):
             pieces = torch.split(recv, recv_counts)
             decoded = [unpack_variable(piece, names, by_chunk[rank]) for piece in pieces]
@@ -183,7 +172,7 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
         with stats.timed("exchange_s"):
             send = torch.cat([fused.pack(by_chunk[j]) for j in range(k)])
         n = fused.nbytes
-        recv = yield Call(comm.alltoallv_async, (send, [n] * k, [n] * k), "payload", last=True)
+        recv = yield Collective("alltoallv", (send, [n] * k, [n] * k), comm, "payload", last=True)
         with stats.timed("decode_s"):
             stacked = fused.unpack(recv.view(k, n), {s.name: input_tensor.device for s in layout.segments})
             codec.decode_mean_stacked_many([p for _, p in stacked], scale=scale, outs=outs)
@@ -194,7 +183,7 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
 
 def dense_reduce_scatter_job(comm, layout: ShardLayout, input_tensor: torch.Tensor, output_tensor: torch.Tensor,
                              *, scale: float, signature: Sequence[str], owner: str, check: bool,
-                             stats: ExchangeStats) -> Generator[Call, object, ReduceScatterOutcome]:
+                             stats: ExchangeStats) -> Steps:
     """The uncompressed reduce-scatter of a codec's warm-up steps: the preamble, one alltoallv of
     the raw chunks, and the owner's float32 (float64 for fp64) sum in rank order, times ``scale``.
     The memory is not touched."""
@@ -202,13 +191,14 @@ def dense_reduce_scatter_job(comm, layout: ShardLayout, input_tensor: torch.Tens
     layout.check(input_tensor, output_tensor, owner)
     with stats.timed("encode_s", "check"):
         local_nonfinite = has_nonfinite({"input": input_tensor})
-    nonfinite = yield from _preamble(comm, owner, signature, local_nonfinite, check)
+    nonfinite = yield from preamble_steps(comm, owner, signature, local_nonfinite, check, stats)
     sent = allgather_wire_bytes(PREAMBLE_BYTES, k)
     if nonfinite:
         output_tensor.fill_(float("nan"))
         return ReduceScatterOutcome(0, sent, nonfinite=True)
     n = layout.chunk_numel * input_tensor.element_size()
-    recv = yield Call(comm.alltoallv_async, (_byte_view(input_tensor), [n] * k, [n] * k), "payload", last=True)
+    recv = yield Collective("alltoallv", (_byte_view(input_tensor), [n] * k, [n] * k), comm, "payload",
+                            last=True)
     with stats.timed("decode_s"):
         rows = recv.to(input_tensor.device).view(input_tensor.dtype).view(k, -1)
         acc_dtype = torch.float64 if input_tensor.dtype == torch.float64 else torch.float32

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from ..codecs.base import Codec
+from .requests import Collective, Steps
 from .stats import ExchangeStats, StepTotals, allreduce_wire_bytes
 
 
@@ -27,19 +28,19 @@ def local_scales(codec: Codec, values: Sequence[torch.Tensor]) -> List[float]:
 
 
 def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
-                 stats: ExchangeStats, totals: StepTotals, local: Optional[Sequence[float]] = None) -> List[dict]:
+                 stats: ExchangeStats, totals: StepTotals, local: Optional[Sequence[float]] = None) -> Steps:
     """Encode options of each of ``count`` tensors, ``compensated()`` being the values about to
     be encoded: ``{"scale": max over ranks of codec.local_scale(v)}`` for a ``shared_scale``
     codec, in one MAX-allreduce for all of them; ``{}`` each otherwise (``compensated`` is then
     not called). ``local``: the local scales, measured already (before the preamble,
-    :mod:`horovod_gradcomp.exchange.nonfinite_check`): ``compensated`` is not called. Every rank must
-    call it with the same ``count`` (a collective)."""
+    :mod:`horovod_gradcomp.exchange.nonfinite_check`): ``compensated`` is not called. A request sequence
+    (:mod:`horovod_gradcomp.exchange.requests`; ``yield from`` it): every rank must run it with
+    the same ``count``."""
     if not getattr(codec, "shared_scale", False) or count == 0:
         return [{} for _ in range(count)]
     local = measured_or_local_scales(codec, count, compensated, stats, local)
     if comm.size > 1:
-        with stats.timed("exchange_s"):
-            local = comm.allreduce_max(local)
+        local = yield Collective("allreduce_max", (local,), comm, "scales")
         totals.add(sent=allreduce_wire_bytes(8 * local.size, comm.size))
     return [{"scale": float(s)} for s in local]
 

@@ -1,6 +1,6 @@
 """Two-phase compressed exchange: every rank owns 1/K of every tensor (Seide et al. 2014, 4.1).
 
-One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same order):
+One run of :meth:`TwoPhasePattern.steps` (a request sequence, :mod:`.requests`) on every rank (same tensors, same order):
 
 1. Worker side. Each tensor is cut into K stripes (:mod:`horovod_gradcomp.exchange.stripes`; stripe s
    belongs to rank s). Rank k compensates stripe s with the matching part of its own residual
@@ -10,7 +10,7 @@ One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same 
    :func:`~horovod_gradcomp.state.error_feedback.encode_with_residual` as whole tensors).
    Codecs with a ``shared_scale`` (TernGrad) encode stripe s with ``s = max over ranks of
    codec.local_scale(v)``: all stripes' scales in one MAX-allreduce
-   (:func:`~horovod_gradcomp.exchange.encoding.agree_scales`).
+   (:func:`~horovod_gradcomp.exchange.scale_agreement.agree_scales`).
 2. Alltoallv: rank k sends owner j the fused payloads of stripe j of every tensor (tensor
    order, one :class:`~horovod_gradcomp.exchange.fusion.FusedLayout` per owner; sizes come from the
    layouts, which every rank computes alike, so no size exchange).
@@ -28,12 +28,12 @@ One call of :meth:`TwoPhaseExchange.exchange` on every rank (same tensors, same 
 
 Pipelined chunks (``chunk_bytes``): the bucket's tensors are cut into consecutive chunks
 (:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`), each exchanged through the four phases
-with its own stripe plan; the two collectives of each chunk run on the wire thread while the
-next chunk is encoded and the previous ones requantized or decoded. The shared scales of all
-chunks are still agreed in one allreduce first, and every stripe keeps its stream position and
+with its own stripe plan, when the driver can keep collectives in flight (the blocking driver's
+wire thread); the two collectives of each chunk are on the wire while the next chunk is encoded
+and the previous ones requantized or decoded. The shared scales of all chunks are still agreed in one allreduce first, and every stripe keeps its stream position and
 residuals, so the results are the same bits as without chunks.
 
-Stream positions (:mod:`horovod_gradcomp.exchange.encoding`, S = K stripes, F = 2 phases):
+Stream positions (:mod:`horovod_gradcomp.exchange.stream_positions`, S = K stripes, F = 2 phases):
 the worker encode of stripe s is phase 0, the owner's requantization phase 1, each drawn from
 the encoding rank's own stream (its codec's ``rank_stream``; the owner of stripe s is rank s).
 
@@ -70,7 +70,9 @@ from .scale_agreement import agree_scales, local_scales, with_measured
 from .stream_positions import StepPositions
 from .fusion import FusedLayout
 from .nonfinite_check import Unit, nonfinite_payloads, peek_residual
-from .pipeline import ChunkPlanner, WireThread, timed_wire, wire_communicator
+from .blocking_driver import RunsBlocking
+from .pipeline import ChunkPlanner
+from .requests import Collective, Issue, Steps, Wait
 from .staging import staging_for
 from .stats import ExchangeStats, StepTotals
 from .stripes import AXES, Stripe, matrix_shape, stripe_key, stripes
@@ -193,23 +195,22 @@ def _first(stacked: Payload) -> Payload:
     return Payload({b: v[0] for b, v in stacked.buffers.items()}, stacked.shape, stacked.dtype, stacked.device)
 
 
-class TwoPhasePattern:
+class TwoPhasePattern(RunsBlocking):
     """The owner-of-1/K compressed exchange (see the module doc).
 
     Fields:
         codec: the fixed-size :class:`~horovod_gradcomp.codecs.base.Codec` used in both phases.
         axis: ``"auto"`` | ``"rows"`` | ``"columns"`` (see the module doc).
         chunker: the pipelined chunks of a bucket (:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`;
-            ``chunk_bytes`` None: the whole bucket at once);
-        threads_allowed: may this communicator be called from the wire thread.
+            ``chunk_bytes`` None: the whole bucket at once).
+    :meth:`steps` is the exchange (a request sequence); :meth:`exchange` runs it at once.
     The residuals live in the bucket's state (``memory``: full-size worker residuals;
     ``owner_memory``: the owned stripes'); this object keeps only a cache of plans.
     """
 
     name = "two_phase"
 
-    def __init__(self, codec: Codec, *, axis: str = "auto", chunk_bytes: Optional[int] = None,
-                 threads_allowed=lambda comm: True):
+    def __init__(self, codec: Codec, *, axis: str = "auto", chunk_bytes: Optional[int] = None):
         if getattr(codec, "variable_size", False):
             raise ValueError(
                 f"two-phase exchange: codec {codec.name!r} ({codec!r}) has variable-size payloads "
@@ -220,9 +221,7 @@ class TwoPhasePattern:
         self.codec = codec
         self.axis = axis
         self.chunker = ChunkPlanner(codec, chunk_bytes)
-        self.threads_allowed = threads_allowed
         self._plans: Dict[tuple, StripePlan] = {}
-        self._wire = WireThread()
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
         """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
@@ -241,42 +240,46 @@ class TwoPhasePattern:
         return plan
 
     # -- the exchange -------------------------------------------------------------
-    def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
-        """Exchange ``bucket`` (every rank calls it with the same names, shapes, dtypes and step).
+    def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
+        """Exchange ``bucket``, as a request sequence (:mod:`.requests`; every rank runs it with
+        the same names, shapes, dtypes and step).
 
         Results: the mean over ranks, twice quantized, of each gradient's shape, dtype and device;
         bitwise equal on every rank. ``info``: ``k``, ``payload_bytes_phase1`` (this rank's K
         segments), ``payload_bytes_phase2`` (its owned stripes' requantized payloads),
         ``sent_bytes`` (phase 1 to the K-1 other owners plus its phase-2 part times K-1).
 
-        With ``chunk_bytes`` the bucket goes in chunks of consecutive tensors, each through the
-        four phases on its own (:meth:`_exchange_chunks`); the results are the same bits."""
+        With ``chunk_bytes`` and ``overlap`` (the driver can keep collectives in flight) the
+        bucket goes in chunks of consecutive tensors, each through the four phases on its own
+        (:meth:`_chunk_steps`); the results are the same bits."""
         memory = bucket.state.memory
         if not isinstance(memory, ErrorFeedback):
             raise ValueError(f"two-phase exchange works with error feedback only, got {memory!r}")
         k, rank, names, grads = comm.size, comm.rank, bucket.names, bucket.grads
         entries = [(n, tuple(grads[n].shape), grads[n].dtype) for n in names]
         chunks = self.chunker.chunks(entries, k)
-        pipelined = chunks is not None and self.threads_allowed(comm)
+        pipelined = chunks is not None and overlap
         plans = [self.plan(chunk, k) for chunk in chunks] if pipelined else [self.plan(entries, k)]
         positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
         jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
         flat = [job for chunk_jobs in jobs for job in chunk_jobs]
-        options = iter(self.job_options(comm, bucket, flat, stats, totals))
+        options = iter((yield from self.job_options(comm, bucket, flat, stats, totals)))
         chunk_options = [[next(options) for _ in chunk_jobs] for chunk_jobs in jobs]
         results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
         devices = {n: grads[n].device for n in names}
         work = [_ChunkWork(plan, chunk_jobs, opts, check_payloads=bucket.check_payloads)
                 for plan, chunk_jobs, opts in zip(plans, jobs, chunk_options)]
         if pipelined:
-            self._exchange_chunks(comm, work, bucket, positions, devices, results, stats)
+            yield from self._chunk_steps(comm, work, bucket, positions, devices, results, stats)
         else:
-            for w in work:
-                w.phase1 = self._phase1(comm, w, positions, stats)
-                w.recv = comm.alltoallv(*w.phase1) if k > 1 else w.phase1[0]
-                w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
-                w.parts = comm.allgatherv_known(*w.phase3) if k > 1 else [w.phase3[0]]
-                self._phase4(w, devices, results, stats)
+            w = work[0]
+            w.phase1 = self._phase1(comm, w, positions, stats)
+            w.recv = (yield Collective("alltoallv", w.phase1, comm)) if k > 1 else w.phase1[0]
+            w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
+            w.parts = [w.phase3[0]]
+            if k > 1:
+                w.parts = yield Collective("allgatherv_known", w.phase3, comm, "owners", last=True)
+            self._phase4(w, devices, results, stats)
         phase1 = sum(p.payload_bytes_phase1 for p in plans)
         phase2 = sum(p.payload_bytes_phase2(rank) for p in plans)
         sent = sum(p.sent_bytes(rank) for p in plans)
@@ -285,20 +288,20 @@ class TwoPhasePattern:
         return BucketOutcome(results, phase1, sent, info, nonfinite=any(w.nonfinite for w in work))
 
     def job_options(self, comm, bucket: Bucket, jobs: Sequence["_StripeJob"], stats: ExchangeStats,
-                    totals: StepTotals) -> List[dict]:
-        """Each stripe job's encode options: the shared scales agreed over ranks (one collective
-        for all; the local scales measured before the preamble where they were) and what the
-        bucket's check measured (onebit's scales of each stripe). Every rank calls it (a collective)."""
+                    totals: StepTotals) -> Steps:
+        """Each stripe job's encode options (a request sequence): the shared scales agreed over
+        ranks (one collective for all; the local scales measured before the preamble where they
+        were) and what the bucket's check measured (onebit's scales of each stripe)."""
         measured = bucket.measured
         keys = [stripe_key(j.name, j.stripe.owner) for j in jobs]
-        options = agree_scales(self.codec, comm, len(jobs),
-                               lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part
-                                        for j in jobs],
-                               stats, totals, local=measured.local_for(keys) if measured is not None else None)
+        options = yield from agree_scales(
+            self.codec, comm, len(jobs),
+            lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part for j in jobs],
+            stats, totals, local=measured.local_for(keys) if measured is not None else None)
         return with_measured(options, keys, measured)
 
     def units(self, memory: ErrorFeedback, names: Sequence[str], grads, k: int) -> List[Unit]:
-        """The stripe encodes of a bucket, as :mod:`horovod_gradcomp.exchange.measure` reads them
+        """The stripe encodes of a bucket, as :mod:`horovod_gradcomp.exchange.nonfinite_check` reads them
         before the preamble (keys ``stripe_key(name, owner)``, the order of :meth:`_stripe_jobs`):
         column windows encoded in place name their window of the whole tensor; other stripes
         are taken (a view for rows, a copy for columns). Residuals are read, never created."""
@@ -323,39 +326,30 @@ class TwoPhasePattern:
         return (not getattr(self.codec, "shared_scale", False) and not st.is_view
                 and self.codec.encodes_column_windows(g, st.stop - st.start))
 
-    def _exchange_chunks(self, comm, work: List["_ChunkWork"], bucket: Bucket, positions: StepPositions,
-                         devices, results, stats: ExchangeStats) -> None:
+    def _chunk_steps(self, comm, work: List["_ChunkWork"], bucket: Bucket, positions: StepPositions,
+                     devices, results, stats: ExchangeStats) -> Steps:
         """The chunks' phases in a fixed schedule: encode chunk c, then the owner step of chunk
-        c-1, then the decode of chunk c-2; the two collectives of each chunk run on the wire
-        thread in the order they are submitted, which is the same on every rank."""
-        submitted, wire = [], wire_communicator(comm)
-        try:
-            def owner_step(w):
-                with stats.timed("exchange_s", phase="wait"):
-                    w.recv = w.alltoallv.result()
-                w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
-                w.allgatherv = self._wire.submit(timed_wire, stats, wire.allgatherv_known, *w.phase3)
-                submitted.append(w.allgatherv)
+        c-1, then the decode of chunk c-2; each chunk's two collectives are issued, in an order
+        that is the same on every rank, and waited for only when their result is needed."""
+        def owner_step(w):
+            w.recv = yield Wait(w.alltoallv)
+            w.phase3 = self._phase3(comm, w, bucket, positions, devices, stats)
+            w.allgatherv = yield Issue(Collective("allgatherv_known", w.phase3, comm, "owners", last=w is work[-1]))
 
-            def finish(w):
-                with stats.timed("exchange_s", phase="wait"):
-                    w.parts = w.allgatherv.result()
-                self._phase4(w, devices, results, stats)
+        def finish(w):
+            w.parts = yield Wait(w.allgatherv)
+            self._phase4(w, devices, results, stats)
 
-            for c, w in enumerate(work):
-                w.phase1 = self._phase1(comm, w, positions, stats)
-                w.alltoallv = self._wire.submit(timed_wire, stats, wire.alltoallv, *w.phase1)
-                submitted.append(w.alltoallv)
-                if c >= 1:
-                    owner_step(work[c - 1])
-                if c >= 2:
-                    finish(work[c - 2])
-            owner_step(work[-1])
-            for w in work[-2:]:
-                finish(w)
-        except BaseException:
-            WireThread.cancel(submitted)
-            raise
+        for c, w in enumerate(work):
+            w.phase1 = self._phase1(comm, w, positions, stats)
+            w.alltoallv = yield Issue(Collective("alltoallv", w.phase1, comm))
+            if c >= 1:
+                yield from owner_step(work[c - 1])
+            if c >= 2:
+                yield from finish(work[c - 2])
+        yield from owner_step(work[-1])
+        for w in work[-2:]:
+            yield from finish(w)
 
     # -- the phases -----------------------------------------------------------------
     def _stripe_jobs(self, plan: StripePlan, bucket: Bucket, stats: ExchangeStats) -> List["_StripeJob"]:

@@ -5,7 +5,7 @@ interface (``allocate`` and ``__call__``) for one ``FSDPModule``: it turns FSDP'
 the owner's factor (AVG: 1/K, SUM: 1, PREMUL_SUM(f): f; FSDP applies its pre- and post-divide
 factors to the input and output itself, outside this call) and runs the compressed
 reduce-scatter job (:mod:`horovod_gradcomp.exchange.reduce_scatter`), or the dense one during
-the codec's warm-up steps, through the state's driver.
+the codec's warm-up steps, through the blocking driver (:mod:`horovod_gradcomp.exchange.blocking_driver`).
 """
 from __future__ import annotations
 

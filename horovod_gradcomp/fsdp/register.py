@@ -42,7 +42,7 @@ parameter that got no gradient), so that every call of a module has the same lay
 
 Agreement and non-finite values. Every call starts with the preamble collective
 (:mod:`horovod_gradcomp.exchange.preamble`): ranks whose codec, options, memory, parameters or
-step differ raise :class:`~horovod_gradcomp.exchange.communicator.ExchangeMismatchError` on every
+step differ raise :class:`~horovod_gradcomp.errors.ExchangeMismatchError` on every
 rank; when any rank's input holds a NaN or Inf, nothing is encoded (the memory is untouched) and
 the reduced shard is NaN on every rank, as the DDP path does (a GradScaler or a finite check then
 skips the step).
@@ -63,8 +63,8 @@ import torch.distributed as dist
 from ..codecs import available_codecs
 from ..ddp.gloo_exit import hold_backward_context
 from ..exchange.reduce_scatter import ShardLayout
-from ..horovod.adam_defaults import AdamDefaultsGuard
-from ..horovod.factories import Compression
+from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
+from ..hvd_adapter.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .hsdp import CountingHook, HSDPCompressionState, ReplicaAverage, replica_group
 from .state import FSDPCompressionState

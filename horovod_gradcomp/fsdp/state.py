@@ -12,9 +12,9 @@ import torch
 from ..exchange.reduce_scatter import ShardLayout, dense_reduce_scatter_job, memory_keys, reduce_scatter_job
 from ..exchange.stats import ExchangeStats
 from ..exchange.step_ramp import apply_ramp, ramp_factor
+from ..exchange.blocking_driver import BlockingDriver
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .comm import CompressedReduceScatter
-from .driver import run_blocking
 
 
 class FSDPCompressionState:
@@ -81,7 +81,7 @@ class FSDPCompressionState:
         else:
             job = reduce_scatter_job(self.codec, self.memory, self.communicator, layout, input_tensor, output_tensor,
                                      step=step, order=self.order, **common)
-        outcome = run_blocking(job)
+        outcome = BlockingDriver(self.exchange_stats, threads_allowed=lambda c: False).run(job)
         if not outcome.nonfinite:
             apply_ramp([output_tensor], ramp_factor(getattr(self.codec, "lr_warmup_steps", 0), step))
         s = self.exchange_stats

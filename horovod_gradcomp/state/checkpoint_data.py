@@ -6,7 +6,7 @@ holds tensors, numbers, strings, bools, None and plain containers (dicts, lists,
 the residuals, DGC's velocities and accumulations, the step counters, the options' reprs. That
 is what PyTorch's restricted unpickler accepts, so reading one runs no code from the file.
 Everything this package reads goes through :func:`load_data`: the file of
-:func:`~horovod_gradcomp.horovod.checkpoint.save_job_state` and the ranks' parts that travel
+:func:`~horovod_gradcomp.hvd_adapter.checkpoint.save_job_state` and the ranks' parts that travel
 between processes when a job's state is gathered or scattered (:func:`to_bytes` /
 :func:`from_bytes`, the same format). A file or part holding any other object (a class
 instance, a function, a numpy array) is refused with :class:`UnsafeCheckpointError`.

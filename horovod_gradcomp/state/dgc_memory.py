@@ -17,7 +17,7 @@ and turns a gradient ``g`` into a payload, as the paper writes it, with momentum
 
 and the exchange makes ``p.grad = (1/K) sum_k sparse(v_k)``; the wrapped optimizer
 applies ``w <- w - lr * p.grad``. The momentum therefore lives here: the wrapped optimizer
-must be plain SGD with ``momentum=0`` (:mod:`horovod_gradcomp.horovod.optimizer_check` raises
+must be plain SGD with ``momentum=0`` (:mod:`horovod_gradcomp.hvd_adapter.optimizer_check` raises
 otherwise).
 
 Consequences worth knowing:

@@ -110,8 +110,8 @@ def test_pipelined_chunks_change_nothing(codec, pattern):
         padding = 8 * got["tensors"]
         assert 0 <= got["bytes_payload"] - want["bytes_payload"] < SIZE * padding
         assert 0 <= got["bytes_sent"] - want["bytes_sent"] < 2 * SIZE * padding
-        assert comp.engine._patterns[pattern]._wire._executor is not None, "the bucket was not pipelined"
-        assert base_comp.engine._patterns[pattern]._wire._executor is None
+        assert comp.engine.driver.wire.started, "the bucket was not pipelined"
+        assert not base_comp.engine.driver.wire.started
 
 
 @needs_peers
@@ -123,7 +123,7 @@ def test_pipelined_chunks_with_blocking_wire_collectives(monkeypatch):
     monkeypatch.setenv("HOROVOD_GRADCOMP_WIRE_POLL_S", "0")
     history, comp = train(lambda named: make(named, pipeline_bytes=1))
     assert all(torch.equal(g, w) for g, w in zip(history, baseline))
-    assert comp.engine._patterns["allgather"]._wire._executor is not None
+    assert comp.engine.driver.wire.started
 
 
 def test_bad_pipeline_bytes_is_a_clear_error():

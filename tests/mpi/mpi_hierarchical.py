@@ -175,7 +175,7 @@ def assert_same_on_every_rank(results):
 def test_matches_independent_reference(case, inner):
     codec_name, options, feedback = CODECS[case]
     comp = compression(codec_name, options, feedback, inner_pattern=inner)
-    pattern = comp.engine._patterns["hierarchical"]
+    pattern = comp.engine.patterns["hierarchical"]
     expected = None
     for step in range(STEPS):
         grads = {n: grad(step, RANK, n) for n in NAMES}
@@ -185,7 +185,7 @@ def test_matches_independent_reference(case, inner):
             axes = {n: pattern.shards(SHAPES[n], torch.float32)[0].axis for n in NAMES}
             inner_axes = {}
             if inner == "two_phase":
-                two = comp.engine._patterns["two_phase"]
+                two = comp.engine.patterns["two_phase"]
                 for n in NAMES:
                     for l, a, b in cut(SHAPES[n], axes[n], L):
                         key, shape = shard_key(n, l), part_of(torch.zeros(SHAPES[n]), axes[n], a, b).shape
@@ -251,7 +251,7 @@ def test_stats_split_intra_and_inter_node_bytes():
     flat.exchange({n: g.clone() for n, g in grads.items()})
     h, f = hier.stats(), flat.stats()
     local = RANK % L
-    pattern = hier.engine._patterns["hierarchical"]
+    pattern = hier.engine.patterns["hierarchical"]
     stripes = {n: pattern.shards(SHAPES[n], torch.float32) for n in NAMES}
     shard = [sum(stripes[n][j].numel for n in NAMES) * 4 for j in range(L)]
     want_intra = sum(shard[j] for j in range(L) if j != local) + (L - 1) * shard[local]

@@ -68,7 +68,7 @@ def _unstack(stacked: Payload):
 
 def _record_received(compression):
     """name -> the K payloads the allgather pattern received for it in the current step."""
-    pattern = compression.engine._patterns["allgather"]
+    pattern = compression.engine.patterns["allgather"]
     seen = {}
     decode_stacked, decode_lists = pattern.decode_stacked, pattern.decode_lists
 

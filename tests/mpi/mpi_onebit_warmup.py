@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.dense_warmup import _slices
+from horovod_gradcomp.exchange.dense import _slices
 from horovod_gradcomp.exchange.preamble import PREAMBLE_BYTES
 from horovod_gradcomp.exchange.stats import allgather_wire_bytes
 

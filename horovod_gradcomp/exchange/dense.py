@@ -1,4 +1,4 @@
-"""The dense pattern: a bucket averaged at full precision (a codec's warm-up steps).
+"""The dense pattern: a bucket averaged at full precision (used for a codec's warm-up steps).
 
 A codec with ``warmup_steps = N > 0`` (onebit's option) has its first N steps exchanged
 here instead of through its own payloads: the bucket's gradients, flattened into one float32
@@ -18,6 +18,8 @@ from typing import List, Sequence, Tuple
 import torch
 
 from .bucket import Bucket, BucketOutcome, result_tensor
+from .blocking_driver import RunsBlocking
+from .requests import Collective, Steps
 from .stats import ExchangeStats, StepTotals
 
 
@@ -30,11 +32,11 @@ def _slices(n: int, k: int) -> list:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-class DensePattern:
+class DensePattern(RunsBlocking):
     """Full-precision mean of a bucket (see the module doc). Stateless.
 
-    :meth:`exchange` runs the three steps below around the two collectives; an asynchronous
-    caller (the DDP hook) issues the collectives itself between them."""
+    :meth:`steps` runs the three steps below around the two collectives; :meth:`exchange` runs
+    it at once."""
 
     name = "dense"
 
@@ -86,19 +88,17 @@ class DensePattern:
         sent = float(payload - mine + (k - 1) * mine) if k > 1 else 0.0  # alltoallv + allgatherv
         return BucketOutcome(results, payload, sent, {"k": k})
 
-    def exchange(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> BucketOutcome:
-        """Results: name -> mean over ranks of the gradients (cast back to each gradient's dtype,
+    def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
+        """The exchange as a request sequence (:mod:`.requests`; ``totals``, ``overlap``: unused).
+        Results: name -> mean over ranks of the gradients (cast back to each gradient's dtype,
         bitwise equal on every rank); ``payload``: this rank's dense bytes; ``sent``: what the two
         collectives sent (``2 (K-1)/K`` of the payload when K divides its length)."""
         flat, send, send_counts, recv_counts = self.prepare(comm, bucket, stats)
         if comm.size == 1:
             return self.finish(comm, bucket, flat, [send], stats)
-        with stats.timed("exchange_s"):
-            recv = comm.alltoallv(send, send_counts, recv_counts)
+        recv = yield Collective("alltoallv", (send, send_counts, recv_counts), comm)
         part, counts = self.reduce(comm, flat, recv, stats)
-        with stats.timed("exchange_s"):
-            gathered = comm.allgatherv_known(part, counts)
+        gathered = yield Collective("allgatherv_known", (part, counts), comm, "owners", last=True)
         return self.finish(comm, bucket, flat, gathered, stats)
-
 
 __all__ = ["DensePattern"]

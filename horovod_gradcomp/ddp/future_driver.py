@@ -1,0 +1,99 @@
+"""The DDP hook's driver of request sequences (:mod:`horovod_gradcomp.exchange.requests`).
+
+A bucket's sequence (:meth:`StepEngine.bucket_steps
+<horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`, or the sparse job of
+:mod:`.sparse_exchange`) yields collective requests; here each becomes the communicator's
+asynchronous twin (``comm.<op>_async``, a :class:`~horovod_gradcomp.transports.torch_dist.Pending`):
+
+* :class:`~horovod_gradcomp.exchange.requests.Collective`: issued, and the sequence waits for it;
+* :class:`~horovod_gradcomp.exchange.requests.Issue`: issued, and the sequence goes on at once
+  with a :class:`Handle` (whose ``done()`` always says False: the hook never polls);
+* :class:`~horovod_gradcomp.exchange.requests.Wait`: the sequence waits for that handle.
+
+:func:`advance` resumes a sequence and runs it until it must wait for a collective; what it
+returns (:class:`Waiting`) says what to wait for and whether the bucket's ``last`` request is out.
+The hook (:mod:`.hook`) does the waiting on a waiter thread and calls :func:`advance` again with
+the result, in turn with the other buckets; once ``last_out``, the next bucket may start
+issuing. torch.distributed has no allgather of unknown sizes: :func:`with_known_sizes` turns
+each ``allgatherv`` request into ``sizes`` then ``allgatherv_known`` (the same bytes and counts).
+A sequence that fails leaves the collectives it issued and did not wait for to the backend (the
+step fails as a whole, :meth:`StepEngine.fail_step
+<horovod_gradcomp.exchange.engine.StepEngine.fail_step>`).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..exchange.requests import Collective, Issue, Steps, Wait
+
+
+@dataclass
+class Handle:
+    """An issued collective: its ``pending`` result, its ``kind`` and when it was issued."""
+    pending: Any
+    kind: str
+    issued_at: float
+
+    @staticmethod
+    def done() -> bool:
+        return False
+
+
+@dataclass
+class Waiting:
+    """Where a sequence stopped: the collective it waits for (``pending``, ``kind``,
+    ``issued_at``), and ``last_out``: its ``last`` request was issued on the way."""
+    pending: Any
+    kind: str
+    issued_at: float
+    last_out: bool
+
+
+def issue(call: Collective):
+    """Start ``call`` on its communicator's asynchronous twin; its ``Pending``."""
+    return getattr(call.comm, call.op + "_async")(*call.args)
+
+
+def advance(steps: Steps, answer: Any) -> Waiting:
+    """Resume ``steps`` with ``answer`` and issue what it asks until it waits for a collective.
+    Raises StopIteration (with the sequence's value) when it ends, and what it raises."""
+    last_out = False
+    while True:
+        request = steps.send(answer)
+        if isinstance(request, Wait):
+            handle = request.handle
+            return Waiting(handle.pending, handle.kind, handle.issued_at, last_out)
+        call = request.collective if isinstance(request, Issue) else request
+        if not isinstance(call, Collective):
+            raise TypeError(f"hgc.ddp: a bucket's sequence yielded {request!r}, not a Collective, Issue or Wait")
+        issued_at = time.perf_counter()
+        pending = issue(call)
+        last_out = last_out or call.last
+        if not isinstance(request, Issue):
+            return Waiting(pending, call.kind, issued_at, last_out)
+        answer = Handle(pending, call.kind, issued_at)
+
+
+def with_known_sizes(steps: Steps) -> Steps:
+    """``steps`` with each ``allgatherv`` request done as ``sizes`` (one allgather of every rank's
+    byte count) and then ``allgatherv_known`` of the same bytes (its ``last`` flag kept)."""
+    answer = None
+    try:
+        while True:
+            request = steps.send(answer)
+            if isinstance(request, Collective) and request.op == "allgatherv":
+                (send,) = request.args
+                sizes = yield Collective("sizes", (send.numel(),), request.comm, "sizes", request.phase)
+                answer = yield Collective("allgatherv_known", (send, sizes), request.comm, request.kind,
+                                          request.phase, request.last)
+            elif isinstance(request, Issue) and request.collective.op == "allgatherv":
+                raise TypeError("hgc.ddp: an allgatherv of unknown sizes cannot be issued ahead on torch.distributed")
+            else:
+                answer = yield request
+    except StopIteration as stop:
+        return stop.value
+
+
+__all__ = ["Handle", "Waiting", "advance", "issue", "with_known_sizes"]

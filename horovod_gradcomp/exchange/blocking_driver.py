@@ -1,0 +1,109 @@
+"""The blocking driver: a pattern's requests (:mod:`.requests`) done on the calling thread.
+
+Used by :class:`~horovod_gradcomp.exchange.engine.StepEngine` for Horovod, MPI and any
+communicator whose collectives block. A :class:`~.requests.Collective` is called at once, timed
+as ``exchange_s`` under its phase. An :class:`~.requests.Issue` goes to the driver's
+:class:`~horovod_gradcomp.exchange.pipeline.WireThread` when the communicator may be called from
+a second thread (``threads_allowed``), on the communicator's polling twin
+(:func:`~horovod_gradcomp.exchange.pipeline.wire_communicator`), and the generator goes on
+encoding meanwhile; otherwise it is done at once and its handle is already done. A
+:class:`~.requests.Wait` waits for the handle, timed as ``exchange_s`` phase ``wait``.
+
+One wire thread per driver (per engine), shared by every pattern and the hierarchical pattern's
+inner exchange: it runs the issued collectives in issue order, which is the generators' order,
+the same on every rank.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional
+
+from .pipeline import WireFuture, WireThread, timed_wire, wire_communicator
+from .requests import Collective, Issue, Steps, Wait
+from .stats import ExchangeStats
+
+
+class _Done:
+    """The handle of a collective done at once (no wire thread)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    @staticmethod
+    def done() -> bool:
+        return True
+
+    def result(self):
+        return self.value
+
+
+class BlockingDriver:
+    """Runs request sequences to their end on the calling thread (see the module doc).
+
+    Fields: stats (where the waits are timed); threads_allowed (``threads_allowed(comm)``: may
+    ``comm`` be called from the wire thread); wire (the :class:`WireThread`, started by the
+    first issued collective)."""
+
+    def __init__(self, stats: ExchangeStats, threads_allowed: Callable[[object], bool] = lambda comm: True):
+        self.stats = stats
+        self.threads_allowed = threads_allowed
+        self.wire = WireThread()
+
+    def overlaps(self, comm) -> bool:
+        """True when collectives on ``comm`` can be issued ahead (a pattern then pipelines its chunks)."""
+        return self.threads_allowed(comm)
+
+    def run(self, steps: Steps):
+        """Answer every request of ``steps``; return its result. On an error, the collectives
+        issued to the wire thread and not waited for are cancelled or waited out first."""
+        outstanding: List[WireFuture] = []
+        wires: Dict[int, object] = {}
+        answer = None
+        try:
+            while True:
+                try:
+                    request = steps.send(answer)
+                except StopIteration as stop:
+                    return stop.value
+                answer = self._answer(request, outstanding, wires)
+        except BaseException:
+            WireThread.cancel(outstanding)
+            raise
+
+    def _answer(self, request, outstanding: List[WireFuture], wires: Dict[int, object]):
+        stats = self.stats
+        if isinstance(request, Collective):
+            with stats.timed("exchange_s", phase=request.phase):
+                return getattr(request.comm, request.op)(*request.args)
+        if isinstance(request, Issue):
+            call = request.collective
+            if not self.threads_allowed(call.comm):
+                with stats.timed("exchange_s", phase=call.phase):
+                    return _Done(getattr(call.comm, call.op)(*call.args))
+            wire = wires.get(id(call.comm))
+            if wire is None:
+                wire = wires[id(call.comm)] = wire_communicator(call.comm)
+            handle = self.wire.submit(timed_wire, stats, getattr(wire, call.op), *call.args)
+            outstanding.append(handle)
+            return handle
+        if isinstance(request, Wait):
+            with stats.timed("exchange_s", phase="wait"):
+                value = request.handle.result()
+            if request.handle in outstanding:
+                outstanding.remove(request.handle)
+            return value
+        raise TypeError(f"blocking driver: a pattern yielded {request!r}, not a Collective, Issue or Wait")
+
+
+class RunsBlocking:
+    """For a pattern class with a ``steps(comm, bucket, stats, totals, overlap)`` sequence: its
+    :meth:`exchange`, the sequence run at once by a :class:`BlockingDriver`."""
+
+    def exchange(self, comm, bucket, stats: ExchangeStats, totals, driver: Optional[BlockingDriver] = None):
+        """Exchange ``bucket`` on ``comm`` (every rank calls it alike) and return its
+        :class:`~horovod_gradcomp.exchange.bucket.BucketOutcome`. ``driver``: the one to run it
+        (None: collectives at once on this thread, no pipelined chunks)."""
+        driver = driver if driver is not None else BlockingDriver(stats, threads_allowed=lambda comm: False)
+        return driver.run(self.steps(comm, bucket, stats, totals, driver.overlaps(comm)))
+
+
+__all__ = ["BlockingDriver", "RunsBlocking"]
