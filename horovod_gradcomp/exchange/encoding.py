@@ -46,10 +46,9 @@ class StepPositions:
 
 
 def local_scales(codec: Codec, values: Sequence[torch.Tensor]) -> List[float]:
-    """``codec.local_scale(v)`` of each value: through the codec's bucket version
-    ``local_scales_many`` when it has one (TernGrad: one read back for all), else one by one."""
-    many = getattr(codec, "local_scales_many", None)
-    return list(many(values)) if many is not None else [codec.local_scale(v) for v in values]
+    """``codec.local_scale(v)`` of each value, through the codec's bucket version
+    ``local_scales_many`` (TernGrad: one read back for all)."""
+    return list(codec.local_scales_many(values))
 
 
 def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
@@ -60,7 +59,7 @@ def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Seque
     not called). ``local``: the local scales, measured already (before the preamble,
     :mod:`horovod_gradcomp.exchange.measure`): ``compensated`` is not called. Every rank must
     call it with the same ``count`` (a collective)."""
-    if not getattr(codec, "shared_scale", False) or count == 0:
+    if not codec.shared_scale or count == 0:
         return [{} for _ in range(count)]
     local = measured_or_local_scales(codec, count, compensated, stats, local)
     if comm.size > 1:
