@@ -1,5 +1,5 @@
-// Argument checks shared by the bindings, the CPU ops (csrc/cpu) and the CUDA ops
-// (csrc/device/*_ops.cpp, for CUDA and the OpenMP twin): one home, so that an op checks the same things, in the same words,
+// Argument checks shared by the CPU ops (csrc/cpu) and the device ops (csrc/device/*_ops.cpp, for
+// CUDA and the OpenMP twin): one home, so that an op checks the same things, in the same words,
 // on either device. Device-specific checks take the device type (at::kCPU, at::kCUDA).
 // The checks of a received payload, before a decoder reads it, are in payload_checks.h.
 #pragma once
@@ -37,6 +37,16 @@ namespace hgc {
 // words of HGC_CHECK_CPU / HGC_CHECK_CUDA.
 inline void check_device_type(const at::Tensor& t, at::DeviceType device_type, const char* name) {
   TORCH_CHECK(t.device().type() == device_type, name, " must be a ", c10::DeviceTypeName(device_type), " tensor");
+}
+
+// An encoder's input `name`: on a device of `device_type`, contiguous, fp16/bf16/fp32/fp64 (the
+// words of HGC_CHECK_CPU, HGC_CHECK_CONTIGUOUS and HGC_CHECK_FLOATING).
+inline void check_values_input(const at::Tensor& t, at::DeviceType device_type, const char* name) {
+  check_device_type(t, device_type, name);
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  const at::ScalarType st = t.scalar_type();
+  TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16, name,
+              " must be fp16, bf16, fp32 or fp64, got ", st);
 }
 
 // ---- encode and state ops -------------------------------------------------------------------

@@ -72,6 +72,24 @@ inline int64_t check_same_k(const at::Tensor& a, const at::Tensor& b, const char
 
 // ---- the decoders' checks (CPU and CUDA entry points) --------------------------------------
 
+// onebit_decode_sum's bits and scales on one device, checked before their types so that a mixed
+// pair is named as such.
+inline void check_onebit_payload_devices(const at::Tensor& bits, const at::Tensor& scales) {
+  TORCH_CHECK(bits.device() == scales.device(), "onebit_decode: bits and scales are on different devices");
+}
+
+// One onebit payload (onebit_decode, onebit_decode_columns): flat bits and scales.
+inline void check_onebit_flat_payload(const at::Tensor& bits, const at::Tensor& scales, const char* op) {
+  TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, op, ": expected flat bits and scales");
+}
+
+// onebit_decode_columns' out: contiguous, on a device of `device_type`.
+inline void check_onebit_columns_out(const at::Tensor& out, at::DeviceType device_type, const char* op) {
+  TORCH_CHECK(out.is_contiguous(), "out must be contiguous");
+  TORCH_CHECK(out.device().type() == device_type, op, ": out must be a ", c10::DeviceTypeName(device_type),
+              " tensor, got ", out.device());
+}
+
 // onebit_decode_sum: K >= 1 stacked payloads, bits uint8 [K, >= ceil(n/8)], scales float32
 // [K, 2*cols], n split into columns of cols (by_rows, rows mode: into `cols` rows). Returns K.
 inline int64_t check_onebit_decode_args(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
@@ -105,6 +123,32 @@ inline int64_t check_terngrad_decode_args(const at::Tensor& codes, const at::Ten
   TORCH_CHECK(codes.size(1) >= (n + 3) / 4, op, ": ", codes.size(1), " bytes of codes cannot hold ", n, " values");
   TORCH_CHECK(scales.size(1) >= 1, op, ": every payload needs its scale");
   return K;
+}
+
+// terngrad_sum_levels (the K payloads a two-phase owner received): codes uint8 [K, >= ceil(n/4)]
+// with contiguous rows, K in [1, 32767], width 4, 8 or 16 holding 0..2K. Returns K.
+inline int64_t check_terngrad_sum_levels_args(const at::Tensor& codes, int64_t n, int64_t width) {
+  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && codes.stride(1) == 1,
+              "terngrad_sum_levels: codes must be uint8 [K, bytes] with contiguous rows");
+  const int64_t K = codes.size(0);
+  TORCH_CHECK(K >= 1 && K <= 32767, "terngrad_sum_levels: K must be in [1, ", 32767, "], got ", K);
+  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_levels: width must be 4, 8 or 16, got ", width);
+  TORCH_CHECK(2 * K < (int64_t(1) << width), "terngrad_sum_levels: ", width, "-bit fields cannot hold sums of K=", K);
+  TORCH_CHECK(n >= 0 && codes.size(1) >= (n + 3) / 4, "terngrad_sum_levels: ", codes.size(1),
+              " bytes of codes cannot hold ", n, " values");
+  return K;
+}
+
+// terngrad_sum_decode (an owner's summed levels, as every rank receives them): levels contiguous
+// uint8, width 4, 8 or 16 holding 0..2K, enough bytes for n fields.
+inline void check_terngrad_sum_decode_args(const at::Tensor& levels, int64_t n, int64_t k, int64_t width) {
+  TORCH_CHECK(levels.dim() == 1 && levels.scalar_type() == at::kByte && levels.is_contiguous(),
+              "terngrad_sum_decode: levels must be contiguous uint8 [bytes]");
+  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_decode: width must be 4, 8 or 16, got ", width);
+  TORCH_CHECK(k >= 1 && 2 * k < (int64_t(1) << width), "terngrad_sum_decode: K=", k, " does not fit ", width,
+              "-bit fields");
+  TORCH_CHECK(n >= 0 && levels.numel() >= (n * width + 7) / 8, "terngrad_sum_decode: ", levels.numel(),
+              " bytes cannot hold ", n, " ", width, "-bit fields");
 }
 
 // QSGD decoders' output dtype (their own words).

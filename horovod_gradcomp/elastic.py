@@ -62,15 +62,12 @@ def _handler_class():
             if self._size is not None and size != self._size:
                 comp.state.owner_memory.residuals.clear()
             self._size = size
-            if hasattr(comp.codec, "rank_stream"):
+            if comp.codec.rank_stream is not None:
                 comp.codec.rank_stream = comp.communicator.rank
-            counters = {"step": comp.state.step}
-            if hasattr(comp.memory, "epoch"):
-                counters.update(epoch=comp.memory.epoch, memory_step=comp.memory.step)
-            counters = hvd.broadcast_object(counters, root_rank=0, name="hgc.elastic.counters")
+            counters = hvd.broadcast_object({"step": comp.state.step, "memory": comp.memory.clock()}, root_rank=0,
+                                            name="hgc.elastic.counters")
             comp.state.step = counters["step"]
-            if "epoch" in counters:
-                comp.memory.epoch, comp.memory.step = counters["epoch"], counters["memory_step"]
+            comp.memory.set_clock(counters["memory"])
             self.save()
 
     return CompressionStateHandler

@@ -371,9 +371,7 @@ void check_sorted(const at::Tensor& ix, int64_t n, int64_t r) {
 
 std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_cpu(const at::Tensor& x, int64_t k,
                                                                    int64_t sample_count, int64_t key) {
-  HGC_CHECK_CPU(x);
-  HGC_CHECK_CONTIGUOUS(x);
-  HGC_CHECK_FLOATING(x);
+  hgc::check_values_input(x, at::kCPU, "x");
   hgc::check_dgc_select_args(k, sample_count);
   const int64_t n = x.numel();
   if (n == 0 || k == 0) {

@@ -39,3 +39,14 @@ void hold_latest(const std::string& slot, const std::vector<at::Tensor>& tensors
   }
   // `previous` is released here, by the caller's thread (which holds the GIL)
 }
+
+void bind_gloo_exit(pybind11::module_& m) {
+  namespace py = pybind11;
+  // Holds the GIL: replacing the held object releases the previous one.
+  m.def("retain_backward_context", &retain_backward_context,
+        "during a backward: keep its stashed context alive (see horovod_gradcomp/ddp/gloo_exit.py)");
+  m.def("keep_until_exit", &keep_until_exit, "hold a C++ reference to each tensor until the process ends",
+        py::arg("tensors"));
+  m.def("hold_latest", &hold_latest, "hold a C++ reference to each tensor under slot, releasing the slot's previous ones",
+        py::arg("slot"), py::arg("tensors"));
+}

@@ -22,3 +22,6 @@ void keep_until_exit(const std::vector<at::Tensor>& tensors);
 // tensors held there before: keep_until_exit for what a job repeats (a checkpoint's gather),
 // whose memory must not pile up. The slot's last tensors are held until the process ends.
 void hold_latest(const std::string& slot, const std::vector<at::Tensor>& tensors);
+
+// Binds the three functions above into the Python module `m` under their own names.
+void bind_gloo_exit(pybind11::module_& m);

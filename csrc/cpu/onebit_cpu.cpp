@@ -508,10 +508,17 @@ at::Tensor onebit_scales_cpu(const at::Tensor& grad, const c10::optional<at::Ten
 at::Tensor onebit_decode_sum_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                  at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt,
                                  bool by_rows) {
+  hgc::check_onebit_payload_devices(bits, scales);
   const int64_t K = hgc::check_onebit_decode_args(bits, scales, n, cols, dtype, at::kCPU, by_rows);
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
   decode_sum_matrix(bits, scales, K, n, cols, cols, scale, out, 0, by_rows);
   return out;
+}
+
+at::Tensor onebit_decode_cpu(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
+                             at::ScalarType dtype, const c10::optional<at::Tensor>& out, bool by_rows) {
+  hgc::check_onebit_flat_payload(bits, scales, "onebit_decode");
+  return onebit_decode_sum_cpu(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out, by_rows);
 }
 
 std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& full,
@@ -527,11 +534,10 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& f
 void onebit_decode_columns_cpu(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                int64_t full_cols, int64_t col0, int64_t col1) {
   constexpr const char* op = "onebit_decode_columns";
-  HGC_CHECK_CONTIGUOUS(out);
-  TORCH_CHECK(out.device().is_cpu(), op, ": out must be a CPU tensor, got ", out.device());
+  hgc::check_onebit_columns_out(out, at::kCPU, op);
   hgc::check_column_window(out.numel(), full_cols, col0, col1, op);
   const int64_t rows = out.numel() / full_cols, cols = col1 - col0, n = rows * cols;
-  TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, op, ": expected flat bits and scales");
+  hgc::check_onebit_flat_payload(bits, scales, op);
   const auto stacked_bits = bits.unsqueeze(0), stacked_scales = scales.unsqueeze(0);
   hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), at::kCPU);
   decode_sum_matrix(stacked_bits, stacked_scales, 1, n, cols, full_cols, 1.0, out, col0);

@@ -582,8 +582,7 @@ at::Tensor make_out(const c10::optional<at::Tensor>& out_opt, int64_t n, at::Sca
 
 void check_input(const at::Tensor& x, const char* who) {
   TORCH_CHECK(!x.is_cuda(), who, ": the native QSGD kernels are CPU-only; use impl='reference' for CUDA tensors");
-  HGC_CHECK_CONTIGUOUS(x);
-  HGC_CHECK_FLOATING(x);
+  hgc::check_values_input(x, at::kCPU, "x");
 }
 
 }  // namespace

@@ -429,9 +429,7 @@ double fixed_sum(const scalar_t* g, int64_t n, double mean, std::vector<double>&
 
 double terngrad_sigma_cpu(const at::Tensor& grad) {
   HGC_TG_CHECK_NOT_CUDA(grad);
-  HGC_CHECK_CPU(grad);
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
+  hgc::check_values_input(grad, at::kCPU, "grad");
   const int64_t n = grad.numel();
   if (n == 0) return 0.0;
   double var_sum = 0.0;
@@ -446,9 +444,7 @@ double terngrad_sigma_cpu(const at::Tensor& grad) {
 
 double terngrad_max_abs_cpu(const at::Tensor& grad) {
   HGC_TG_CHECK_NOT_CUDA(grad);
-  HGC_CHECK_CPU(grad);
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
+  hgc::check_values_input(grad, at::kCPU, "grad");
   const int64_t n = grad.numel();
   if (n == 0) return 0.0;
   const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), n / kGrain));
@@ -475,9 +471,7 @@ double terngrad_max_abs_cpu(const at::Tensor& grad) {
 std::tuple<at::Tensor, at::Tensor> terngrad_encode_cpu(const at::Tensor& grad, double scale, double clip,
                                                        int64_t key0, int64_t key1) {
   HGC_TG_CHECK_NOT_CUDA(grad);
-  HGC_CHECK_CPU(grad);
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
+  hgc::check_values_input(grad, at::kCPU, "grad");
   const int64_t n = grad.numel();
   hgc::check_terngrad_encode_args(n, scale, clip, key0, key1);
   auto codes = at::empty({(n + 3) / 4}, grad.options().dtype(at::kByte));

@@ -3,6 +3,7 @@
 #pragma once
 #include <torch/extension.h>
 #include <tuple>
+#include <vector>
 
 // The population standard deviation of grad's values in double: mean = sum / n, then
 // sqrt(sum((g - mean)^2) / n), both sums in the fixed order of csrc/device/terngrad_functors.h
@@ -41,32 +42,20 @@ at::Tensor terngrad_sum_levels_cpu(const at::Tensor& codes, int64_t n, int64_t w
 at::Tensor terngrad_sum_decode_cpu(const at::Tensor& levels, int64_t n, int64_t k, int64_t width, double mult,
                                    at::ScalarType dtype, const c10::optional<at::Tensor>& out);
 
-namespace hgc {
+// ---- the bucket ops (terngrad_many_cpu.cpp) --------------------------------------------------
+// The ops above applied to a bucket's tensors one after the other: the same results as the
+// device's bucket ops (csrc/device/terngrad_ops.h). Each checks that every per-tensor list has
+// one entry per tensor.
 
-// terngrad_sum_levels' arguments (CPU and device ops): codes uint8 [K, >= ceil(n/4)] with
-// contiguous rows, K in [1, 32767], width 4, 8 or 16 holding 0..2K. Returns K.
-inline int64_t check_terngrad_sum_levels_args(const at::Tensor& codes, int64_t n, int64_t width) {
-  TORCH_CHECK(codes.dim() == 2 && codes.scalar_type() == at::kByte && codes.stride(1) == 1,
-              "terngrad_sum_levels: codes must be uint8 [K, bytes] with contiguous rows");
-  const int64_t K = codes.size(0);
-  TORCH_CHECK(K >= 1 && K <= 32767, "terngrad_sum_levels: K must be in [1, ", 32767, "], got ", K);
-  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_levels: width must be 4, 8 or 16, got ", width);
-  TORCH_CHECK(2 * K < (int64_t(1) << width), "terngrad_sum_levels: ", width, "-bit fields cannot hold sums of K=", K);
-  TORCH_CHECK(n >= 0 && codes.size(1) >= (n + 3) / 4, "terngrad_sum_levels: ", codes.size(1),
-              " bytes of codes cannot hold ", n, " values");
-  return K;
-}
+// A float64 [2, count] table: row 0 every gradient's max |g|, row 1 its sigma (with_sigma; else 0).
+at::Tensor terngrad_scale_stats_many_cpu(const std::vector<at::Tensor>& grads, bool with_sigma);
 
-// terngrad_sum_decode's arguments (CPU and device ops): levels contiguous uint8, width 4, 8 or
-// 16 holding 0..2K, enough bytes for n fields.
-inline void check_terngrad_sum_decode_args(const at::Tensor& levels, int64_t n, int64_t k, int64_t width) {
-  TORCH_CHECK(levels.dim() == 1 && levels.scalar_type() == at::kByte && levels.is_contiguous(),
-              "terngrad_sum_decode: levels must be contiguous uint8 [bytes]");
-  TORCH_CHECK(width == 4 || width == 8 || width == 16, "terngrad_sum_decode: width must be 4, 8 or 16, got ", width);
-  TORCH_CHECK(k >= 1 && 2 * k < (int64_t(1) << width), "terngrad_sum_decode: K=", k, " does not fit ", width,
-              "-bit fields");
-  TORCH_CHECK(n >= 0 && levels.numel() >= (n * width + 7) / 8, "terngrad_sum_decode: ", levels.numel(),
-              " bytes cannot hold ", n, " ", width, "-bit fields");
-}
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> terngrad_encode_many_cpu(
+    const std::vector<at::Tensor>& grads, const std::vector<double>& scales, const std::vector<double>& clips,
+    const std::vector<int64_t>& key0s, const std::vector<int64_t>& key1s);
 
-}  // namespace hgc
+std::vector<at::Tensor> terngrad_decode_sum_many_cpu(const std::vector<at::Tensor>& codes,
+                                                     const std::vector<at::Tensor>& scales,
+                                                     const std::vector<int64_t>& n,
+                                                     const std::vector<at::ScalarType>& dtypes, double scale,
+                                                     const std::vector<c10::optional<at::Tensor>>& outs);

@@ -16,9 +16,7 @@ using hgc_dev::kDeviceType;
 
 std::tuple<at::Tensor, at::Tensor, double, int64_t> dgc_select_device(const at::Tensor& x, int64_t k,
                                                                       int64_t sample_count, int64_t key) {
-  hgc::check_device_type(x, kDeviceType, "x");
-  HGC_CHECK_CONTIGUOUS(x);
-  HGC_CHECK_FLOATING(x);
+  hgc::check_values_input(x, kDeviceType, "x");
   hgc::check_dgc_select_args(k, sample_count);
   const int64_t n = x.numel();
   const at::ScalarType ity = hgc::dgc_index_type(n);

@@ -60,7 +60,7 @@ at::Tensor onebit_scales_device(const at::Tensor& grad, const c10::optional<at::
 at::Tensor onebit_decode_sum_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                     at::ScalarType dtype, double scale, const c10::optional<at::Tensor>& out_opt,
                                     bool by_rows) {
-  TORCH_CHECK(bits.device() == scales.device(), "onebit_decode: bits and scales are on different devices");
+  hgc::check_onebit_payload_devices(bits, scales);
   const int64_t K = hgc::check_onebit_decode_args(bits, scales, n, cols, dtype, hgc_dev::kDeviceType, by_rows);
   const hgc_dev::DeviceGuard guard(bits.device());
   at::Tensor out = hgc_decode_output(out_opt, n, dtype, bits.device(), "onebit_decode");
@@ -72,7 +72,7 @@ at::Tensor onebit_decode_sum_device(const at::Tensor& bits, const at::Tensor& sc
 
 at::Tensor onebit_decode_device(const at::Tensor& bits, const at::Tensor& scales, int64_t n, int64_t cols,
                                 at::ScalarType dtype, const c10::optional<at::Tensor>& out, bool by_rows) {
-  TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, "onebit_decode: expected flat bits and scales");
+  hgc::check_onebit_flat_payload(bits, scales, "onebit_decode");
   return onebit_decode_sum_device(bits.unsqueeze(0), scales.unsqueeze(0), n, cols, dtype, 1.0, out, by_rows);
 }
 
@@ -89,12 +89,10 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor
 void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                   int64_t full_cols, int64_t col0, int64_t col1) {
   constexpr const char* op = "onebit_decode_columns";
-  HGC_CHECK_CONTIGUOUS(out);
-  TORCH_CHECK(out.device().type() == hgc_dev::kDeviceType, op, ": out must be a ",
-              c10::DeviceTypeName(hgc_dev::kDeviceType), " tensor, got ", out.device());
+  hgc::check_onebit_columns_out(out, hgc_dev::kDeviceType, op);
   hgc::check_column_window(out.numel(), full_cols, col0, col1, op);
   const int64_t rows = out.numel() / full_cols, cols = col1 - col0, n = rows * cols;
-  TORCH_CHECK(bits.dim() == 1 && scales.dim() == 1, op, ": expected flat bits and scales");
+  hgc::check_onebit_flat_payload(bits, scales, op);
   const auto stacked_bits = bits.unsqueeze(0), stacked_scales = scales.unsqueeze(0);
   hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), hgc_dev::kDeviceType);
   TORCH_CHECK(bits.device() == out.device(), op, ": out is on ", out.device(), ", the payload on ", bits.device());
@@ -290,12 +288,10 @@ void onebit_decode_columns_many_device(const std::vector<at::Tensor>& bits, cons
   std::vector<at::ScalarType> dtypes;
   for (std::size_t i = 0; i < count; ++i) {
     const at::Tensor& out = outs[i];
-    HGC_CHECK_CONTIGUOUS(out);
-    TORCH_CHECK(out.device().type() == hgc_dev::kDeviceType, op, ": out must be a ",
-                c10::DeviceTypeName(hgc_dev::kDeviceType), " tensor, got ", out.device());
+    hgc::check_onebit_columns_out(out, hgc_dev::kDeviceType, op);
     hgc::check_column_window(out.numel(), full_cols[i], col0[i], col1[i], op);
     const int64_t rows = out.numel() / full_cols[i], cols = col1[i] - col0[i], n = rows * cols;
-    TORCH_CHECK(bits[i].dim() == 1 && scales[i].dim() == 1, op, ": expected flat bits and scales");
+    hgc::check_onebit_flat_payload(bits[i], scales[i], op);
     const auto stacked_bits = bits[i].unsqueeze(0), stacked_scales = scales[i].unsqueeze(0);
     hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), hgc_dev::kDeviceType);
     TORCH_CHECK(bits[i].device() == device, op, ": out is on ", device, ", payload ", i, " on ", bits[i].device());

@@ -1,6 +1,7 @@
 // Torch ops of the onebit device path (onebit_ops.cpp): the CPU ops' signatures, checks and
-// messages, for tensors on hgc_dev::kDeviceType (CUDA in _C, the CPU in the twin _C_twin).
-// csrc/binding.cpp dispatches CUDA tensors to them; the twin registers them under _C's names.
+// messages (csrc/cpu/onebit_cpu.h), for tensors on hgc_dev::kDeviceType (CUDA in _C, the CPU in
+// the twin _C_twin). onebit_ops.cpp registers them (device/registry.h): in _C as the `hgc` ops'
+// CUDA kernels, in the twin under `hgc_twin`.
 #pragma once
 #include <torch/extension.h>
 

@@ -17,12 +17,6 @@
 
 namespace {
 
-void check_input(const at::Tensor& x) {
-  hgc::check_device_type(x, hgc_dev::kDeviceType, "x");
-  HGC_CHECK_CONTIGUOUS(x);
-  HGC_CHECK_FLOATING(x);
-}
-
 struct StreamOut {
   at::TensorOptions options;
   at::Tensor stream;
@@ -38,7 +32,7 @@ uint8_t* alloc_stream(int64_t bytes, void* state) {
 
 std::tuple<at::Tensor, at::Tensor> qsgd_encode_fixed_device(const at::Tensor& x, int64_t s, int64_t bucket,
                                                             bool max_norm, int64_t key) {
-  check_input(x);
+  hgc::check_values_input(x, hgc_dev::kDeviceType, "x");
   const int64_t n = x.numel();
   hgc::check_qsgd_params(s, bucket, n);
   const hgc_dev::DeviceGuard guard(x.device());
@@ -69,7 +63,7 @@ at::Tensor qsgd_decode_fixed_device(const at::Tensor& norms, const at::Tensor& p
 std::tuple<at::Tensor, at::Tensor, at::Tensor> qsgd_encode_elias_device(const at::Tensor& x, int64_t s,
                                                                         int64_t bucket, bool max_norm, int64_t key,
                                                                         int64_t group_buckets) {
-  check_input(x);
+  hgc::check_values_input(x, hgc_dev::kDeviceType, "x");
   const int64_t n = x.numel();
   hgc::check_qsgd_elias_encode_args(s, bucket, n, group_buckets);
   const hgc_dev::DeviceGuard guard(x.device());
@@ -131,7 +125,7 @@ at::Device check_encode_many(const std::vector<at::Tensor>& xs, const std::vecto
   TORCH_CHECK(keys.size() == xs.size(), op, ": ", xs.size(), " tensors but ", keys.size(), " keys");
   const at::Device device = hgc_dev::bucket_device(xs, op, "tensor");
   for (const at::Tensor& x : xs) {
-    check_input(x);
+    hgc::check_values_input(x, hgc_dev::kDeviceType, "x");
     hgc::check_qsgd_params(s, bucket, x.numel());
   }
   return device;

@@ -6,31 +6,20 @@
 #include "terngrad_ops.h"
 
 #include "../checks.h"
-#include "../cpu/terngrad_cpu.h"
 #include "../payload_checks.h"
 #include "ops_common.h"
 #include "registry.h"
 #include "terngrad_device.h"
 
-namespace {
-
-void check_grad(const at::Tensor& grad) {
-  hgc::check_device_type(grad, hgc_dev::kDeviceType, "grad");
-  HGC_CHECK_CONTIGUOUS(grad);
-  HGC_CHECK_FLOATING(grad);
-}
-
-}  // namespace
-
 double terngrad_max_abs_device(const at::Tensor& grad) {
-  check_grad(grad);
+  hgc::check_values_input(grad, hgc_dev::kDeviceType, "grad");
   const hgc_dev::DeviceGuard guard(grad.device());
   return hgc_dev::terngrad_max_abs(hgc_dev::current_ctx(), hgc_dev::dev_dtype(grad.scalar_type()), grad.data_ptr(),
                                    grad.numel());
 }
 
 double terngrad_sigma_device(const at::Tensor& grad) {
-  check_grad(grad);
+  hgc::check_values_input(grad, hgc_dev::kDeviceType, "grad");
   const hgc_dev::DeviceGuard guard(grad.device());
   return hgc_dev::terngrad_sigma(hgc_dev::current_ctx(), hgc_dev::dev_dtype(grad.scalar_type()), grad.data_ptr(),
                                  grad.numel());
@@ -38,7 +27,7 @@ double terngrad_sigma_device(const at::Tensor& grad) {
 
 std::tuple<at::Tensor, at::Tensor> terngrad_encode_device(const at::Tensor& grad, double scale, double clip,
                                                           int64_t key0, int64_t key1) {
-  check_grad(grad);
+  hgc::check_values_input(grad, hgc_dev::kDeviceType, "grad");
   const int64_t n = grad.numel();
   hgc::check_terngrad_encode_args(n, scale, clip, key0, key1);
   const hgc_dev::DeviceGuard guard(grad.device());
@@ -92,7 +81,7 @@ at::Tensor terngrad_scale_stats_many_device(const std::vector<at::Tensor>& grads
   const at::Device device = hgc_dev::bucket_device(grads, op, "gradient");
   std::vector<at::ScalarType> dtypes;
   for (const at::Tensor& g : grads) {
-    check_grad(g);
+    hgc::check_values_input(g, hgc_dev::kDeviceType, "grad");
     dtypes.push_back(g.scalar_type());
   }
   const hgc_dev::DeviceGuard guard(device);
@@ -124,7 +113,7 @@ TerngradPayloads terngrad_encode_many_device(const std::vector<at::Tensor>& grad
   std::vector<at::ScalarType> dtypes;
   std::vector<float> scale_values;
   for (std::size_t i = 0; i < count; ++i) {
-    check_grad(grads[i]);
+    hgc::check_values_input(grads[i], hgc_dev::kDeviceType, "grad");
     hgc::check_terngrad_encode_args(grads[i].numel(), scales[i], clips[i], key0s[i], key1s[i]);
     code_bytes += (grads[i].numel() + 3) / 4;
     dtypes.push_back(grads[i].scalar_type());

@@ -1,8 +1,8 @@
 // Every op of horovod_gradcomp, one entry per op, codec by codec: X(name, kernel, schema).
 // These lists are the only place an op is named: the `hgc` namespace of _C defines each schema
-// (binding.cpp) and registers its CPU kernel `name` (binding.cpp) and, with CUDA, its device
-// kernel `name_device` (device/<codec>_ops.cpp); _C_twin defines the same schemas under
-// `hgc_twin` with the device kernels (device/registry.h). `kernel` says how a kernel function
+// (binding.cpp) and registers its CPU kernel `name_cpu` (csrc/cpu/, registered by binding.cpp)
+// and, with CUDA, its device kernel `name_device` (device/<codec>_ops.cpp); _C_twin defines the
+// same schemas under `hgc_twin` with the device kernels (device/registry.h). `kernel` says how a kernel function
 // becomes the op's kernel: HGC_AS_IS (its signature is the schema's), HGC_ADAPTED (through the
 // adapter hgc::adapt::<name>, ops/adapters.h). Mutated arguments are annotated (a!); lists of
 // dtypes travel as their ScalarType codes (int[]) and lists of per-tensor payload lists
@@ -131,14 +131,14 @@
 #define HGC_ADAPTED(name, fn) &hgc::adapt::name<&fn>
 
 // X macros for the lists, used as HGC_<CODEC>_OPS(HGC_IMPL_CPU) inside a function whose
-// torch::Library is `m`: each op's CPU kernel (the function `name`) or device kernel
-// (`name_device`); HGC_SCHEMA: the op's full schema string.
-#define HGC_IMPL_CPU(name, kernel, schema) m.impl(#name, kernel(name, name));
+// torch::Library is `m`: each op's CPU kernel (the function `name_cpu`, csrc/cpu/) or device
+// kernel (`name_device`); HGC_SCHEMA: the op's full schema string.
+#define HGC_IMPL_CPU(name, kernel, schema) m.impl(#name, kernel(name, name##_cpu));
 #define HGC_IMPL_DEVICE(name, kernel, schema) m.impl(#name, kernel(name, name##_device));
 #define HGC_SCHEMA(name, kernel, schema) #name schema,
 // The same for the lists HGC_<CODEC>_INTO_OPS(Y): op `base_into`, whose kernel is
-// hgc::adapt::base_into over base's kernel (`base`, `base_device`).
-#define HGC_IMPL_INTO_CPU(base, schema) m.impl(#base "_into", &hgc::adapt::base##_into<&base>);
+// hgc::adapt::base_into over base's kernel (`base_cpu`, `base_device`).
+#define HGC_IMPL_INTO_CPU(base, schema) m.impl(#base "_into", &hgc::adapt::base##_into<&base##_cpu>);
 #define HGC_IMPL_INTO_DEVICE(base, schema) m.impl(#base "_into", &hgc::adapt::base##_into<&base##_device>);
 #define HGC_SCHEMA_INTO(base, schema) #base "_into" schema,
 

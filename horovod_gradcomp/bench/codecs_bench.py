@@ -166,10 +166,9 @@ def _encode_all(codec, grads: Sequence[torch.Tensor], residuals: Optional[List[t
     """Encode every gradient, with its residual when ``residuals`` is given. Tensor i draws
     from stream position i (as in the adapter's first step), so every pass and every impl
     quantizes the same way and reports the same bytes."""
-    reset = getattr(codec, "reset_stream", lambda position: None)
     payloads = []
     for i, g in enumerate(grads):
-        reset(i)
+        codec.reset_stream(i)
         payloads.append(codec.encode(g) if residuals is None else codec.encode(g, residual=residuals[i]))
     return payloads
 
@@ -195,7 +194,7 @@ def _decode_bucket(codec, payloads: Sequence[Payload], outs: Sequence[torch.Tens
     """:func:`_decode_all` as one bucket, through the bucket decode the exchange calls (the mean
     of one rank's payloads: ``decode_mean_list_many`` for variable-size codecs,
     ``decode_mean_stacked_many`` for fixed-size ones)."""
-    if getattr(codec, "variable_size", False):
+    if codec.variable_size:
         codec.decode_mean_list_many([[p] for p in payloads], outs=outs)
     else:
         stacked = [Payload({k: v.unsqueeze(0) for k, v in p.buffers.items()}, p.shape, p.dtype, p.device)

@@ -38,9 +38,9 @@ def decode_mean_ms(name: str, options: dict, k: int, repeat: int = 3, device: st
     cuda = device != "cpu"
     jobs = []
     for i, g in enumerate(grads):
-        getattr(codec, "reset_stream", lambda p: None)(i)
+        codec.reset_stream(i)
         p = codec.encode(g)
-        if getattr(codec, "variable_size", False):
+        if codec.variable_size:
             jobs.append((None, [p] * k, torch.empty_like(g)))
         else:
             stacked = Payload({b: t.reshape(1, -1).expand(k, -1).contiguous() for b, t in p.buffers.items()},

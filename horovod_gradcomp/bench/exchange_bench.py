@@ -145,7 +145,7 @@ def default_configs() -> tuple[List[str], List[str]]:
     variants = [_with_option(c, "pattern=two_phase" if codec_class(name).default_pattern == "allgather"
                              else "pattern=allgather")
                 for c, name in zip(codecs, hgc.available_codecs())
-                if not getattr(codec_class(name), "variable_size", False)]
+                if not codec_class(name).variable_size]
     ddp = list(ddp_rows.DEFAULT_ROWS) if ddp_rows.available() else []
     if adapter_accepts("pattern"):
         return list(DENSE) + codecs + variants + ddp, []

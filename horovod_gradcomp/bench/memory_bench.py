@@ -132,15 +132,15 @@ def _record_codec(codec, rec: _Recorder) -> None:
     for name in ("encode", "encode_with_indices", "encode_columns", "encode_stacked"):
         if hasattr(codec, name):
             setattr(codec, name, wrap(getattr(codec, name)))
-    make_owner_codec = getattr(codec, "owner_sum_codec", None)
-    if make_owner_codec is not None:  # two-phase owners' exact sums come from another codec object
-        def owner_sum_codec(k):
-            owner = make_owner_codec(k)
-            if owner is not None and not getattr(owner, "_memory_recorded", False):
-                _record_codec(owner, rec)
-                owner._memory_recorded = True
-            return owner
-        codec.owner_sum_codec = owner_sum_codec
+    make_owner_codec = codec.owner_sum_codec  # two-phase owners' exact sums may come from another codec object
+
+    def owner_sum_codec(k):
+        owner = make_owner_codec(k)
+        if owner is not None and not getattr(owner, "_memory_recorded", False):
+            _record_codec(owner, rec)
+            owner._memory_recorded = True
+        return owner
+    codec.owner_sum_codec = owner_sum_codec
 
 
 class _RecordingComm:

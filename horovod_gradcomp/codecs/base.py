@@ -20,6 +20,10 @@ class Codec:
 
     Subclasses set ``name`` and implement :meth:`encode`, :meth:`decode` and
     :meth:`layout`; they may override :meth:`decode_mean_stacked` with a fused kernel.
+    The class attributes below are the codec's declared capabilities: the exchange reads them
+    (never probes for them), so a subclass sets the ones that differ from the defaults (on the
+    class, or on the instance where an option decides, as QSGD's ``coding`` decides
+    ``variable_size``) and implements the methods they promise.
     """
 
     name: str = "codec"
@@ -46,6 +50,28 @@ class Codec:
     #: the DDP hook (not in ``get_codec``, which builds the method as its paper states it) when
     #: the user did not pass them. Empty: the constructor's defaults everywhere.
     adapter_defaults: dict = {}
+    #: True when a payload's size depends on the values, not only on the shape and dtype (DGC;
+    #: QSGD's Elias coding): there is no :meth:`layout` to cut a receive buffer with, the
+    #: exchange gathers the sizes first, and the two-phase pattern does not apply.
+    variable_size: bool = False
+    #: True when the ranks agree on one scale per tensor before encoding it: the MAX over ranks
+    #: of :meth:`local_scale`, given to :meth:`encode` as ``scale=`` (TernGrad).
+    shared_scale: bool = False
+    #: True when :meth:`measure_many` gives the scales the encode will use from its first pass
+    #: alone (onebit): the exchange takes its non-finite check from them before its preamble and
+    #: encodes with them after it.
+    measures: bool = False
+    #: The first ``warmup_steps`` exchanges of a compression average the gradients at full
+    #: precision (the dense pattern) before the codec takes over; 0: none (an option of onebit
+    #: and TernGrad).
+    warmup_steps: int = 0
+    #: The averaged gradients of step t < ``lr_warmup_steps`` are multiplied by (t + 1) / N (a
+    #: learning-rate warm-up; an option of onebit); 0: none.
+    lr_warmup_steps: int = 0
+    #: The index of this rank's random stream, for the stochastic codecs (TernGrad, QSGD, DGC:
+    #: set from the rank, and again after an elastic restart); None: the codec draws no random
+    #: numbers.
+    rank_stream: Optional[int] = None
 
     #: The implementations a codec can be built with: "native" (``_C``: the CPU kernels, and
     #: the device kernels for CUDA tensors), "reference" (pure torch, the oracle) and "twin"
@@ -87,6 +113,23 @@ class Codec:
         Fixed-size codecs only: the exchange uses it to cut receive buffers into payloads.
         """
         raise NotImplementedError
+
+    def local_scale(self, tensor: torch.Tensor) -> float:
+        """This rank's proposal for ``tensor``'s shared scale (the ranks agree on the MAX of
+        their proposals). Only for codecs with ``shared_scale``."""
+        raise NotImplementedError(f"{self.name}: no shared scale (shared_scale is False)")
+
+    def local_scales_many(self, tensors: Sequence[torch.Tensor]) -> List[float]:
+        """``[local_scale(t) for t in tensors]``; a codec may compute them in one bucket op
+        (TernGrad: one read back for all), with the same values."""
+        return [self.local_scale(t) for t in tensors]
+
+    def measure_many(self, tensors: Sequence[torch.Tensor],
+                     residuals: Optional[Sequence[Optional[torch.Tensor]]] = None) -> List[torch.Tensor]:
+        """The scales each ``encode(tensors[i], residuals[i])`` would put in its payload, from its
+        first pass alone (nothing written; ``residuals`` None: none), for the encode to take back.
+        Only for codecs with ``measures``."""
+        raise NotImplementedError(f"{self.name}: no separate measure pass (measures is False)")
 
     def owner_sum_codec(self, k: int) -> Optional["Codec"]:
         """The codec of a two-phase owner's exact sum of K of this codec's payloads, for codecs

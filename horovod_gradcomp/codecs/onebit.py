@@ -189,11 +189,9 @@ class OneBitCodec(Codec):
         return [("bits", torch.uint8, (n + 7) // 8), ("scales", torch.float32, 2 * self.groups(shape))]
 
     # -- measure: the encode's first pass alone ------------------------------------
-    @property
-    def measures(self) -> bool:
-        """True: :meth:`measure` runs (either mode); the exchange then takes its non-finite check
-        from the scales before its preamble and encodes with them after it."""
-        return True
+    #: :meth:`measure` runs (either mode): the exchange takes its non-finite check from the
+    #: scales before its preamble and encodes with them after it.
+    measures = True
 
     def measure(self, tensor: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The scales (float32[2*groups]) that ``encode(tensor, residual)`` puts in its payload, from

@@ -49,8 +49,7 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 import torch
 
 from ..codecs.base import Codec
-from ..state.dgc_memory import DGCMemory
-from ..state.error_feedback import ErrorFeedback
+from ..state.memory import Memory
 from . import preamble
 from .scale_agreement import local_scales
 from .stats import ExchangeStats
@@ -96,27 +95,27 @@ class Unit(NamedTuple):
     window: Optional[tuple] = None
 
 
-def check_kind(codec: Codec, memory, pattern: str) -> str:
+def check_kind(codec: Codec, memory: Memory, pattern: str) -> str:
     """How a bucket of ``pattern`` learns about non-finite input (one of :data:`KINDS`, see the
     module doc); the same on every rank (options and pattern only)."""
     if pattern in ("dense", "hierarchical"):  # hierarchical: the encodes see node means, not this gradient
         return "pass"
-    if isinstance(memory, DGCMemory):
+    if memory.encodes_own_state:
         return "norm" if memory.clip_norm is not None else "pass"
-    feedback = isinstance(memory, ErrorFeedback) and memory.enabled
-    if getattr(codec, "measures", False) and (codec.fuses_feedback or not feedback):
+    feedback = memory.keeps_residuals
+    if codec.measures and (codec.fuses_feedback or not feedback):
         return "measure"
-    if getattr(codec, "shared_scale", False):
+    if codec.shared_scale:
         return "scales"
-    if getattr(codec, "shows_nonfinite", False) and not feedback:
+    if codec.shows_nonfinite and not feedback:
         return "payloads"
     return "pass"
 
 
-def peek_residual(memory, name: str, like: torch.Tensor) -> Optional[torch.Tensor]:
-    """``name``'s residual when the memory has error feedback on and one exists, else None
+def peek_residual(memory: Memory, name: str, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """``name``'s residual when the memory keeps residuals and one exists, else None
     (a zero residual reads as none: the same scales). Creates nothing."""
-    if not (isinstance(memory, ErrorFeedback) and memory.enabled):
+    if not memory.keeps_residuals:
         return None
     return memory.peek(name, like)
 

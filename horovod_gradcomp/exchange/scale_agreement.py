@@ -21,10 +21,9 @@ from .stats import ExchangeStats, StepTotals, allreduce_wire_bytes
 
 
 def local_scales(codec: Codec, values: Sequence[torch.Tensor]) -> List[float]:
-    """``codec.local_scale(v)`` of each value: through the codec's bucket version
-    ``local_scales_many`` when it has one (TernGrad: one read back for all), else one by one."""
-    many = getattr(codec, "local_scales_many", None)
-    return list(many(values)) if many is not None else [codec.local_scale(v) for v in values]
+    """``codec.local_scale(v)`` of each value, through the codec's bucket version
+    ``local_scales_many`` (TernGrad: one read back for all)."""
+    return list(codec.local_scales_many(values))
 
 
 def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
@@ -36,7 +35,7 @@ def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Seque
     :mod:`horovod_gradcomp.exchange.nonfinite_check`): ``compensated`` is not called. A request sequence
     (:mod:`horovod_gradcomp.exchange.requests`; ``yield from`` it): every rank must run it with
     the same ``count``."""
-    if not getattr(codec, "shared_scale", False) or count == 0:
+    if not codec.shared_scale or count == 0:
         return [{} for _ in range(count)]
     local = measured_or_local_scales(codec, count, compensated, stats, local)
     if comm.size > 1:

@@ -95,8 +95,7 @@ class CodecCompression:
         if not self._options_checked:
             optimizer = calling_optimizer(self)
             check_horovod_options(optimizer, f"Compression.{self.codec.name}", self._comm())
-            if hasattr(self.state.memory, "set_reduction"):  # DGC's clipping threshold refers to it
-                self.state.memory.set_reduction(reduction_of(optimizer))
+            self.state.memory.set_reduction(reduction_of(optimizer))  # DGC's clipping threshold refers to it
             apply_adam_defaults(self, optimizer)   # before the first gradient is encoded
             self._options_checked = True
         check_dense(tensor, f"Compression.{self.codec.name}")
@@ -145,15 +144,13 @@ class CodecCompression:
             if not hasattr(self.codec, name):
                 raise ValueError(f"Compression.{self.codec.name}: no codec option {name!r}")
             setattr(self.codec, name, value)
-            if hasattr(self.memory, "set_option"):
-                self.memory.set_option(name, value)
+            self.memory.set_option(name, value)
             self.adapted_options[name] = value
 
     def set_epoch(self, epoch: int) -> None:
         """Tell the compression the training epoch (DGC's density warm-up by epoch); every
         rank must call it with the same value, before the epoch's first step."""
-        if hasattr(self.memory, "set_epoch"):
-            self.memory.set_epoch(epoch)
+        self.memory.set_epoch(epoch)
 
     def stats(self) -> dict:
         """Cumulative counters for this rank (see :mod:`horovod_gradcomp.exchange.stats`)."""

@@ -4,5 +4,7 @@ from .checkpoint_data import UnsafeCheckpointError
 from .compression_state import CompressionState
 from .dgc_memory import DensitySchedule, DGCMemory
 from .error_feedback import ErrorFeedback, encode_with_residual
+from .memory import Memory
 
-__all__ = ["UnsafeCheckpointError", "CompressionState", "DensitySchedule", "DGCMemory", "ErrorFeedback", "encode_with_residual"]
+__all__ = ["UnsafeCheckpointError", "CompressionState", "DensitySchedule", "DGCMemory", "ErrorFeedback", "Memory",
+           "encode_with_residual"]

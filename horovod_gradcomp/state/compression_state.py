@@ -7,20 +7,18 @@
   accumulation and warm-up clock (:class:`~horovod_gradcomp.state.dgc_memory.DGCMemory`),
   keyed by parameter name;
 * ``owner_memory``: the two-phase pattern's owner residuals (the stripes this rank owns and
-  requantizes, keyed ``f"{name}[{rank}]"``), enabled iff the worker memory is error feedback;
+  requantizes, keyed ``f"{name}[{rank}]"``), enabled iff the worker memory keeps residuals
+  and backs the two-phase stripes (error feedback, on);
 * ``step``: exchanges completed, which positions every stochastic codec's random stream.
 
-The exchange reads and updates them only through their methods; ``state_dict()`` saves them
+Any memory implements :class:`~horovod_gradcomp.state.memory.Memory`. The exchange reads and
+updates them only through their methods; ``state_dict()`` saves them
 all. The state is this rank's: residuals differ between ranks, and so do owner stripes.
 """
 from __future__ import annotations
 
-from typing import Union
-
-from .dgc_memory import DGCMemory
 from .error_feedback import ErrorFeedback
-
-Memory = Union[ErrorFeedback, DGCMemory]
+from .memory import Memory
 
 
 class CompressionState:
@@ -34,7 +32,7 @@ class CompressionState:
 
     def __init__(self, memory: Memory):
         self.memory = memory
-        self.owner_memory = ErrorFeedback(enabled=isinstance(memory, ErrorFeedback) and memory.enabled)
+        self.owner_memory = ErrorFeedback(enabled=memory.supports_owner_stripes and memory.keeps_residuals)
         self.step = 0
 
     def end_step(self) -> None:

@@ -58,6 +58,7 @@ import torch
 
 from ..codecs.base import Codec, Payload
 from .error_feedback import encode_each
+from .memory import Memory
 
 WARMUP_UNITS = ("epoch", "step")
 
@@ -90,8 +91,9 @@ class DensitySchedule:
         return f"DensitySchedule(final={self.final}, start={self.start}, length={self.length}, unit={self.unit!r})"
 
 
-class DGCMemory:
-    """Momentum, accumulation, clipping, masking and warm-up of DGC on one rank.
+class DGCMemory(Memory):
+    """Momentum, accumulation, clipping, masking and warm-up of DGC on one rank (a
+    :class:`~horovod_gradcomp.state.memory.Memory`).
 
     Fields:
         momentum: m in ``u <- m u + g`` (0 <= m < 1).
@@ -112,7 +114,9 @@ class DGCMemory:
             left out of the options compared on load.
     """
 
-    enabled = True
+    #: The codec encodes the accumulated velocity, not the gradient: the non-finite check is the
+    #: step's norm (with clipping) or a read of the gradients.
+    encodes_own_state = True
 
     def __init__(self, schedule: DensitySchedule, momentum: float = 0.9, nesterov: bool = False,
                  momentum_masking: bool = True, clip_norm: Optional[float] = None,
@@ -165,6 +169,14 @@ class DGCMemory:
             raise ValueError(f"dgc: reduction must be 'mean' or 'sum', got {reduction!r}")
         self.reduction = reduction
 
+    def clock(self) -> Dict[str, int]:
+        """The warm-up clock: ``epoch`` and ``memory_step`` (exchanges counted here)."""
+        return {"epoch": self.epoch, "memory_step": self.step}
+
+    def set_clock(self, clock: Mapping[str, int]) -> None:
+        super().set_clock(clock)
+        self.epoch, self.step = int(clock["epoch"]), int(clock["memory_step"])
+
     def clip_limit(self, world_size: int) -> float:
         """This rank's gradient-norm limit: ``C * sqrt(K)`` for a mean, ``C / sqrt(K)`` for a sum."""
         root = math.sqrt(world_size)
@@ -189,8 +201,8 @@ class DGCMemory:
             self.schedule = DensitySchedule(value, start=max(s.start, float(value)), length=s.length, unit=s.unit)
 
     def set_epoch(self, epoch: int) -> None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}")
+        """The epoch of the warm-up clock (``unit="epoch"``)."""
+        super().set_epoch(epoch)
         self.epoch = epoch
 
     def current_density(self) -> float:
@@ -236,8 +248,7 @@ class DGCMemory:
         fixed number of device calls whatever the tensor count, and the same payloads and state,
         bitwise (each name's state is its own, so the order of the steps across names does not
         matter)."""
-        if (not hasattr(codec, "mask_sent_many") or not hasattr(codec, "encode_many_with_indices")
-                or not codec.bucket_ops([g.device for g in grads])):
+        if not codec.bucket_ops([g.device for g in grads]):
             return encode_each(self, codec, names, grads, options, positions)
         if options is not None and any(options):
             raise TypeError(f"dgc: encode takes no options, got {list(options)!r}")

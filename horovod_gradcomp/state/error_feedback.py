@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..codecs.base import Codec, Payload
+from .memory import Memory
 
 
 def encode_with_residual(codec: Codec, tensor: torch.Tensor, residual: Optional[torch.Tensor],
@@ -44,8 +45,8 @@ def encode_each(memory, codec: Codec, names: Sequence[str], grads: Sequence[torc
     return payloads
 
 
-class ErrorFeedback:
-    """Residuals keyed by parameter name.
+class ErrorFeedback(Memory):
+    """Residuals keyed by parameter name (a :class:`~horovod_gradcomp.state.memory.Memory`).
 
     Fields:
         residuals: name -> tensor of the parameter's shape and gradient dtype, created as
@@ -53,22 +54,21 @@ class ErrorFeedback:
         enabled: when False, :meth:`encode` encodes the gradient alone and keeps nothing.
     """
 
-    #: The exchange may encode each gradient as soon as its hook fires.
-    needs_all_grads = False
+    #: Two-phase stripes take views of the residuals; the owners get an error feedback of their own.
+    supports_owner_stripes = True
 
     def __init__(self, enabled: bool = True):
         self.enabled = enabled
         self.residuals: Dict[str, torch.Tensor] = {}
 
+    @property
+    def keeps_residuals(self) -> bool:
+        """True while enabled: the residuals exist and are what :meth:`encode` adds."""
+        return self.enabled
+
     def agreement_key(self) -> str:
         """What every rank's memory must agree on."""
         return f"error_feedback={self.enabled}"
-
-    def begin_step(self, grads, world_size: int) -> None:
-        """Nothing to prepare (the adapter's memory interface; see DGCMemory)."""
-
-    def end_step(self) -> None:
-        """Nothing to advance."""
 
     def residual(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """The residual of ``name`` (always contiguous: two-phase stripes are views into it);
