@@ -68,7 +68,7 @@ class AllgatherPattern(RunsBlocking):
         pending = self.encode_names(bucket, bucket.names, (yield from self.agree(comm, bucket, stats, totals)), stats)
         names, codec = bucket.names, self.codec
         results = {}
-        if getattr(codec, "variable_size", False):
+        if codec.variable_size:
             with stats.timed("exchange_s"):
                 send = pack_variable(names, pending, comm)
             parts = yield Collective("allgatherv", (send,), comm, "payload", last=True)

@@ -77,7 +77,6 @@ import torch
 
 from ..codecs.base import Codec
 from ..state.compression_state import CompressionState
-from ..state.error_feedback import ErrorFeedback
 from .blocking_driver import BlockingDriver
 from .bucket import Bucket, BucketOutcome
 from .bucket_plan import BucketPlan
@@ -145,16 +144,16 @@ class StepEngine:
                  timeout: Optional[float] = None, pipeline_bytes: Optional[int] = DEFAULT_CHUNK_BYTES,
                  ranks_per_node: Optional[int] = None, inner_pattern: str = "auto"):
         if pattern is None:
-            pattern = getattr(codec, "default_pattern", "allgather")
+            pattern = codec.default_pattern
         if pattern not in PATTERNS:
             raise ValueError(f"{owner}: pattern must be one of {PATTERNS}, got {pattern!r}")
-        variable = bool(getattr(codec, "variable_size", False))
+        variable = codec.variable_size
         if pattern == "two_phase" and variable:
             raise ValueError(f"{owner}: pattern='two_phase' needs fixed-size payloads, but {codec!r} has "
                              "variable-size payloads; use pattern='allgather' (or 'auto')")
-        if pattern == "two_phase" and not isinstance(state.memory, ErrorFeedback):
+        if pattern == "two_phase" and not state.memory.supports_owner_stripes:
             raise ValueError(f"{owner}: pattern='two_phase' works with error feedback only")
-        if pattern == "hierarchical" and getattr(state.memory, "clip_norm", None) is not None:
+        if pattern == "hierarchical" and state.memory.clip_norm is not None:
             raise ValueError(f"{owner}: pattern='hierarchical' does not take DGC's clip_norm (its clipping coefficient "
                              "comes from one rank's whole gradient, while the hierarchical exchange encodes node "
                              "means); clip before the exchange, or use a flat pattern")
@@ -429,7 +428,7 @@ class StepEngine:
         """Keep the bucket's results (scaled only where the codec was given an ``lr_warmup_steps``
         opt-in, :mod:`.step_ramp`), marked on this thread's streams (:meth:`wait_results`), and add
         its counts to the step's totals."""
-        apply_ramp(outcome.results.values(), ramp_factor(getattr(self.codec, "lr_warmup_steps", 0), self.state.step))
+        apply_ramp(outcome.results.values(), ramp_factor(self.codec.lr_warmup_steps, self.state.step))
         mark = self.handoff.record("result", outcome.results.values())
         with self._cv:
             self._results.update(outcome.results)
@@ -460,7 +459,7 @@ class StepEngine:
     def choose_pattern(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
         """This bucket's pattern (the same on every rank: it depends on shapes, K and the step only):
         "dense" during the codec's ``warmup_steps`` (:mod:`horovod_gradcomp.exchange.dense`)."""
-        if self.state.step < getattr(self.codec, "warmup_steps", 0):
+        if self.state.step < self.codec.warmup_steps:
             return "dense"
         if self.pattern != "auto":
             return self.pattern

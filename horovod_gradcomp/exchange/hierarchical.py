@@ -120,7 +120,7 @@ class HierarchicalPattern(RunsBlocking):
         key = (tuple(shape), dtype, L)
         cut = self._shards.get(key)
         if cut is None:
-            axis = "rows" if getattr(self.codec, "variable_size", False) else choose_axis(self.codec, shape, dtype, L)
+            axis = "rows" if self.codec.variable_size else choose_axis(self.codec, shape, dtype, L)
             if len(self._shards) >= 1024:
                 self._shards.clear()
             cut = self._shards[key] = stripes(shape, L, axis)

@@ -20,7 +20,6 @@ from typing import Callable, Dict, Mapping, Optional
 import torch
 
 from ..codecs.base import Codec
-from ..state.error_feedback import ErrorFeedback
 from .allgather import AllgatherPattern
 from .dense import DensePattern
 from .hierarchical import HierarchicalPattern
@@ -42,7 +41,7 @@ class PatternSettings:
 
 def two_phase_fits(codec: Codec, memory) -> bool:
     """The two-phase pattern needs fixed-size payloads and error feedback (the owners' residuals)."""
-    return not getattr(codec, "variable_size", False) and isinstance(memory, ErrorFeedback)
+    return not codec.variable_size and memory.supports_owner_stripes
 
 
 #: name -> factory(settings) -> pattern object or None (does not fit); built in this order.

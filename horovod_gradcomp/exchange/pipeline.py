@@ -82,7 +82,7 @@ class ChunkPlanner:
     def chunks(self, entries: Sequence[Tuple[str, Sequence[int], torch.dtype]], k: int) -> Optional[List[list]]:
         """:func:`plan_chunks` of ``entries`` (name, shape, dtype), or None when the bucket goes
         whole: no ``chunk_bytes``, one rank, variable-size payloads, or a single chunk."""
-        if not self.chunk_bytes or k <= 1 or getattr(self.codec, "variable_size", False):
+        if not self.chunk_bytes or k <= 1 or self.codec.variable_size:
             return None
         key = tuple((n, tuple(s), dt) for n, s, dt in entries)
         chunks = self._plans.get(key)

@@ -152,7 +152,7 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
                 for j in range(k)]
     names = [s.name for s in layout.segments]
     outs = layout.views(output_tensor, rank)
-    if getattr(codec, "variable_size", False):
+    if codec.variable_size:
         with stats.timed("exchange_s"):
             parts = [pack_variable(names, by_chunk[j]) for j in range(k)]
             counts = [p.numel() for p in parts]

@@ -64,7 +64,8 @@ from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 import torch
 
 from ..codecs.base import Codec, Payload
-from ..state.error_feedback import ErrorFeedback, encode_with_residual
+from ..state.error_feedback import encode_with_residual
+from ..state.memory import Memory
 from .bucket import Bucket, BucketOutcome, result_tensor
 from .scale_agreement import agree_scales, local_scales, with_measured
 from .stream_positions import StepPositions
@@ -211,7 +212,7 @@ class TwoPhasePattern(RunsBlocking):
     name = "two_phase"
 
     def __init__(self, codec: Codec, *, axis: str = "auto", chunk_bytes: Optional[int] = None):
-        if getattr(codec, "variable_size", False):
+        if codec.variable_size:
             raise ValueError(
                 f"two-phase exchange: codec {codec.name!r} ({codec!r}) has variable-size payloads "
                 "(variable_size=True); the owner exchange needs sizes known in advance. Use pattern='allgather' "
@@ -253,7 +254,7 @@ class TwoPhasePattern(RunsBlocking):
         bucket goes in chunks of consecutive tensors, each through the four phases on its own
         (:meth:`_chunk_steps`); the results are the same bits."""
         memory = bucket.state.memory
-        if not isinstance(memory, ErrorFeedback):
+        if not memory.supports_owner_stripes:
             raise ValueError(f"two-phase exchange works with error feedback only, got {memory!r}")
         k, rank, names, grads = comm.size, comm.rank, bucket.names, bucket.grads
         entries = [(n, tuple(grads[n].shape), grads[n].dtype) for n in names]
@@ -300,7 +301,7 @@ class TwoPhasePattern(RunsBlocking):
             stats, totals, local=measured.local_for(keys) if measured is not None else None)
         return with_measured(options, keys, measured)
 
-    def units(self, memory: ErrorFeedback, names: Sequence[str], grads, k: int) -> List[Unit]:
+    def units(self, memory: Memory, names: Sequence[str], grads, k: int) -> List[Unit]:
         """The stripe encodes of a bucket, as :mod:`horovod_gradcomp.exchange.nonfinite_check` reads them
         before the preamble (keys ``stripe_key(name, owner)``, the order of :meth:`_stripe_jobs`):
         column windows encoded in place name their window of the whole tensor; other stripes
@@ -323,7 +324,7 @@ class TwoPhasePattern(RunsBlocking):
     def _in_place(self, g: torch.Tensor, st: Stripe) -> bool:
         """True when stripe ``st`` of ``g`` is a column window the codec encodes in place (a shared
         scale reads the stripe's values: those are taken)."""
-        return (not getattr(self.codec, "shared_scale", False) and not st.is_view
+        return (not self.codec.shared_scale and not st.is_view
                 and self.codec.encodes_column_windows(g, st.stop - st.start))
 
     def _chunk_steps(self, comm, work: List["_ChunkWork"], bucket: Bucket, positions: StepPositions,
@@ -471,13 +472,13 @@ class TwoPhasePattern(RunsBlocking):
             for payload, st, result in copies:
                 st.put(result, codec.decode(payload))
 
-    def _requantize(self, owner_memory: ErrorFeedback, plan: StripePlan, keys: Sequence[str],
+    def _requantize(self, owner_memory: Memory, plan: StripePlan, keys: Sequence[str],
                     means: Sequence[torch.Tensor], positions: StepPositions) -> List[Payload]:
         """Phase 3: the owner's payloads of its stripes' means (owner error feedback; a shared-scale
         codec uses the owner's own local scale: there is one sender, nothing to agree on)."""
         codec = self.codec
         opts = [{} for _ in keys]
-        if getattr(codec, "shared_scale", False):
+        if codec.shared_scale:
             scales = local_scales(codec, [owner_memory.compensated(key, mean) for key, mean in zip(keys, means)])
             opts = [{"scale": scale} for scale in scales]
         position = [positions(plan.where[key][0], plan.where[key][1].owner, 1) for key in keys]

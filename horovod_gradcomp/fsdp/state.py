@@ -69,7 +69,7 @@ class FSDPCompressionState:
         if comm.index in self._seen:   # this module reduces again: the previous step is over
             self._close_step()
         step, layout, k = self.step, comm.layout, self.communicator.size
-        dense = step < getattr(self.codec, "warmup_steps", 0)
+        dense = step < self.codec.warmup_steps
         signature = [f"hgc.fsdp module={comm.module!r}", f"world={k}", f"scale={scale!r}",
                      f"dtype={input_tensor.dtype}", f"step={step}", f"dense={dense}",
                      self.codec.agreement_key(), self.memory.agreement_key(),
@@ -83,7 +83,7 @@ class FSDPCompressionState:
                                      step=step, order=self.order, **common)
         outcome = BlockingDriver(self.exchange_stats, threads_allowed=lambda c: False).run(job)
         if not outcome.nonfinite:
-            apply_ramp([output_tensor], ramp_factor(getattr(self.codec, "lr_warmup_steps", 0), step))
+            apply_ramp([output_tensor], ramp_factor(self.codec.lr_warmup_steps, step))
         s = self.exchange_stats
         s.tensors += len(layout.segments)
         s.bytes_payload += outcome.payload
