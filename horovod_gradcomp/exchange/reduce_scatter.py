@@ -187,7 +187,7 @@ def dense_reduce_scatter_job(comm, layout: ShardLayout, input_tensor: torch.Tens
     """The uncompressed reduce-scatter of a codec's warm-up steps: the preamble, one alltoallv of
     the raw chunks, and the owner's float32 (float64 for fp64) sum in rank order, times ``scale``.
     The memory is not touched."""
-    k, rank = comm.size, comm.rank
+    k = comm.size
     layout.check(input_tensor, output_tensor, owner)
     with stats.timed("encode_s", "check"):
         local_nonfinite = has_nonfinite({"input": input_tensor})

@@ -37,7 +37,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..transports.interface import SplittableCommunicator
+from ..transports.interface import NodeAwareCommunicator, SplittableCommunicator
 from .env import RANKS_PER_NODE_ENV, positive_int_from_env
 
 
@@ -151,15 +151,10 @@ def layout_from_identities(identities: Sequence[Tuple[int, int]], rank: int, sou
 
 def _node_identity(comm) -> Tuple[int, int, str]:
     """(node key, local rank, source) of this rank (see the module doc)."""
-    mpi_comm = _mpi_comm(comm)
-    if mpi_comm is not None:
-        from mpi4py import MPI
-        shared = mpi_comm.Split_type(MPI.COMM_TYPE_SHARED, key=mpi_comm.Get_rank())
-        try:
-            lowest = shared.allreduce(mpi_comm.Get_rank(), op=MPI.MIN)
-            return lowest, shared.Get_rank(), "mpi"
-        finally:
-            shared.Free()
+    transport = _recorded(comm)
+    if isinstance(transport, NodeAwareCommunicator):
+        key, local = transport.node_identity()
+        return key, local, "mpi"
     local = os.environ.get("LOCAL_RANK", "").strip()
     if local.isdigit():
         return comm.rank - int(local), int(local), "LOCAL_RANK"

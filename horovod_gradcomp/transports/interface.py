@@ -122,8 +122,19 @@ class DeviceBufferCommunicator(Protocol):
         ...
 
 
+@runtime_checkable
+class NodeAwareCommunicator(Protocol):
+    """A communicator that can tell which ranks share this rank's node (MPI's shared-memory split);
+    one without this member leaves node discovery to the launcher's environment or the host name."""
+
+    def node_identity(self) -> tuple:
+        """(node key, local rank): the key is the same on every rank of this rank's node and
+        differs between nodes; the local rank numbers the node's ranks from 0. Collective."""
+        ...
+
+
 #: The collectives of :class:`Communicator` (what a recording wrapper times).
 COLLECTIVES = ("allgather", "allgatherv", "alltoallv", "allgatherv_known", "allreduce_max")
 
-__all__ = ["AsyncCommunicator", "COLLECTIVES", "Communicator", "DeviceBufferCommunicator", "PendingCollective",
-           "SplittableCommunicator"]
+__all__ = ["AsyncCommunicator", "COLLECTIVES", "Communicator", "DeviceBufferCommunicator", "NodeAwareCommunicator",
+           "PendingCollective", "SplittableCommunicator"]

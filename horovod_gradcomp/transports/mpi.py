@@ -120,6 +120,18 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         color, key = group_of(groups, self.rank, self.size)
         return MPICommunicator(comm=self.connect().Split(color, key))
 
+    def node_identity(self) -> tuple:
+        """(lowest rank of this rank's shared-memory node, local rank in it): one
+        ``MPI_Comm_split_type(COMM_TYPE_SHARED)`` and a MIN-allreduce on it, freed after (see
+        :class:`~horovod_gradcomp.transports.interface.NodeAwareCommunicator`). Collective."""
+        from mpi4py import MPI
+        comm = self.connect()
+        shared = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+        try:
+            return shared.allreduce(comm.Get_rank(), op=MPI.MIN), shared.Get_rank()
+        finally:
+            shared.Free()
+
     def takes_device_buffers(self, device) -> bool:
         """True when the collectives take uint8 buffers on ``device`` (received bytes then land
         on ``device`` too): host memory always; a CUDA device when the MPI library is CUDA-aware

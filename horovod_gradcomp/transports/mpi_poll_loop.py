@@ -32,6 +32,11 @@ class PollingComm:
         its result waiting by ``Test`` + ``sleep`` as this one does."""
         return PollingComm(self._c.Split(color, key), self._interval)
 
+    def Split_type(self, split_type: int, key: int):  # noqa: N802
+        """``MPI_Comm_split_type`` of ``comm``: a plain mpi4py communicator (what it is used for,
+        finding the node, waits once; nothing to poll)."""
+        return self._c.Split_type(split_type, key=key)
+
     def Allgather(self, send, recv) -> None:  # noqa: N802
         self._wait(self._c.Iallgather(send, recv))
 

@@ -125,3 +125,15 @@ def test_selection_rule_under_mpirun():
         select_communicator("nccl")
     with pytest.raises(ValueError, match="not both"):
         hgc.Compression.onebit(params(), communicator=MPICommunicator(), transport="horovod")
+
+
+def test_node_discovery_through_the_mpi_transport():
+    """The MPI transport names this rank's shared-memory node (one host here: every rank on
+    node 0, local rank = rank), plain and polling alike, and the layout found from it covers
+    every rank once."""
+    from horovod_gradcomp.exchange.topology import discover_layout
+    comm = MPICommunicator()
+    assert comm.node_identity() == (0, RANK)
+    assert comm.polling(1e-4).node_identity() == (0, RANK)
+    layout = discover_layout(comm, None, "test")
+    assert layout.source == "mpi" and layout.nodes == (tuple(range(SIZE)),) and layout.rank == RANK
