@@ -47,6 +47,7 @@ void bind_gloo_exit(pybind11::module_& m) {
         "during a backward: keep its stashed context alive (see horovod_gradcomp/ddp/gloo_exit.py)");
   m.def("keep_until_exit", &keep_until_exit, "hold a C++ reference to each tensor until the process ends",
         py::arg("tensors"));
-  m.def("hold_latest", &hold_latest, "hold a C++ reference to each tensor under slot, releasing the slot's previous ones",
-        py::arg("slot"), py::arg("tensors"));
+  m.def("hold_latest", &hold_latest,
+        "hold a C++ reference to each tensor under slot, releasing the slot's previous ones", py::arg("slot"),
+        py::arg("tensors"));
 }
