@@ -42,6 +42,9 @@ class Codec:
     #: measured on the char model: docs/results/adam_table.md). Empty: the same defaults for every
     #: optimizer.
     adam_defaults: dict = {}
+    #: The same for ``torch.optim.SGD`` (with or without momentum; measured on the char model:
+    #: docs/results/defaults_check.md). Empty: the constructor's defaults under SGD.
+    sgd_defaults: dict = {}
 
     #: The implementations a codec can be built with: "native" (``_C``: the CPU kernels, and
     #: the device kernels for CUDA tensors), "reference" (pure torch, the oracle) and "twin"

@@ -209,7 +209,8 @@ class Compression:
             raise ValueError("Compression.dgc: momentum=None takes the momentum from the wrapped optimizer, which "
                              "needs check_optimizer=True; pass momentum= explicitly with check_optimizer=False")
         memory = DGCMemory(schedule, momentum=0.0 if adopt else momentum, nesterov=bool(nesterov),
-                           momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt)
+                           momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt,
+                           density_given=bool(given))
         comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
         comp.explicit_options = frozenset(options) | given
