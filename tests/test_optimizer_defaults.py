@@ -148,3 +148,42 @@ def test_the_adam_density_and_the_warm_up_scale_too():
     assert warm.memory.current_density() == 1.0   # 8 x 0.25, capped
     with pytest.raises(ValueError, match="int >= 1"):
         warm.memory.set_mean_of(0)
+
+
+# -- the tables as shipped ------------------------------------------------------------------------
+
+def test_onebit_takes_the_residual_cap_under_sgd_only():
+    model = _model()
+    sgd = _make("onebit", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
+    assert sgd.codec.residual_cap == 1.0 and sgd.codec.warmup_steps == 0
+    assert sgd.adapted_options == {"residual_cap": 1.0} and "residual_cap=1.0" in repr(sgd.codec)
+    adam = _make("onebit", model, optimizer=torch.optim.Adam(model.parameters()))
+    assert adam.codec.residual_cap == 0.0 and adam.adapted_options == {"warmup_steps": 100}
+    plain = _make("onebit", model)   # no optimizer known (yet): the constructor's defaults
+    assert plain.codec.residual_cap == 0.0 and plain.adapted_options == {}
+    other = _make("onebit", model, optimizer=torch.optim.Adagrad(model.parameters()))
+    assert other.codec.residual_cap == 0.0 and other.adapted_options == {}
+
+
+def test_an_explicit_residual_cap_wins_under_sgd():
+    model = _model()
+    for cap in (0.0, 0.5):
+        comp = _make("onebit", model, residual_cap=cap, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        assert comp.codec.residual_cap == cap and comp.adapted_options == {}
+
+
+def test_onebit_sgd_default_round_trips_a_checkpoint():
+    model = _model()
+    comp = _make("onebit", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    state = comp.state_dict()
+    assert state["adapted_options"] == {"residual_cap": 1.0}
+    fresh = _make("onebit", model)
+    fresh.load_state_dict(state)
+    assert fresh.codec.residual_cap == 1.0 and repr(fresh.codec) == repr(comp.codec)
+    with pytest.raises(ValueError, match="checkpoint was written by"):
+        _make("onebit", model, residual_cap=0.0).load_state_dict(state)
+
+
+def test_the_other_codecs_have_no_sgd_table():
+    for name in ("dgc", "qsgd", "terngrad"):
+        assert type(hgc.get_codec(name, impl="reference")).sgd_defaults == {}, name

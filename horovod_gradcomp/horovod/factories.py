@@ -121,9 +121,9 @@ class Compression:
 
         ``optimizer``: the optimizer that steps these parameters, when the caller knows it
         (the DDP hook, Lightning, Accelerate). Under the Adam family (Adam, AdamW, NAdam, RAdam,
-        Adamax) the codec's ``adam_defaults`` replace the options not given here
-        (:mod:`~horovod_gradcomp.horovod.adam_defaults`); under Horovod the
-        ``DistributedOptimizer`` is found at the first ``compress`` without it."""
+        Adamax) the codec's ``adam_defaults``, under ``torch.optim.SGD`` its ``sgd_defaults``,
+        replace the options not given here (:mod:`~horovod_gradcomp.horovod.adam_defaults`);
+        under Horovod the ``DistributedOptimizer`` is found at the first ``compress`` without it."""
         explicit = frozenset(codec_options)
         if error_feedback is None:
             error_feedback = codec_class(name).error_feedback_default
