@@ -1,4 +1,4 @@
-"""K ranks of ``train.py --task charlm`` in one process, exchanging through the onebit codec.
+"""K ranks of ``train.py --task charlm`` in one process, exchanging through the onebit (or DGC) codec.
 
 For studying onebit's training dynamics quickly (one process, no MPI; a 4-epoch run takes
 about a minute on one core where the real -np 4 run takes several): every step computes the K
@@ -7,7 +7,9 @@ seeds), encodes each with its own error-feedback residual through the package's 
 (``hgc.get_codec("onebit", scales=..)``), averages the K decoded payloads as the allgather
 pattern does, applies the opt-in gradient warm-up (:func:`horovod_gradcomp.exchange.step_ramp.ramp_factor`)
 and steps the optimizer (SGD with momentum, or ``--optimizer``). ``--codec none`` averages the
-exact gradients instead.
+exact gradients instead; ``--codec dgc`` runs DGC as it runs under Adam (no momentum correction:
+each rank adds its gradient to its accumulation, sends the top ``--density`` of it, zeroes what
+it sent; ``--density-warmup`` its density warm-up in steps).
 ``--optimizer-warmup N`` is the script's own learning-rate schedule (the same for every codec);
 ``--residual-cap C`` is onebit's ``residual_cap`` option (``--cap-groups tensor``: a per-tensor
 cap applied here instead, as ``--residual-decay``, remedies tried outside the codec). A run whose
@@ -33,6 +35,7 @@ import torch.nn.functional as F
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.step_ramp import ramp_factor
+from horovod_gradcomp.state.dgc_memory import DensitySchedule
 from common import load_text, shard
 from train import CharRNN, lm_loss, make_optimizer, next_chars
 
@@ -40,7 +43,10 @@ from train import CharRNN, lm_loss, make_optimizer, next_chars
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", type=int, default=4, help="K, the simulated ranks")
-    p.add_argument("--codec", choices=("onebit", "none"), default="onebit")
+    p.add_argument("--codec", choices=("onebit", "dgc", "none"), default="onebit")
+    p.add_argument("--density", type=float, default=0.1, help="dgc: the density after the warm-up")
+    p.add_argument("--density-warmup", type=int, default=0, metavar="STEPS",
+                   help="dgc: the density falls from 0.25 to --density over the first STEPS steps (DGC's warm-up)")
     p.add_argument("--scales", choices=("columns", "rows"), default="columns", help="onebit's scale groups")
     p.add_argument("--lr-warmup-steps", type=int, default=0, help="onebit's lr_warmup_steps (the averaged "
                    "gradient of step t < N times (t + 1) / N)")
@@ -92,8 +98,12 @@ def main(argv=None):
     params = list(model.named_parameters())
     opt = make_optimizer(args.optimizer, model.parameters(), args.lr, args.momentum, args.weight_decay)
     in_codec = args.cap_groups == "codec"
-    codec = hgc.get_codec("onebit", impl=args.impl, scales=args.scales,
-                          residual_cap=args.residual_cap if in_codec else 0.0)
+    if args.codec == "dgc":   # momentum-free DGC (its form under Adam): accumulate, send the top, zero what was sent
+        codec = hgc.get_codec("dgc", impl=args.impl, density=args.density)
+        schedule = DensitySchedule(args.density, length=args.density_warmup, unit="step")
+    else:
+        codec = hgc.get_codec("onebit", impl=args.impl, scales=args.scales,
+                              residual_cap=args.residual_cap if in_codec else 0.0)
     residuals = [{n: torch.zeros_like(p) for n, p in params} for _ in range(k)]
     gens = [torch.Generator().manual_seed(args.seed * 1000 + r) for r in range(k)]
     t0, losses, recent, diverged = time.perf_counter(), [], [], False
@@ -116,6 +126,12 @@ def main(argv=None):
                 for n, p in params:
                     if args.codec == "none" or step < args.warmup_steps:
                         summed[n] += p.grad
+                    elif args.codec == "dgc":
+                        acc = residuals[r][n]
+                        acc.add_(p.grad)
+                        payload, sent = codec.encode_with_indices(acc, density=schedule.density(step))
+                        summed[n] += codec.decode(payload).view_as(acc)
+                        acc.view(-1).index_fill_(0, sent.long(), 0)
                     else:
                         summed[n] += codec.decode(codec.encode(p.grad, residual=residuals[r][n]))
                         limit_residual(residuals[r][n], p.grad, 0.0 if in_codec else args.residual_cap,
@@ -139,7 +155,8 @@ def main(argv=None):
     with torch.no_grad():
         logits = model(x_te)
         test_loss = F.cross_entropy(logits.reshape(-1, vocab), next_chars(x_te, y_te).reshape(-1)).item()
-    result = {"ranks": k, "codec": args.codec, "scales": args.scales, "lr_warmup_steps": args.lr_warmup_steps,
+    result = {"ranks": k, "codec": args.codec, "scales": args.scales, "density": args.density,
+              "density_warmup": args.density_warmup, "lr_warmup_steps": args.lr_warmup_steps,
               "warmup_steps": args.warmup_steps, "optimizer_warmup": args.optimizer_warmup,
               "residual_cap": args.residual_cap, "cap_groups": args.cap_groups, "residual_decay": args.residual_decay,
               "epochs": args.epochs, "steps_per_epoch": steps, "lr": args.lr, "optimizer": args.optimizer,

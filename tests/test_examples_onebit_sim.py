@@ -59,3 +59,15 @@ def test_a_diverging_run_stops_early():
     r = sim("--ranks", "2", "--codec", "none", "--lr", "1000", "--epochs", "3", "--abort-loss", "6", "--impl", "reference")
     assert r["diverged"] and r["perplexity"] == float("inf"), r
     assert len(r["train_loss"]) < 3, r
+
+
+def test_dgc_mode_at_density_one_is_the_dense_run():
+    """--codec dgc (DGC as under Adam: accumulate, send the top, zero what was sent): at density 1
+    every value is sent each step, so the run is the dense one; at a small density it is not."""
+    common = ("--ranks", "2", "--optimizer", "adam", "--lr", "3e-3", "--impl", "reference")
+    dense = sim(*common, "--codec", "none")
+    full = sim(*common, "--codec", "dgc", "--density", "1")
+    sparse = sim(*common, "--codec", "dgc", "--density", "0.01", "--density-warmup", "5")
+    assert (full["codec"], full["density"], sparse["density_warmup"]) == ("dgc", 1.0, 5)
+    assert full["test_loss"] == pytest.approx(dense["test_loss"], rel=1e-6), (full, dense)
+    assert sparse["test_loss"] != dense["test_loss"] and 0 < sparse["test_loss"] < 4.6, sparse

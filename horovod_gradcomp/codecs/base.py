@@ -46,6 +46,9 @@ class Codec:
     #: measured on the char model: docs/results/adam_table.md). Empty: the same defaults for every
     #: optimizer.
     adam_defaults: dict = {}
+    #: The same for ``torch.optim.SGD`` (with or without momentum; measured on the char model:
+    #: docs/results/defaults_check.md). Empty: the constructor's defaults under SGD.
+    sgd_defaults: dict = {}
     #: Codec options that replace the constructor's defaults in the ``Compression`` factories and
     #: the DDP hook (not in ``get_codec``, which builds the method as its paper states it) when
     #: the user did not pass them. Empty: the constructor's defaults everywhere.

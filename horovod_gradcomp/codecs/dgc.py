@@ -98,6 +98,16 @@ def index_dtype(n: int) -> torch.dtype:
     return torch.int32 if n < (1 << 31) else torch.int64
 
 
+def density_for_mean(density: float, ranks: int) -> float:
+    """The density at which to select from a mean of ``ranks`` ranks' gradients (the hierarchical
+    exchange's node mean of L ranks) so that up to as many values move per step as when each of
+    the ranks selects at ``density`` itself (the flat exchange): ``min(1, ranks * density)``.
+    ``ranks`` must be an int >= 1 (1: ``density`` unchanged)."""
+    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+        raise ValueError(f"dgc: the ranks a node mean is taken over must be an int >= 1, got {ranks!r}")
+    return min(1.0, ranks * _check_fraction("density", density))
+
+
 def _check_fraction(name: str, val) -> float:
     if isinstance(val, bool) or not isinstance(val, (int, float)) or not (0.0 < float(val) <= 1.0):
         raise ValueError(f"dgc: {name} must be a number in (0, 1], got {val!r}")

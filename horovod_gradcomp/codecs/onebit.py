@@ -112,6 +112,11 @@ class OneBitCodec(Codec):
     #: Under the Adam family: the first 100 steps averaged exactly (what hurts onebit under Adam
     #: is the start of training: docs/results/adam_table.md).
     adam_defaults = {"warmup_steps": 100}
+    #: Under ``torch.optim.SGD``: the residual cap at 1.0 (each group's residual scaled down after
+    #: the encode to at most its gradient's norm; payload and averaged gradient untouched). At the
+    #: dense learning rate it brings the char model within 5% of dense at K = 2, where the
+    #: uncapped residuals end 10-12% above (docs/results/defaults_check.md).
+    sgd_defaults = {"residual_cap": 1.0}
 
     def __init__(self, impl: str = "native", warmup_steps: int = 0, scales: str = DEFAULT_SCALES,
                  lr_warmup_steps: int = DEFAULT_LR_WARMUP_STEPS, ramp_steps: Optional[int] = None,

@@ -498,6 +498,7 @@ class StepEngine:
                 if self.pattern == "hierarchical" or layout.multi_level:
                     node, peers = sub_communicators(comm, layout, self.owner)
                     self.patterns["hierarchical"].connect(layout, node, peers)
+                    self.state.memory.set_mean_of(node.size)   # DGC: L*d from node means unless given
                     self.layout = layout
         self._layout_resolved = True
         self.check_layout()

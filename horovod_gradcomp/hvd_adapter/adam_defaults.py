@@ -1,4 +1,5 @@
-"""Adam-aware codec defaults: one table per codec, applied once the wrapped optimizer is known.
+"""Optimizer-aware codec defaults: per codec, one table per optimizer family, applied once the
+wrapped optimizer is known.
 
 Adam and its relatives divide each coordinate's step by a running estimate of that
 coordinate's gradient magnitude. A codec whose payload changes that magnitude (TernGrad's
@@ -6,19 +7,24 @@ ternary values have second moment ``s*|g|``; DGC delivers a coordinate's accumul
 large value) shrinks Adam's steps; the SGD defaults that suit plain SGD lose 16-60% of
 test loss under Adam on the char model (docs/results/adam_table.md). Each codec class lists,
 in ``Codec.adam_defaults``, the options that replace its constructor defaults under the Adam
-family: TernGrad a clip, DGC a larger density, onebit a dense warm-up.
+family (TernGrad a clip, DGC a larger density, onebit a dense warm-up), and in
+``Codec.sgd_defaults`` those that replace them under ``torch.optim.SGD`` (measured:
+docs/results/defaults_check.md). :data:`FAMILIES` is the one table of families; every rule
+below holds for each of them alike.
 
 Rules:
 
 * The Adam family is :data:`ADAM_FAMILY` (Adam, AdamW, NAdam, RAdam, Adamax: every optimizer
   here that divides by a per-coordinate moment estimate). Only Adam and AdamW were measured.
+  The SGD family is ``torch.optim.SGD`` and its subclasses. Any other optimizer (Adagrad,
+  RMSprop, ...) keeps the constructor defaults.
 * An option the user passed explicitly is never replaced (``CodecCompression.explicit_options``).
 * Where the optimizer is learnt: under Horovod from the ``DistributedOptimizer`` calling
   ``compress``, before the first gradient is encoded (every rank runs the same optimizer
   class). An ``optimizer=`` argument to the factories (and so to ``hgc.ddp.register``, whose
   options the Lightning / Accelerate strategies pass on) applies them at construction. Without
   it, the DDP hook learns the optimizer at its first ``step()`` (:class:`AdamDefaultsGuard`):
-  the Adam defaults then hold from the second step on, and the log line says so.
+  the family's defaults then hold from the second step on, and the log line says so.
 * What was taken is logged once (one line) and saved in the compression's checkpoint, which
   applies it again on load. After a load nothing more is taken, so a run resumes with the
   options it ran with (also one written before these defaults existed).
@@ -27,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import weakref
-from typing import Dict, Iterable, Optional
+from typing import Dict, Iterable, Optional, Tuple
 
 import torch
 
@@ -37,6 +43,12 @@ from .optimizer_check import watch_optimizer_steps
 #: ``DistributedOptimizer`` is a subclass of the optimizer it wraps).
 ADAM_FAMILY = (torch.optim.Adam, torch.optim.AdamW, torch.optim.NAdam, torch.optim.RAdam, torch.optim.Adamax)
 
+#: The optimizer families that have codec defaults of their own, in the order they are tried:
+#: (the family's name in messages, its optimizer classes, the codec class attribute holding the
+#: options that family takes). An optimizer in none of them keeps the constructor defaults.
+FAMILIES = (("Adam", ADAM_FAMILY, "adam_defaults"),
+            ("SGD", (torch.optim.SGD,), "sgd_defaults"))
+
 _log = logging.getLogger("horovod_gradcomp")
 
 
@@ -45,35 +57,67 @@ def is_adam_family(optimizer) -> bool:
     return isinstance(optimizer, ADAM_FAMILY)
 
 
-def pending_adam_defaults(compression) -> Dict[str, object]:
-    """The codec's ``adam_defaults`` that the user did not pass and that are not in force yet;
-    none after a checkpoint was loaded (it resumes with the options it ran with)."""
+def optimizer_family(optimizer) -> Optional[Tuple[str, str]]:
+    """``(family name, codec attribute)`` of the first of :data:`FAMILIES` that ``optimizer`` is
+    an instance of; None for None and for an optimizer in none of them."""
+    if optimizer is None:
+        return None
+    for name, classes, attribute in FAMILIES:
+        if isinstance(optimizer, classes):
+            return name, attribute
+    return None
+
+
+def family_defaults(codec, attribute: str) -> Dict[str, object]:
+    """The options ``codec``'s class lists under ``attribute`` (``adam_defaults``, ``sgd_defaults``)."""
+    return dict(getattr(type(codec), attribute, {}))
+
+
+def pending_defaults(compression, attribute: str) -> Dict[str, object]:
+    """The codec's defaults for one family (its class attribute ``attribute``) that the user did
+    not pass and that are not in force yet; none after a checkpoint was loaded (it resumes with
+    the options it ran with)."""
     if compression.options_from_checkpoint:
         return {}
     codec = compression.codec
-    return {k: v for k, v in type(codec).adam_defaults.items()
+    return {k: v for k, v in family_defaults(codec, attribute).items()
             if k not in compression.explicit_options and getattr(codec, k, None) != v}
 
 
-def apply_adam_defaults(compression, optimizer: Optional[object], when: str = "") -> Dict[str, object]:
-    """When ``optimizer`` is of the Adam family, set the codec's ``adam_defaults`` that the
-    user did not pass on ``compression`` (recorded in ``compression.adapted_options``, logged
-    once, with ``when`` appended) and return them; ``{}`` (nothing changed) for any other optimizer or None."""
-    if optimizer is None or not is_adam_family(optimizer):
+def pending_adam_defaults(compression) -> Dict[str, object]:
+    """:func:`pending_defaults` of the Adam family."""
+    return pending_defaults(compression, "adam_defaults")
+
+
+def apply_optimizer_defaults(compression, optimizer: Optional[object], when: str = "") -> Dict[str, object]:
+    """When ``optimizer`` belongs to one of :data:`FAMILIES`, set that family's codec defaults
+    that the user did not pass on ``compression`` (recorded in ``compression.adapted_options``,
+    logged once, with ``when`` appended) and return them; ``{}`` (nothing changed) for any other
+    optimizer, for None, and for a codec without defaults for that family."""
+    family = optimizer_family(optimizer)
+    if family is None:
         return {}
-    taken = pending_adam_defaults(compression)
+    name, attribute = family
+    taken = pending_defaults(compression, attribute)
     if taken:
         compression.set_options(taken)
-        _log.warning("Compression.%s: the optimizer is %s (Adam family): took the Adam defaults %s%s (pass them "
+        _log.warning("Compression.%s: the optimizer is %s (%s family): took the %s defaults %s%s (pass them "
                      "explicitly to override; docs/guide/adam.md)", compression.codec.name,
-                     _family_name(optimizer), ", ".join(f"{k}={v}" for k, v in taken.items()),
+                     _class_name(optimizer, name), name, name, ", ".join(f"{k}={v}" for k, v in taken.items()),
                      f" {when}" if when else "")
     return taken
 
 
-def _family_name(optimizer) -> str:
+#: The name the adapters call (the Adam family was the first with defaults of its own).
+apply_adam_defaults = apply_optimizer_defaults
+
+
+def _class_name(optimizer, family: str) -> str:
+    """The optimizer's class as the user wrote it: the first class of the family in its MRO
+    (Horovod's DistributedOptimizer is a subclass named after no optimizer)."""
+    classes = next(c for n, c, _ in FAMILIES if n == family)
     for cls in type(optimizer).__mro__:
-        if cls in ADAM_FAMILY:
+        if cls in classes:
             return cls.__name__
     return type(optimizer).__name__
 
@@ -81,9 +125,9 @@ def _family_name(optimizer) -> str:
 class AdamDefaultsGuard:
     """For an exchange that never sees the optimizer (the DDP hook, and through it the Lightning
     and Accelerate strategies) and was given no ``optimizer=``: before the first ``step()`` of an
-    optimizer holding one of ``params``, :func:`apply_adam_defaults` with it. The gradients of
-    that first step were already exchanged with the plain defaults; the Adam defaults hold from
-    the next step on (every rank at the same step: DDP's backward has returned, its exchange is
+    optimizer holding one of ``params``, :func:`apply_optimizer_defaults` with it. The gradients
+    of that first step were already exchanged with the constructor defaults; the family's
+    defaults hold from the next step on (every rank at the same step: DDP's backward has returned, its exchange is
     idle). Pass ``optimizer=`` to have them from the first step."""
 
     def __init__(self, compression, params: Iterable[torch.Tensor]):
@@ -99,5 +143,5 @@ class AdamDefaultsGuard:
                 or not any(id(p) in self._ids for g in optimizer.param_groups for p in g["params"])):
             return
         self._done = True
-        apply_adam_defaults(compression, optimizer, when=f"from step {compression.state.step} on (the first step "
+        apply_optimizer_defaults(compression, optimizer, when=f"from step {compression.state.step} on (the first step "
                             "used the plain defaults: pass optimizer= to have them from the first step)")

@@ -123,9 +123,9 @@ class Compression:
 
         ``optimizer``: the optimizer that steps these parameters, when the caller knows it
         (the DDP hook, Lightning, Accelerate). Under the Adam family (Adam, AdamW, NAdam, RAdam,
-        Adamax) the codec's ``adam_defaults`` replace the options not given here
-        (:mod:`~horovod_gradcomp.hvd_adapter.adam_defaults`); under Horovod the
-        ``DistributedOptimizer`` is found at the first ``compress`` without it."""
+        Adamax) the codec's ``adam_defaults``, under ``torch.optim.SGD`` its ``sgd_defaults``,
+        replace the options not given here (:mod:`~horovod_gradcomp.hvd_adapter.adam_defaults`);
+        under Horovod the ``DistributedOptimizer`` is found at the first ``compress`` without it."""
         explicit = frozenset(codec_options)
         codec_options = {**codec_class(name).adapter_defaults, **codec_options}
         if error_feedback is None:
@@ -218,7 +218,8 @@ class Compression:
             raise ValueError("Compression.dgc: momentum=None takes the momentum from the wrapped optimizer, which "
                              "needs check_optimizer=True; pass momentum= explicitly with check_optimizer=False")
         memory = DGCMemory(schedule, momentum=0.0 if adopt else momentum, nesterov=bool(nesterov),
-                           momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt)
+                           momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt,
+                           density_given=bool(given))
         comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
         comp.explicit_options = frozenset(options) | given

@@ -57,6 +57,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from ..codecs.base import Codec, Payload
+from ..codecs.dgc import density_for_mean
 from .error_feedback import encode_each
 from .memory import Memory
 
@@ -112,6 +113,9 @@ class DGCMemory(Memory):
         momentum_from_optimizer: ``momentum``/``nesterov`` are taken from the wrapped optimizer
             (:meth:`adopt_momentum`) rather than given; they are then saved in checkpoints and
             left out of the options compared on load.
+        density_given: the user passed the density (``Compression.dgc(density=...)``); when
+            False, encodes of node means (:meth:`set_mean_of`) select at ``L`` times it.
+        mean_of: L, the ranks each encoded value is a mean of (1 on the flat exchange).
     """
 
     #: The codec encodes the accumulated velocity, not the gradient: the non-finite check is the
@@ -120,7 +124,7 @@ class DGCMemory(Memory):
 
     def __init__(self, schedule: DensitySchedule, momentum: float = 0.9, nesterov: bool = False,
                  momentum_masking: bool = True, clip_norm: Optional[float] = None,
-                 momentum_from_optimizer: bool = False):
+                 momentum_from_optimizer: bool = False, density_given: bool = True):
         if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0.0 <= momentum < 1.0:
             raise ValueError(f"dgc: momentum must be a number in [0, 1), got {momentum!r}")
         if clip_norm is not None and (isinstance(clip_norm, bool) or not isinstance(clip_norm, (int, float))
@@ -131,6 +135,8 @@ class DGCMemory(Memory):
         self.nesterov = bool(nesterov)
         self.momentum_masking = bool(momentum_masking)
         self.momentum_from_optimizer = bool(momentum_from_optimizer)
+        self.density_given = bool(density_given)
+        self.mean_of = 1
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.velocities: Dict[str, torch.Tensor] = {}
         self.accumulations: Dict[str, torch.Tensor] = {}
@@ -205,8 +211,25 @@ class DGCMemory(Memory):
         super().set_epoch(epoch)
         self.epoch = epoch
 
-    def current_density(self) -> float:
+    def set_mean_of(self, ranks: int) -> None:
+        """The values this memory encodes are means of ``ranks`` ranks' gradients (the
+        hierarchical exchange's node means, L ranks per node; 1: each rank's own). When the user
+        gave no density (``density_given`` False: the codec's default, or the Adam default), every
+        encode then selects at ``min(1, L * d)`` (:func:`~horovod_gradcomp.codecs.dgc.density_for_mean`),
+        so that as many values move per step as on the flat exchange at ``d``; a density the
+        user gave is used as given. Not saved: the exchange sets it from the node layout."""
+        density_for_mean(self.schedule.final, ranks)   # refuses a bad count
+        self.mean_of = ranks
+
+    def scheduled_density(self) -> float:
+        """The density warm-up's density at this epoch or step (:class:`DensitySchedule`)."""
         return self.schedule.density(self.epoch if self.schedule.unit == "epoch" else self.step)
+
+    def current_density(self) -> float:
+        """The density of this step's encodes: :meth:`scheduled_density`, times L for node means
+        when the user gave no density (:meth:`set_mean_of`), at most 1."""
+        d = self.scheduled_density()
+        return d if self.density_given or self.mean_of == 1 else density_for_mean(d, self.mean_of)
 
     def _buffer(self, store: Dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
         buf = store.get(name)

@@ -109,6 +109,11 @@ class Memory(ABC):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}")
 
+    def set_mean_of(self, ranks: int) -> None:
+        """The values this memory encodes are means of ``ranks`` ranks' gradients (the
+        hierarchical exchange's node means); a memory whose encodes depend on that (DGC's
+        default density) adapts, others ignore it."""
+
     def clock(self) -> Dict[str, int]:
         """The memory's own counters that every rank must share (an elastic restart broadcasts
         them from rank 0); none by default."""
