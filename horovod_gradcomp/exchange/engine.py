@@ -82,7 +82,7 @@ from .blocking_driver import BlockingDriver
 from .bucket import Bucket, BucketOutcome
 from .bucket_plan import BucketPlan
 from .nonfinite_check import Measured, measure_bucket
-from .patterns import build_patterns
+from .patterns import CHOOSABLE, build_patterns
 from .preamble import PREAMBLE_BYTES, preamble_steps
 from .requests import Steps
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
@@ -92,7 +92,7 @@ from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
 from .watchdog import default_watchdog, resolve_timeout
 
-PATTERNS = ("allgather", "two_phase", "hierarchical", "auto")
+PATTERNS = CHOOSABLE   # ("allgather", "two_phase", "hierarchical", "auto")
 #: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
 AUTO_MIN_BYTES = 1 << 16
 _warned_thread_level = False
