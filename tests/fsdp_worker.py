@@ -152,8 +152,24 @@ def batches(steps: int, batch: int, seed: int):
         yield x, torch.tanh(x @ a) @ b + 0.01 * torch.randn(batch, 5, generator=g)
 
 
-def train(codec_key: str, extra: dict) -> dict:
+def mean_losses(net, opt, steps: int) -> list:
+    """Train ``net`` with ``opt`` for ``steps`` minibatches of this rank's data (MSE, the output in
+    float32); each step's loss averaged over the ranks."""
     k, me = dist.get_world_size(), dist.get_rank()
+    losses = []
+    for x, y in batches(steps, 32, seed=77 + me):
+        loss = torch.nn.functional.mse_loss(net(x).float(), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    every = torch.tensor(losses)
+    dist.all_reduce(every)
+    hgc.ddp.keep_until_exit(every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
+    return (every / k).tolist()
+
+
+def train(codec_key: str, extra: dict) -> dict:
     mp = None
     if extra.pop("mixed", False):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
@@ -168,17 +184,7 @@ def train(codec_key: str, extra: dict) -> dict:
         codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
         reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
         state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
-    losses = []
-    for x, y in batches(steps, 32, seed=77 + me):
-        loss = torch.nn.functional.mse_loss(net(x).float(), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    every = torch.tensor(losses)
-    dist.all_reduce(every)
-    hgc.ddp.keep_until_exit(every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
-    losses = (every / k).tolist()
+    losses = mean_losses(net, opt, steps)
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
     return {"ok": True, "codec": codec_key, "first": first, "last": last, "finite": all(map(math.isfinite, losses)),
             "stats": None if state is None else state.stats()}
@@ -251,7 +257,7 @@ def hsdp(codec_key: str, extra: dict) -> dict:
     across the pairs. Trains 40 steps; reports the losses and whether replicas hold bitwise the same
     shards (a digest of every local shard, compared between the ranks at the same place)."""
     from torch.distributed.device_mesh import init_device_mesh
-    k, me = dist.get_world_size(), dist.get_rank()
+    k = dist.get_world_size()
     mesh = init_device_mesh("cpu", (2, k // 2), mesh_dim_names=("replicate", "shard"))
     torch.manual_seed(0)
     net = Net()
@@ -270,17 +276,7 @@ def hsdp(codec_key: str, extra: dict) -> dict:
         reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
         state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
         assert state.mode == "hsdp", state
-    losses = []
-    for x, y in batches(40, 32, seed=77 + me):
-        loss = torch.nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    every = torch.tensor(losses)
-    dist.all_reduce(every)
-    hgc.ddp.keep_until_exit(every)
-    losses = (every / k).tolist()
+    losses = mean_losses(net, opt, 40)
     flat = torch.cat([p.to_local().detach().reshape(-1) for p in net.parameters()])
     digests = [None] * k
     dist.all_gather_object(digests, hashlib.sha256(flat.numpy().tobytes()).hexdigest())

@@ -297,7 +297,7 @@ def test_clean_steps_call_no_pass_and_match_the_old_check(case, monkeypatch):
     comp = _make(case)
     got = [{n: r.clone() for n, r in comp.exchange(_grads(t)).items()} for t in range(3)]
     assert not calls, f"{case}: has_nonfinite called {len(calls)} times"
-    monkeypatch.setattr(measure, "check_kind", lambda codec, memory, pattern: "pass")
+    monkeypatch.setattr(nonfinite_check, "check_kind", lambda codec, memory, pattern: "pass")
     old = _make(case)
     want = [{n: r.clone() for n, r in old.exchange(_grads(t)).items()} for t in range(3)]
     assert calls, "the forced pass ran"

@@ -68,7 +68,14 @@ REQUIRED_KEYS = ("codec", "impl", "numel", "encode_ms", "decode_ms", "bytes", "r
 CodecSpec = Tuple[str, Dict[str, object]]
 
 
-class Fp16Baseline:
+class _Deterministic:
+    """The stand-ins below draw no random numbers: their stream position is nothing to set."""
+
+    def reset_stream(self, position: int) -> None:
+        pass
+
+
+class Fp16Baseline(_Deterministic):
     """Codec-shaped stand-in for "just send fp16": encode is ``half()``, decode ``float()``."""
 
     name = BASELINE
@@ -85,7 +92,7 @@ class Fp16Baseline:
         return half.to(payload.dtype) if out is None else out.copy_(half)
 
 
-class DeviceCopy:
+class DeviceCopy(_Deterministic):
     """Codec-shaped "copy the gradient": encode is ``clone()``, decode ``out.copy_()`` (the
     device-to-device copy a codec's passes are compared with)."""
 

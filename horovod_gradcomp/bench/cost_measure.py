@@ -9,14 +9,14 @@ docstring says.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import statistics
 import time
 from typing import Dict, List, Optional, Tuple
 
 from . import exchange_bench as eb
-from .cost_model import (CHECK_CONFIGS, CODECS, IN_SITU_CONFIGS, IN_SITU_NP, MIN_COMPRESSION_RATE, POWERSGD_RANKS,
+from .cost_powersgd import compressed_matrices
+from .cost_model import (CHECK_CONFIGS, CODECS, IN_SITU_CONFIGS, IN_SITU_NP, POWERSGD_RANKS,
                          Inputs, compare, powersgd_factor_bytes)
 
 
@@ -68,15 +68,8 @@ def powersgd_compute_ms(shapes, rank: int, repeat: int = 3) -> float:
     M' = P Q^T, error = M - M' (PyTorch's hook, with the allreduces left out)."""
     import torch
     gen = torch.Generator().manual_seed(0)
-    mats = []
-    for s in shapes:
-        numel = math.prod(s)
-        if len(s) < 2:
-            continue
-        n, m = s[0], numel // s[0]
-        r = min(rank, n, m)
-        if (n + m) * r * MIN_COMPRESSION_RATE < n * m:
-            mats.append((torch.randn(n, m, generator=gen), torch.zeros(n, m), torch.randn(m, r, generator=gen)))
+    mats = [(torch.randn(n, m, generator=gen), torch.zeros(n, m), torch.randn(m, r, generator=gen))
+            for n, m, r in compressed_matrices(shapes, rank)]
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()

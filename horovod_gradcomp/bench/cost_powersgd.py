@@ -18,23 +18,29 @@ matrices.
 from __future__ import annotations
 
 import math
-from typing import Dict, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 from .cost_model import MIN_COMPRESSION_RATE, POWERSGD_RANKS, Inputs, powersgd_factor_bytes
 
 
-def matrix_values(shapes: Sequence[Tuple[int, ...]], rank: int) -> int:
-    """W(rank): the values of the matrices the hook compresses at ``rank``."""
-    total = 0
+def compressed_matrices(shapes: Sequence[Tuple[int, ...]], rank: int) -> List[Tuple[int, int, int]]:
+    """(n, m, r) of each tensor the hook compresses at ``rank``: viewed as an n x m matrix (first
+    dimension by the rest), its rank r = min(rank, n, m) factors beat the matrix by
+    MIN_COMPRESSION_RATE. Vectors and the tensors that do not gain so much go uncompressed."""
+    found = []
     for s in shapes:
-        numel = math.prod(s)
         if len(s) < 2:
             continue
-        n, m = s[0], numel // s[0]
+        n, m = s[0], math.prod(s) // s[0]
         r = min(rank, n, m)
         if (n + m) * r * MIN_COMPRESSION_RATE < n * m:
-            total += numel
-    return total
+            found.append((n, m, r))
+    return found
+
+
+def matrix_values(shapes: Sequence[Tuple[int, ...]], rank: int) -> int:
+    """W(rank): the values of the matrices the hook compresses at ``rank``."""
+    return sum(n * m for n, m, _ in compressed_matrices(shapes, rank))
 
 
 def coefficients(inputs: Inputs, measured_shapes: Sequence[Tuple[int, ...]]) -> Tuple[float, float]:

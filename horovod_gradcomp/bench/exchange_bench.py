@@ -65,9 +65,7 @@ import inspect
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
@@ -431,20 +429,11 @@ def launch(args: argparse.Namespace, configs: Sequence[str], rates: Sequence[Opt
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
     rows: List[dict] = []
     for rate in rates:
-        with tempfile.TemporaryDirectory(prefix="hgc-exchange-") as tmp:
-            out = os.path.join(tmp, "rows.json")
-            _log(f"[exchange] mpirun -np {args.np} on net {args.net}"
-                 f"{f' as nodes of {args.per_node}' if args.per_node > 1 else ''}{' at ' + rate if rate else ''}: "
-                 f"{len(configs)} configs, {args.warmup} + {args.steps} steps each")
-            try:
-                res = slownet.run(args.net, args.np, worker_argv(args, configs, rate, out), rate,
-                                  timeout=args.timeout, env=env, capture=False, per_node=args.per_node)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"the run at {rate or 'full speed'} took over {args.timeout:g} s (--timeout)") from None
-            if res.returncode != 0 or not os.path.exists(out):
-                raise RuntimeError(f"the run at {rate or 'full speed'} failed (rc {res.returncode})")
-            with open(out) as f:
-                rows += json.load(f)
+        _log(f"[exchange] mpirun -np {args.np} on net {args.net}"
+             f"{f' as nodes of {args.per_node}' if args.per_node > 1 else ''}{' at ' + rate if rate else ''}: "
+             f"{len(configs)} configs, {args.warmup} + {args.steps} steps each")
+        rows += slownet.run_rows(args.net, args.np, lambda out: worker_argv(args, configs, rate, out), rate,
+                                 label=rate or "full speed", timeout=args.timeout, env=env, per_node=args.per_node)
     return rows
 
 

@@ -42,9 +42,7 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
@@ -221,19 +219,10 @@ def launch(args: argparse.Namespace) -> dict:
     pkg_parent = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, OMP_NUM_THREADS="1")
     env["PYTHONPATH"] = os.pathsep.join(p for p in (pkg_parent, env.get("PYTHONPATH")) if p)
-    with tempfile.TemporaryDirectory(prefix="hgc-pipeline-") as tmp:
-        out = os.path.join(tmp, "summary.json")
-        _log(f"[pipeline] mpirun -np {args.np} on net {args.net}{' at ' + args.rate if args.rate else ''}: "
-             f"{args.codec}, {args.rounds} rounds x ({args.warmup} + {args.steps}) minibatches per phase")
-        try:
-            res = slownet.run(args.net, args.np, worker_argv(args, out), args.rate, timeout=args.timeout, env=env,
-                              capture=False, burst=args.burst)
-        except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the run took over {args.timeout:g} s (--timeout)") from None
-        if res.returncode != 0 or not os.path.exists(out):
-            raise RuntimeError(f"the run failed (rc {res.returncode})")
-        with open(out) as f:
-            return json.load(f)
+    _log(f"[pipeline] mpirun -np {args.np} on net {args.net}{' at ' + args.rate if args.rate else ''}: "
+         f"{args.codec}, {args.rounds} rounds x ({args.warmup} + {args.steps}) minibatches per phase")
+    return slownet.run_rows(args.net, args.np, lambda out: worker_argv(args, out), args.rate,
+                            label=args.rate or "full speed", timeout=args.timeout, env=env, burst=args.burst)
 
 
 def format_summary(s: dict) -> str:

@@ -29,7 +29,6 @@ def run_probe(busy_s: float = 2.0, numel: int = 1 << 18, repeats: int = 3) -> di
     """Returns {kind: [seconds per access]} on rank 1 (empty dict on other ranks)."""
     from mpi4py import MPI
     import horovod_gradcomp as hgc
-    from horovod_gradcomp.training.schemes.sharded_center import ShardedCenter
 
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()

@@ -46,10 +46,12 @@ import re
 import shlex
 import shutil
 import signal
+import json
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
-from typing import List, Mapping, Optional, Sequence
+from typing import Callable, List, Mapping, Optional, Sequence
 
 MODES = ("loopback", "bridge", "none")
 #: Subnet of the bridge layout: the parent namespace is .1, rank k's namespace .(k + 2).
@@ -424,3 +426,22 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def run_rows(mode: str, np_: int, argv_for: Callable[[str], List[str]], rate: Optional[str], *, label: str,
+             timeout: float, env: Mapping[str, str], per_node: int = 1, burst: str = "512kb", hint: str = ""):
+    """What the ranks of one harness run write as JSON: :func:`run` of ``argv_for(json_path)``
+    (``json_path`` in a temporary folder) at ``rate``. RuntimeError naming ``label`` (the run's
+    rate as the bench calls it) when the run times out, fails or writes nothing; ``hint`` is
+    appended to the failure's message."""
+    with tempfile.TemporaryDirectory(prefix="hgc-run-") as tmp:
+        out = os.path.join(tmp, "rows.json")
+        try:
+            res = run(mode, np_, argv_for(out), rate, timeout=timeout, env=env, capture=False, per_node=per_node,
+                      burst=burst)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the run at {label} took over {timeout:g} s (--timeout)") from None
+        if res.returncode != 0 or not os.path.exists(out):
+            raise RuntimeError(f"the run at {label} failed (rc {res.returncode}){hint}")
+        with open(out) as f:
+            return json.load(f)

@@ -27,7 +27,6 @@ import os
 import platform
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional
@@ -136,19 +135,11 @@ def launch(args: argparse.Namespace) -> List[dict]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     rows: List[dict] = []
     for rate in args.rates.split(","):
-        with tempfile.TemporaryDirectory(prefix="hgc-tta-") as tmp:
-            out = os.path.join(tmp, "rows.json")
-            print(f"[tta] mpirun -np {args.np} on net {args.net} at {rate}: {len(args.rows.split(','))} rows x "
-                  f"{args.optimizers}, {args.steps} steps each", file=sys.stderr, flush=True)
-            try:
-                res = slownet.run(args.net, args.np, worker_argv(args, rate, out), None if args.net == "none" else rate,
-                                  timeout=args.timeout, env=env, capture=False)
-            except subprocess.TimeoutExpired:
-                raise RuntimeError(f"the run at {rate} took over {args.timeout:g} s (--timeout)") from None
-            if res.returncode != 0 or not os.path.exists(out):
-                raise RuntimeError(f"the run at {rate} failed (rc {res.returncode}); its output is above")
-            with open(out) as f:
-                rows += json.load(f)
+        print(f"[tta] mpirun -np {args.np} on net {args.net} at {rate}: {len(args.rows.split(','))} rows x "
+              f"{args.optimizers}, {args.steps} steps each", file=sys.stderr, flush=True)
+        rows += slownet.run_rows(args.net, args.np, lambda out: worker_argv(args, rate, out),
+                                 None if args.net == "none" else rate, label=rate, timeout=args.timeout, env=env,
+                                 hint="; its output is above")
     return rows
 
 

@@ -113,6 +113,7 @@ from ..exchange.timeline import Interval
 from ..exchange.watchdog import StallWatchdog
 from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
+from ..state.compression_holder import CompressionHolder
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .arguments import refuse_options, require_ddp_model
 from .future_driver import Waiting, advance, with_known_sizes
@@ -242,7 +243,7 @@ class _Running:
         self.devices = tuple(devices)
 
 
-class DDPCompressionState:
+class DDPCompressionState(CompressionHolder):
     """The hook's state (what :func:`register` returns).
 
     Fields:
@@ -512,15 +513,6 @@ class DDPCompressionState:
         iteration), plus ``padding_bytes``: bytes sent beyond the payloads when parts' sizes differ
         (the allgathers are padded to the largest part; not in ``bytes_sent``)."""
         return {**self.compression.stats(), "padding_bytes": self.communicator.padding_bytes}
-
-    def state_dict(self) -> dict:
-        return self.compression.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.compression.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.compression.set_epoch(epoch)
 
 
 def _warn_one_exchange(compression) -> None:

@@ -23,7 +23,7 @@ from ..codecs.base import Codec, Payload
 from .bucket import Bucket, BucketOutcome
 from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
-from .nonfinite_check import nonfinite_payloads
+from .nonfinite_check import EncodesWholeTensors, nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
 from .blocking_driver import RunsBlocking
 from .pipeline import ChunkPlanner
@@ -31,7 +31,7 @@ from .requests import Collective, Issue, Steps, Wait
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
-class AllgatherPattern(RunsBlocking):
+class AllgatherPattern(RunsBlocking, EncodesWholeTensors):
     """Fields: codec; chunker (the pipelined chunks of a bucket, :class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`);
     a cache of fused layouts by bucket (buckets rarely change). :meth:`steps` is the exchange;
     :meth:`exchange` runs it at once."""

@@ -77,11 +77,12 @@ import torch
 
 from ..codecs.base import Codec
 from ..state.compression_state import CompressionState
+from ..transports.interface import ThreadLevelCommunicator
 from .blocking_driver import BlockingDriver
 from .bucket import Bucket, BucketOutcome
 from .bucket_plan import BucketPlan
-from .nonfinite_check import Measured, measure_bucket, whole_units
-from .patterns import build_patterns
+from .nonfinite_check import Measured, measure_bucket
+from .patterns import CHOOSABLE, build_patterns
 from .preamble import PREAMBLE_BYTES, preamble_steps
 from .requests import Steps
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
@@ -91,7 +92,7 @@ from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
 from .watchdog import default_watchdog, resolve_timeout
 
-PATTERNS = ("allgather", "two_phase", "hierarchical", "auto")
+PATTERNS = CHOOSABLE   # ("allgather", "two_phase", "hierarchical", "auto")
 #: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
 AUTO_MIN_BYTES = 1 << 16
 _warned_thread_level = False
@@ -394,16 +395,10 @@ class StepEngine:
                 f"{comm.rank} waiting for ranks {others}")
         signature = [self.codec.agreement_key(), self.state.memory.agreement_key(), f"bucket {tag} {pattern}",
                      f"world size {comm.size}"] + ([f"layout {self.layout.key()}"] if pattern == "hierarchical" else []) + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
-        measured = measure_bucket(self.codec, self.state.memory, pattern, lambda: self._units(pattern, names, grads, comm),
-                                  grads, self.stats)
+        measured = measure_bucket(self.codec, self.state.memory, pattern, self.patterns[pattern], grads, comm.size,
+                                  self.stats)
         return BucketJob(list(names), grads, tag, pattern, signature, measured.nonfinite, comm.size, comm.rank, what,
                          measured)
-
-    def _units(self, pattern: str, names: Sequence[str], grads: Mapping[str, torch.Tensor], comm):
-        """The encodes ``pattern`` will run for this bucket (:class:`~horovod_gradcomp.exchange.nonfinite_check.Unit`)."""
-        if pattern == "two_phase":
-            return self.patterns["two_phase"].units(self.state.memory, names, grads, comm.size)
-        return whole_units(self.state.memory, names, grads)
 
     def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
         """After the preamble (``nonfinite``: some rank flagged one): the :class:`Bucket` for the
@@ -541,7 +536,7 @@ def _threads_allowed(comm) -> bool:
     """False (with one warning per process) when the MPI library did not grant
     ``MPI_THREAD_MULTIPLE``: the exchange then runs on the main thread only."""
     global _warned_thread_level
-    if getattr(comm, "thread_multiple", True):
+    if not isinstance(comm, ThreadLevelCommunicator) or comm.thread_multiple:
         return True
     if not _warned_thread_level:
         _warned_thread_level = True

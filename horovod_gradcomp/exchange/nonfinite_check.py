@@ -120,17 +120,21 @@ def peek_residual(memory: Memory, name: str, like: torch.Tensor) -> Optional[tor
     return memory.peek(name, like)
 
 
-def whole_units(memory, names: Sequence[str], grads: Mapping[str, torch.Tensor]) -> List[Unit]:
-    """The allgather pattern's units: each tensor whole, keyed by its name."""
-    return [Unit(n, grads[n], peek_residual(memory, n, grads[n])) for n in names]
+class EncodesWholeTensors:
+    """For a pattern whose encodes are the bucket's tensors, each whole (the allgather): its
+    :class:`Unit` s, one per name, keyed by the name, with the residual the encode will read."""
+
+    def units(self, memory: Memory, names: Sequence[str], grads: Mapping[str, torch.Tensor], k: int) -> List[Unit]:
+        return [Unit(n, grads[n], peek_residual(memory, n, grads[n])) for n in names]
 
 
-def measure_bucket(codec: Codec, memory, pattern: str, units, grads: Mapping[str, torch.Tensor],
+def measure_bucket(codec: Codec, memory, pattern: str, encodes, grads: Mapping[str, torch.Tensor], k: int,
                    stats: ExchangeStats) -> Measured:
-    """This rank's check of one bucket before its preamble (see the module doc). ``units``: a
-    callable returning the pattern's :class:`Unit` s (called for kinds ``"measure"`` and
-    ``"scales"`` only). Writes no state. Timed as ``encode_s`` (phase ``measure``; the pass of
-    kind ``"pass"`` as phase ``nonfinite``)."""
+    """This rank's check of one bucket of ``grads`` among ``k`` ranks before its preamble (see the
+    module doc). ``pattern``: the bucket's pattern name; ``encodes``: that pattern's object, whose
+    ``units(memory, names, grads, k)`` lists the :class:`Unit` s it will encode (asked for kinds
+    ``"measure"`` and ``"scales"`` only). Writes no state. Timed as ``encode_s`` (phase
+    ``measure``; the pass of kind ``"pass"`` as phase ``nonfinite``)."""
     kind = check_kind(codec, memory, pattern)
     if kind == "pass":
         with stats.timed("encode_s", phase="nonfinite"):
@@ -140,7 +144,7 @@ def measure_bucket(codec: Codec, memory, pattern: str, units, grads: Mapping[str
     if kind == "payloads":
         return Measured(kind, False)
     with stats.timed("encode_s", phase="measure"):
-        units = list(units())
+        units = list(encodes.units(memory, list(grads), grads, k))
         if kind == "measure":
             return _measure_scales(codec, units)
         return _measure_local(codec, units)
@@ -180,7 +184,5 @@ def nonfinite_payloads(codec: Codec, payloads) -> bool:
     """True when any of ``payloads`` (single or stacked) shows non-finite input
     (``codec.payload_nonfinite``: QSGD's norms)."""
     return any(codec.payload_nonfinite(p) for p in payloads)
-
-
-__all__ = ["KINDS", "Measured", "Unit", "check_kind", "measure_bucket", "nonfinite_payloads", "peek_residual",
-           "whole_units"]
+__all__ = ["KINDS", "EncodesWholeTensors", "Measured", "Unit", "check_kind", "measure_bucket", "nonfinite_payloads",
+           "peek_residual"]

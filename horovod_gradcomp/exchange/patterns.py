@@ -53,6 +53,10 @@ PATTERNS: Dict[str, Callable[[PatternSettings], Optional[object]]] = {
     "hierarchical": lambda s: HierarchicalPattern(s.codec, s.built, s.choose, s.inner_pattern),
 }
 
+#: The names a caller may pass as ``pattern=``: the registered ones but the warm-up's ``"dense"``
+#: (the engine's own choice), and ``"auto"`` (the engine chooses per bucket).
+CHOOSABLE = tuple(name for name in PATTERNS if name != "dense") + ("auto",)
+
 
 def build_patterns(codec: Codec, memory, chunk_bytes: Optional[int], inner_pattern: str,
                    choose: Callable[[Mapping[str, torch.Tensor], int], str]) -> Dict[str, object]:
@@ -66,4 +70,4 @@ def build_patterns(codec: Codec, memory, chunk_bytes: Optional[int], inner_patte
     return built
 
 
-__all__ = ["PATTERNS", "PatternSettings", "build_patterns", "two_phase_fits"]
+__all__ = ["CHOOSABLE", "PATTERNS", "PatternSettings", "build_patterns", "two_phase_fits"]

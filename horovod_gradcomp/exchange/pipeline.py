@@ -27,6 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 
 from ..codecs.base import Codec
+from ..transports.interface import PollableCommunicator
 from .env import seconds_from_env
 from .stream_handoff import HandoffMark, StreamHandoff, tensors_in
 
@@ -178,8 +179,7 @@ def wire_communicator(comm):
     (mpi4py) and the interval (:func:`wire_poll_s`) is not 0; ``comm`` itself otherwise
     (Horovod's and torch.distributed's collectives wait in their own threads)."""
     interval = wire_poll_s()
-    polling = getattr(comm, "polling", None)
-    return polling(interval) if polling is not None and interval > 0 else comm
+    return comm.polling(interval) if isinstance(comm, PollableCommunicator) and interval > 0 else comm
 
 
 def timed_wire(stats, collective, *args):

@@ -117,6 +117,19 @@ def _byte_view(t: torch.Tensor) -> torch.Tensor:
     return t.reshape(-1).view(torch.uint8)
 
 
+def _checked_preamble(comm, layout: ShardLayout, input_tensor: torch.Tensor, output_tensor: torch.Tensor,
+                      signature: Sequence[str], owner: str, check: bool, stats: ExchangeStats) -> Steps:
+    """Both jobs' start: check the tensors against ``layout``, measure this rank's input and run
+    the preamble. Returns True when some rank's input is not finite; the output is then all NaN."""
+    layout.check(input_tensor, output_tensor, owner)
+    with stats.timed("encode_s", "check"):
+        local_nonfinite = has_nonfinite({"input": input_tensor})
+    nonfinite = yield from preamble_steps(comm, owner, signature, local_nonfinite, check, stats)
+    if nonfinite:
+        output_tensor.fill_(float("nan"))
+    return nonfinite
+
+
 def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_tensor: torch.Tensor,
                        output_tensor: torch.Tensor, *, scale: float, step: int, order: Mapping[str, int],
                        signature: Sequence[str], owner: str, check: bool, stats: ExchangeStats
@@ -130,14 +143,9 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
     k, rank = comm.size, comm.rank
     if k != layout.world_size:
         raise ValueError(f"{owner}: the group has {k} ranks, the layout was built for {layout.world_size}")
-    layout.check(input_tensor, output_tensor, owner)
     totals = StepTotals(k=k)
-    with stats.timed("encode_s", "check"):
-        local_nonfinite = has_nonfinite({"input": input_tensor})
-    nonfinite = yield from preamble_steps(comm, owner, signature, local_nonfinite, check, stats)
     sent = allgather_wire_bytes(PREAMBLE_BYTES, k)
-    if nonfinite:
-        output_tensor.fill_(float("nan"))
+    if (yield from _checked_preamble(comm, layout, input_tensor, output_tensor, signature, owner, check, stats)):
         return ReduceScatterOutcome(0, sent, nonfinite=True)
 
     keys = [key for j in range(k) for key in layout.keys(j)]
@@ -188,13 +196,8 @@ def dense_reduce_scatter_job(comm, layout: ShardLayout, input_tensor: torch.Tens
     the raw chunks, and the owner's float32 (float64 for fp64) sum in rank order, times ``scale``.
     The memory is not touched."""
     k = comm.size
-    layout.check(input_tensor, output_tensor, owner)
-    with stats.timed("encode_s", "check"):
-        local_nonfinite = has_nonfinite({"input": input_tensor})
-    nonfinite = yield from preamble_steps(comm, owner, signature, local_nonfinite, check, stats)
     sent = allgather_wire_bytes(PREAMBLE_BYTES, k)
-    if nonfinite:
-        output_tensor.fill_(float("nan"))
+    if (yield from _checked_preamble(comm, layout, input_tensor, output_tensor, signature, owner, check, stats)):
         return ReduceScatterOutcome(0, sent, nonfinite=True)
     n = layout.chunk_numel * input_tensor.element_size()
     recv = yield Collective("alltoallv", (_byte_view(input_tensor), [n] * k, [n] * k), comm, "payload",

@@ -21,7 +21,7 @@ import time
 from contextlib import contextmanager
 from typing import Dict, List, NamedTuple, Sequence
 
-from ..transports.interface import COLLECTIVES
+from ..transports.interface import COLLECTIVES, PollableCommunicator
 
 
 class Interval(NamedTuple):
@@ -89,8 +89,9 @@ class TimedCommunicator:
 
     def polling(self, interval_s: float):
         """The wrapped communicator's polling view, recorded the same way."""
-        inner = getattr(self._comm, "polling", None)
-        return TimedCommunicator(inner(interval_s), self._timeline) if inner is not None else self
+        if not isinstance(self._comm, PollableCommunicator):
+            return self
+        return TimedCommunicator(self._comm.polling(interval_s), self._timeline)
 
 
 def attach(engine, timeline: Timeline) -> None:

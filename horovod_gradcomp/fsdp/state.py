@@ -13,11 +13,12 @@ from ..exchange.reduce_scatter import ShardLayout, dense_reduce_scatter_job, mem
 from ..exchange.stats import ExchangeStats
 from ..exchange.step_ramp import apply_ramp, ramp_factor
 from ..exchange.blocking_driver import BlockingDriver
+from ..state.compression_holder import CompressionHolder
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .comm import CompressedReduceScatter
 
 
-class FSDPCompressionState:
+class FSDPCompressionState(CompressionHolder):
     """What :func:`register` returns: the compression (codec, memory, step) and its counters.
 
     Fields: compression (the ``hgc.Compression`` object whose codec and state are used),
@@ -120,15 +121,6 @@ class FSDPCompressionState:
         """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations)."""
         stores = [getattr(self.memory, a, {}) for a in ("residuals", "velocities", "accumulations")]
         return sum(t.numel() * t.element_size() for store in stores for t in store.values())
-
-    def state_dict(self) -> dict:
-        return self.compression.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.compression.load_state_dict(state)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.compression.set_epoch(epoch)
 
     def __repr__(self) -> str:
         return (f"FSDPCompressionState({self.codec!r}, memory={self.memory!r}, modules={len(self.comms)}, "

@@ -36,12 +36,17 @@ def _guarded(compression, what: str):
         yield
 
 
+def _run_guarded(body, name: str, compression, path: str) -> None:
+    """``body(compression, comm, path)`` under the stall watchdog, reported as ``name``."""
+    comm = compression._comm()
+    with _guarded(compression, f"{name}({path!r}) on rank {comm.rank}"):
+        body(compression, comm, path)
+
+
 def save_job_state(compression, path: str) -> None:
     """Gather every rank's ``compression.state_dict()`` and write them to ``path`` on rank 0.
     A collective: every rank calls it."""
-    comm = compression._comm()
-    with _guarded(compression, f"save_job_state({path!r}) on rank {comm.rank}"):
-        _save(compression, comm, path)
+    _run_guarded(_save, "save_job_state", compression, path)
 
 
 def _save(compression, comm, path: str) -> None:
@@ -57,9 +62,7 @@ def _save(compression, comm, path: str) -> None:
 def load_job_state(compression, path: str) -> None:
     """Read ``path`` on rank 0 and load each rank's own part into its ``compression``.
     A collective: every rank calls it."""
-    comm = compression._comm()
-    with _guarded(compression, f"load_job_state({path!r}) on rank {comm.rank}"):
-        _load(compression, comm, path)
+    _run_guarded(_load, "load_job_state", compression, path)
 
 
 def _load(compression, comm, path: str) -> None:

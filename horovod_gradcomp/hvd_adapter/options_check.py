@@ -25,17 +25,25 @@ class UnsupportedHorovodOption(ValueError):
     """A ``hvd.DistributedOptimizer`` option that the compressed exchange cannot honour."""
 
 
-def calling_optimizer(compression, depth: int = 6) -> Optional[object]:
-    """The object whose method called ``compression.compress`` (Horovod's optimizer), if any."""
-    frame = sys._getframe(2)
+def _caller_locals(compression, depth: int) -> Optional[dict]:
+    """The locals of the nearest frame, at most ``depth`` frames above the public function that
+    called this one's caller, whose ``self`` holds ``compression`` as ``_compression`` (Horovod's
+    optimizer method); None when there is none."""
+    frame = sys._getframe(3)
     for _ in range(depth):
         if frame is None:
             return None
         owner = frame.f_locals.get("self")
         if owner is not None and getattr(owner, "_compression", None) is compression:
-            return owner
+            return frame.f_locals
         frame = frame.f_back
     return None
+
+
+def calling_optimizer(compression, depth: int = 6) -> Optional[object]:
+    """The object whose method called ``compression.compress`` (Horovod's optimizer), if any."""
+    found = _caller_locals(compression, depth)
+    return None if found is None else found["self"]
 
 
 def check_horovod_options(optimizer, owner: str, communicator=None) -> None:
@@ -59,16 +67,9 @@ def check_horovod_options(optimizer, owner: str, communicator=None) -> None:
 def calling_parameter(compression, depth: int = 6) -> Optional[torch.Tensor]:
     """The parameter ``p`` of the Horovod optimizer method that called ``compression.compress``
     (``_allreduce_grad_async(self, p)``), if any."""
-    frame = sys._getframe(2)
-    for _ in range(depth):
-        if frame is None:
-            return None
-        owner = frame.f_locals.get("self")
-        if owner is not None and getattr(owner, "_compression", None) is compression:
-            p = frame.f_locals.get("p")
-            return p if isinstance(p, torch.Tensor) else None
-        frame = frame.f_back
-    return None
+    found = _caller_locals(compression, depth)
+    p = None if found is None else found.get("p")
+    return p if isinstance(p, torch.Tensor) else None
 
 
 def reduction_of(optimizer) -> str:

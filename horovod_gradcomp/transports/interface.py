@@ -14,7 +14,9 @@ itself (``tests/test_transports.py`` checks that no member is left to the protoc
 
 Capabilities some transports add: :class:`AsyncCommunicator` (the DDP hook chains the futures of
 one bucket's requests), :class:`SplittableCommunicator` (the hierarchical pattern splits a
-communicator into its node and peer groups) and :class:`DeviceBufferCommunicator` (the staging
+communicator into its node and peer groups), :class:`PollableCommunicator` and
+:class:`ThreadLevelCommunicator` (the wire thread's polling view; whether a thread may be
+started at all) and :class:`DeviceBufferCommunicator` (the staging
 hands CUDA buffers to a CUDA-aware MPI directly).
 
 Buffers are flat uint8 tensors; counts are one byte count per rank, in rank order. Every member
@@ -133,8 +135,30 @@ class NodeAwareCommunicator(Protocol):
         ...
 
 
+@runtime_checkable
+class PollableCommunicator(Protocol):
+    """A communicator with a polling view for a thread that waits while another computes (mpi4py);
+    one without this member waits in its own way (Horovod's and torch.distributed's threads)."""
+
+    def polling(self, interval_s: float) -> Communicator:
+        """The same communicator (collectives keep their order) whose collectives wait by testing
+        and sleeping ``interval_s`` seconds instead of spinning."""
+        ...
+
+
+@runtime_checkable
+class ThreadLevelCommunicator(Protocol):
+    """A communicator that says whether a second thread may call it (MPI's granted thread level);
+    one without this member may be called from any thread."""
+
+    @property
+    def thread_multiple(self) -> bool:
+        """True when a communication thread is safe (MPI granted MPI_THREAD_MULTIPLE)."""
+        ...
+
+
 #: The collectives of :class:`Communicator` (what a recording wrapper times).
 COLLECTIVES = ("allgather", "allgatherv", "alltoallv", "allgatherv_known", "allreduce_max")
 
 __all__ = ["AsyncCommunicator", "COLLECTIVES", "Communicator", "DeviceBufferCommunicator", "NodeAwareCommunicator",
-           "PendingCollective", "SplittableCommunicator"]
+           "PendingCollective", "PollableCommunicator", "SplittableCommunicator", "ThreadLevelCommunicator"]

@@ -24,6 +24,17 @@ def _row_norms(t):
     return t.reshape(t.shape[0], -1).norm(dim=1) if t.dim() >= 2 else t.norm().reshape(1)
 
 
+def _backward_steps(model, opt, steps: int):
+    """For each step: zero the gradients, run the step's batch backward and yield (step, this
+    rank's gradients by name before any exchange); the caller synchronizes and steps."""
+    grads = LocalGradients(model.named_parameters())
+    for step in range(steps):
+        opt.zero_grad()
+        x, y = batch(step)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        yield step, grads.take()
+
+
 @needs_peers
 def test_results_are_the_uncapped_mean_and_residuals_are_capped():
     model = make_model()
@@ -33,12 +44,7 @@ def test_results_are_the_uncapped_mean_and_residuals_are_capped():
     capped = hgc.get_codec("onebit", impl="reference", residual_cap=CAP)
     residual = {n: torch.zeros_like(p) for n, p in model.named_parameters()}
     bound = 0
-    grads = LocalGradients(model.named_parameters())
-    for step in range(6):
-        opt.zero_grad()
-        x, y = batch(step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = grads.take()
+    for step, local in _backward_steps(model, opt, 6):
         opt.synchronize()
         for n, p in model.named_parameters():
             expected, uncapped = reference_mean_of_decoded(plain, local[n] + residual[n])
@@ -58,12 +64,7 @@ def test_two_phase_trains_identically_on_every_rank_with_rows_within_the_cap():
     model = make_model()
     comp = onebit_unramped(model.named_parameters(), residual_cap=CAP, pattern="two_phase")
     opt = distributed(model, comp)
-    grads = LocalGradients(model.named_parameters())
-    for step in range(6):
-        opt.zero_grad()
-        x, y = batch(step)
-        torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = grads.take()
+    for step, local in _backward_steps(model, opt, 6):
         opt.step()
         for n in local:
             r = comp.memory.residuals[n]

@@ -75,6 +75,13 @@ def assert_same_everywhere(model):
         assert torch.equal(every[r], every[0]), f"rank {r} ends with other parameters than rank 0"
 
 
+def _elastic_pull(ws, bs, cw, cb, dws, dbs, alpha):
+    """The elastic oracle's exchange: each worker's (w, b) moves ``alpha`` times its difference
+    (dws, dbs) back, the center (cw, cb) ``alpha`` times their sum forward; the new ws, bs, cw, cb."""
+    return ([w - alpha * d for w, d in zip(ws, dws)], [b - alpha * d for b, d in zip(bs, dbs)],
+            cw + alpha * sum(dws), cb + alpha * sum(dbs))
+
+
 # -- synchronous ---------------------------------------------------------------------------
 @pytest.mark.parametrize("period,steps", [(1, 3), (3, 10), (4, 8)])
 def test_model_averaging_matches_float64_loop(period, steps):
@@ -110,10 +117,7 @@ def test_easgd_sync_matches_float64_loop(period, alpha, steps):
         for k in range(SIZE):
             ws[k], bs[k] = oracle_local_step(ws[k], bs[k], k, t)
         if (t + 1) % period == 0:
-            dws, dbs = [w - cw for w in ws], [b - cb for b in bs]
-            ws = [w - alpha * d for w, d in zip(ws, dws)]
-            bs = [b - alpha * d for b, d in zip(bs, dbs)]
-            cw, cb = cw + alpha * sum(dws), cb + alpha * sum(dbs)
+            ws, bs, cw, cb = _elastic_pull(ws, bs, cw, cb, [w - cw for w in ws], [b - cb for b in bs], alpha)
     torch.testing.assert_close(model.weight.detach(), cw, rtol=1e-12, atol=1e-13)
     torch.testing.assert_close(model.bias.detach(), cb, rtol=1e-12, atol=1e-13)
     assert_same_everywhere(model)
@@ -240,9 +244,7 @@ def test_sync_schemes_with_onebit_match_float64_loop(kind):
             aw, ab = aw + sum(dw) / SIZE, ab + sum(db) / SIZE
             ws, bs = [aw.clone() for _ in range(SIZE)], [ab.clone() for _ in range(SIZE)]
         else:
-            ws = [w - alpha * d for w, d in zip(ws, dw)]
-            bs = [b - alpha * d for b, d in zip(bs, db)]
-            aw, ab = aw + alpha * sum(dw), ab + alpha * sum(db)
+            ws, bs, aw, ab = _elastic_pull(ws, bs, aw, ab, dw, db, alpha)
     torch.testing.assert_close(model.weight.detach(), aw, rtol=1e-9, atol=1e-10)
     torch.testing.assert_close(model.bias.detach(), ab, rtol=1e-9, atol=1e-10)
     assert_same_everywhere(model)
