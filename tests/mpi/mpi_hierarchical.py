@@ -362,8 +362,8 @@ def test_bad_options_fail_on_every_rank():
 
 
 @pytest.mark.skipif(SIZE < 2, reason="Horovod registers its gradient hooks only when hvd.size() > 1")
-@pytest.mark.parametrize("codec,options", [("onebit", {"lr_warmup_steps": 0, "residual_cap": 0.0}), ("terngrad", {"seed": 7}),
-                                           ("dgc", {"density": 0.2, "seed": 8})])
+@pytest.mark.parametrize("codec,options", [("onebit", {"lr_warmup_steps": 0, "residual_cap": 0.0}),
+                                           ("terngrad", {"seed": 7}), ("dgc", {"density": 0.2, "seed": 8})])
 def test_stock_distributed_optimizer(codec, options):
     """Through stock hvd.DistributedOptimizer, with a bucket plan and the communication thread:
     every step's gradients are bitwise what a second compression's engine makes of the same local
