@@ -120,6 +120,29 @@ def test_hsdp_every_codec_between_nodes_keeps_replicas_identical():
             assert result["last"] < 1.5 * dense["last"], (codec, result["last"], dense["last"])
 
 
+@pytest.mark.parametrize("codec", ["onebit", "dgc"])
+def test_dcp_resume_is_bitwise(codec, tmp_path):
+    """Train 4 steps, dcp.save model, optimizer and compression state, train 4 more; fresh processes
+    dcp.load them and train the same 4: every rank's losses, parameters and residuals (DGC: velocities
+    and accumulations) bitwise equal."""
+    where = str(tmp_path / "ckpt")
+    first = launch(2, "checkpoint", codec, where, "save")
+    again = launch(2, "checkpoint", codec, where, "resume")
+    assert first["memory_bytes"] > 0 and first["step"] == again["step"] == 8
+    assert again["losses"] == first["losses"]
+    assert again["digests"] == first["digests"]
+
+
+@pytest.mark.parametrize("saved,loaded", [(2, 4), (4, 2)])
+def test_dcp_load_at_another_world_size_is_refused_naming_both(saved, loaded, tmp_path):
+    where = str(tmp_path / "ckpt")
+    launch(saved, "checkpoint", "onebit", where, "save", "m=0")
+    result = launch(loaded, "checkpoint", "onebit", where, "load")
+    assert result["raised_on"] == loaded
+    assert (f"saved torch.Size([{saved}]) and current: torch.Size([{loaded}]) for compression.world_size"
+            in result["message"]), result["message"]
+
+
 def test_example_trains_and_reports_bytes():
     """examples/train_fsdp.py: a few steps of the character transformer under onebit, its JSON line
     with stats() (fewer bytes per step than FSDP2's own reduce-scatter)."""

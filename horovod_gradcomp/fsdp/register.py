@@ -49,8 +49,9 @@ skips the step).
 
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
 needs the whole step's gradient norm before the first module reduces), the stall watchdog,
-``async_op``, checkpoints through ``torch.distributed.checkpoint`` (``state_dict`` works as the
-DDP state's does: per rank, same world size).
+``async_op``. Checkpoints: the sharded state is a ``torch.distributed.checkpoint`` ``Stateful``
+(:mod:`horovod_gradcomp.fsdp.checkpoint`: same world size only); HSDP mode's ``state_dict`` is
+still the per-rank dict of the Horovod path (``torch.save`` per rank, not ``dcp``).
 """
 from __future__ import annotations
 
@@ -183,6 +184,7 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     if optimizer is None:
         compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
     state = FSDPCompressionState(compression, communicator, check_agreement)
+    state.mesh = layouts[0][3].mesh_info.mesh
     for name, module, group_layout, group in layouts:
         module.set_reduce_scatter_unused_params(True, recurse=False)
         module.set_custom_reduce_scatter(state.add_module(name, group_layout))
