@@ -74,7 +74,7 @@ def options(argv):
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
-            out[k] = v
+            out[k] = getattr(torch, v) if k == "residual_dtype" else v
     return out
 
 
@@ -359,9 +359,13 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
         for key, t in sorted(getattr(state.memory, store, {}).items()):
             h.update(key.encode())
             h.update(t.float().numpy().tobytes())
-    digests = [None] * k
-    dist.all_gather_object(digests, [losses, h.hexdigest()])
-    return {"ok": True, "losses": [d[0] for d in digests], "digests": [d[1] for d in digests],
+    mine = torch.cat([torch.tensor(losses, dtype=torch.float64),
+                      torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8).double()])
+    every = [torch.empty_like(mine) for _ in range(k)]
+    dist.all_gather(every, mine)
+    hgc.ddp.keep_until_exit(mine, *every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
+    return {"ok": True, "losses": [e[:len(losses)].tolist() for e in every],
+            "digests": [bytes(e[len(losses):].to(torch.uint8).tolist()).hex() for e in every],
             "memory_bytes": state.memory_bytes(), "step": state.step}
 
 
@@ -377,6 +381,9 @@ def errors() -> dict:
         "no FSDPModule": (lambda: hgc.fsdp.register(Net(), "onebit"), ValueError, "call fully_shard"),
         "dgc clip_norm": (lambda: hgc.fsdp.register(build(), "dgc", momentum=0.0, clip_norm=1.0),
                           NotImplementedError, "clip_norm"),
+        "residual_dtype without feedback": (
+            lambda: hgc.fsdp.register(build(), "terngrad", residual_dtype=torch.bfloat16), ValueError,
+            "needs error feedback"),
     }
 
     def shard1():
