@@ -94,7 +94,7 @@ def oracle(codec_key: str, extra: dict) -> dict:
     net = build()
     state = hgc.fsdp.register(net, name, **{**codec_opts, **reg_opts, **extra})
     refs = [hgc.get_codec(name, **{**codec_opts, "impl": "reference",
-                                   **({"rank_stream": r} if hasattr(state.codec, "rank_stream") else {})})
+                                   **({"rank_stream": r} if state.codec.rank_stream is not None else {})})
             for r in range(k)]
     mine = state.codec.agreement_key().replace("impl='native'", "impl='reference'")
     assert refs[me].agreement_key() == mine, (refs[me].agreement_key(), mine)
