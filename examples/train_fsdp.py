@@ -9,6 +9,8 @@ Run (4 processes on gloo, 1-bit SGD with error feedback):
 ``--codec-opt KEY=VALUE`` passes options to the codec's factory (e.g. ``density=0.01``,
 ``bits=4``). ``--hsdp NODES``: FSDP2 shards over each of NODES groups of ranks and the codec
 averages across the groups (HSDP mode). Every transformer block is its own ``fully_shard`` unit, then the whole model. With
+``--ckpt-dir DIR`` saves model, optimizer and (sharded mode) compression state with
+``torch.distributed.checkpoint`` at the end; ``--resume DIR`` loads them first (same world size). With
 ``--json`` rank 0 prints one JSON object as its last line: the losses, the test loss and, for a
 codec, ``stats()`` (bytes sent per step against FSDP2's dense reduce-scatter of the same inputs).
 """
@@ -21,7 +23,9 @@ import time
 
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 import torch.nn as nn
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import horovod_gradcomp as hgc
@@ -66,8 +70,25 @@ def parse_args(argv=None):
                    help="HSDP over NODES groups of ranks: FSDP2 shards inside each group, the codec between them "
                         "(with --codec none: FSDP2's own HSDP on the 2-D mesh)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--ckpt-dir", default=None,
+                   help="dcp.save model, optimizer and (sharded mode) compression state there at the end")
+    p.add_argument("--resume", default=None, help="dcp.load a --ckpt-dir checkpoint before training (same world size)")
     p.add_argument("--json", action="store_true")
     return parse_codec_args(p, argv, ["none", *hgc.available_codecs()])
+
+
+class Training:
+    """Model and optimizer as one ``torch.distributed.checkpoint`` Stateful."""
+
+    def __init__(self, model, opt):
+        self.model, self.opt = model, opt
+
+    def state_dict(self):
+        model, optim = get_state_dict(self.model, self.opt)
+        return {"model": model, "optim": optim}
+
+    def load_state_dict(self, sd):
+        set_state_dict(self.model, self.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
 
 def build(args, vocab: int) -> nn.Module:
@@ -103,7 +124,13 @@ def main(argv=None):
         state = hgc.fsdp.register(model, args.codec, optimizer=opt, **args.options)
     else:
         hgc.ddp.hold_backward_context(model)   # gloo's abort at exit (horovod_gradcomp/ddp/gloo_exit.py)
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
+    start = torch.zeros(1, dtype=torch.int64)   # the steps already trained (the same on every rank)
+    everything = {"training": Training(model, opt), "start": start}
+    if state is not None and state.mode == "sharded":   # HSDP's state is not a DCP Stateful yet
+        everything["compression"] = state
+    if args.resume:
+        dcp.load(everything, checkpoint_id=args.resume)
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 7919 * int(start))
     losses, t0 = [], time.perf_counter()
     for step in range(args.steps):
         idx = torch.randint(0, len(x_tr), (args.batch_size,), generator=gen)
@@ -113,6 +140,9 @@ def main(argv=None):
         opt.zero_grad()
         losses.append(loss.item())
     elapsed = time.perf_counter() - t0
+    if args.ckpt_dir:
+        start += args.steps
+        dcp.save(everything, checkpoint_id=args.ckpt_dir)
     with torch.no_grad():   # every rank the same test windows; the full-size parameters are gathered by FSDP
         test = nn.functional.cross_entropy(model(x_te[:2048]).float(), y_te[:2048]).item()
     mean = torch.tensor(losses)

@@ -7,6 +7,7 @@
     torchrun --nproc_per_node K tests/fsdp_worker.py accumulate
     torchrun --nproc_per_node K tests/fsdp_worker.py errors
     torchrun --nproc_per_node 4 tests/fsdp_worker.py hsdp CODEC [key=value ...]   (CODEC "dense": FSDP2's HSDP)
+    torchrun --nproc_per_node K tests/fsdp_worker.py checkpoint CODEC DIR save|resume|load [key=value ...]
 
 Rank 0 prints one JSON line at the end. ``oracle`` calls every registered module's reduce-scatter
 with known inputs (every rank can rebuild every rank's input from the seeds) and compares the
@@ -73,7 +74,7 @@ def options(argv):
         try:
             out[k] = json.loads(v)
         except json.JSONDecodeError:
-            out[k] = v
+            out[k] = getattr(torch, v) if k == "residual_dtype" else v
     return out
 
 
@@ -287,6 +288,83 @@ def hsdp(codec_key: str, extra: dict) -> dict:
             {key: v for key, v in state.stats().items() if key != "modules"}}
 
 
+class _Training:
+    """Model and optimizer as one DCP ``Stateful`` (torch.distributed.checkpoint.state_dict's helpers)."""
+
+    def __init__(self, net, opt):
+        self.net, self.opt = net, opt
+
+    def state_dict(self):
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+        model, optim = get_state_dict(self.net, self.opt)
+        return {"model": model, "optim": optim}
+
+    def load_state_dict(self, sd):
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+        set_state_dict(self.net, self.opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+
+def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
+    """DCP resume. ``save``: train N steps, ``dcp.save`` model, optimizer and compression state, train
+    M more. ``resume``: fresh processes ``dcp.load`` them and train the same M steps. Both report the M
+    losses and a digest of every rank's parameters and residuals (bitwise comparison in the test).
+    ``load``: only ``dcp.load`` (at another world size: reports the error message)."""
+    import torch.distributed.checkpoint as dcp
+    k, me = dist.get_world_size(), dist.get_rank()
+    first, more = int(extra.pop("n", 4)), int(extra.pop("m", 4))
+    net = build()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
+    name, codec_opts, reg_opts = CODECS[codec_key]
+    codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
+    reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
+    state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
+    everything = {"training": _Training(net, opt), "compression": state}
+    data = list(batches(first + more, 32, seed=77 + me))
+
+    def run(steps):
+        out = []
+        for x, y in steps:
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            out.append(loss.item())
+        return out
+
+    if phase == "load":
+        try:
+            dcp.load(everything, checkpoint_id=directory)
+        except (Exception, dcp.api.CheckpointException) as e:  # noqa: BLE001 - the test reads the message
+            message = str(e)
+        else:
+            message = None
+        flags = torch.tensor([0.0 if message is None else 1.0])
+        dist.all_reduce(flags)
+        hgc.ddp.keep_until_exit(flags)
+        return {"ok": True, "raised_on": int(flags.item()), "message": (message or "")[:2000]}
+    if phase == "save":
+        run(data[:first])
+        dcp.save(everything, checkpoint_id=directory)
+    else:
+        dcp.load(everything, checkpoint_id=directory)
+    losses = run(data[first:])
+    h = hashlib.sha256()
+    for p in net.parameters():
+        h.update(p.to_local().detach().numpy().tobytes())
+    for store in ("residuals", "velocities", "accumulations"):
+        for key, t in sorted(getattr(state.memory, store, {}).items()):
+            h.update(key.encode())
+            h.update(t.float().numpy().tobytes())
+    mine = torch.cat([torch.tensor(losses, dtype=torch.float64),
+                      torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8).double()])
+    every = [torch.empty_like(mine) for _ in range(k)]
+    dist.all_gather(every, mine)
+    hgc.ddp.keep_until_exit(mine, *every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
+    return {"ok": True, "losses": [e[:len(losses)].tolist() for e in every],
+            "digests": [bytes(e[len(losses):].to(torch.uint8).tolist()).hex() for e in every],
+            "memory_bytes": state.memory_bytes(), "step": state.step}
+
+
 def errors() -> dict:
     """What register() refuses, each with a message naming the problem (every rank raises the same)."""
     from torch.distributed.device_mesh import init_device_mesh
@@ -299,6 +377,9 @@ def errors() -> dict:
         "no FSDPModule": (lambda: hgc.fsdp.register(Net(), "onebit"), ValueError, "call fully_shard"),
         "dgc clip_norm": (lambda: hgc.fsdp.register(build(), "dgc", momentum=0.0, clip_norm=1.0),
                           NotImplementedError, "clip_norm"),
+        "residual_dtype without feedback": (
+            lambda: hgc.fsdp.register(build(), "terngrad", residual_dtype=torch.bfloat16), ValueError,
+            "needs error feedback"),
     }
 
     def shard1():
@@ -339,6 +420,8 @@ def main() -> None:
         result = accumulate()
     elif mode == "errors":
         result = errors()
+    elif mode == "checkpoint":
+        result = checkpoint(sys.argv[2], sys.argv[3], sys.argv[4], options(sys.argv[5:]))
     elif mode == "hsdp":
         result = hsdp(sys.argv[2], options(sys.argv[3:]))
     else:

@@ -245,3 +245,23 @@ def test_lightning_with_adam_takes_the_adam_defaults():
     assert r["params_identical"] is True and r["hook_steps"] == r["global_step"] > 0, r
     said = [line for line in proc.stderr.splitlines() if "took the Adam defaults" in line]
     assert said and all("clip=1.0 from step 0 on" in line for line in said), said
+
+
+def test_accelerate_register_refuses_an_fsdp2_model_pointing_to_hgc_fsdp():
+    """A model FSDP2 shards (Accelerate's plugin with fsdp_version=2) has no DDP comm hook: register says
+    so and names hgc.fsdp.register (a one-process gloo group, in-process)."""
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    from horovod_gradcomp.integrations import accelerate as hgc_accelerate
+    if dist.is_initialized():
+        pytest.skip("a process group is already initialized in this process")
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        model = fully_shard(torch.nn.Linear(4, 2))
+
+        class TwoProcesses:
+            num_processes, distributed_type = 2, "FSDP"
+        with pytest.raises(TypeError, match=r"sharded by FSDP2.*hgc\.fsdp\.register"):
+            hgc_accelerate.register(TwoProcesses(), model, "onebit")
+    finally:
+        dist.destroy_process_group()

@@ -31,6 +31,8 @@ segment, ``"<parameter>[<chunk>]"``, and every rank encodes all K chunks of ever
   the unsharded gradient with momentum;
 * terngrad and qsgd (no error feedback by default) keep nothing.
 
+``residual_dtype=torch.bfloat16`` stores the residuals in bf16: 2 bytes per parameter instead of 4.
+
 This is the price of compressing before the reduce: each rank's residual must remember what it
 failed to send of every chunk, not only its own. ``state.memory_bytes()`` reports it.
 
@@ -49,8 +51,9 @@ skips the step).
 
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
 needs the whole step's gradient norm before the first module reduces), the stall watchdog,
-``async_op``, checkpoints through ``torch.distributed.checkpoint`` (``state_dict`` works as the
-DDP state's does: per rank, same world size).
+``async_op``. Checkpoints: the sharded state is a ``torch.distributed.checkpoint`` ``Stateful``
+(:mod:`horovod_gradcomp.fsdp.checkpoint`: same world size only); HSDP mode's ``state_dict`` is
+still the per-rank dict of the Horovod path (``torch.save`` per rank, not ``dcp``).
 """
 from __future__ import annotations
 
@@ -61,11 +64,13 @@ import torch
 import torch.distributed as dist
 
 from ..codecs import available_codecs
+from ..codecs.registry import codec_class
 from ..ddp.gloo_exit import hold_backward_context
 from ..exchange.reduce_scatter import ShardLayout
 from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
+from ..state.low_precision_feedback import LowPrecisionErrorFeedback
 from .hsdp import CountingHook, HSDPCompressionState, ReplicaAverage, replica_group
 from .state import FSDPCompressionState
 
@@ -127,6 +132,9 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     ``warmup_steps=``). ``optimizer``: the optimizer that steps the parameters (the Adam family
     gets the codec's Adam defaults from the first step; without it, from its first ``step()``;
     DGC with ``momentum=None`` takes an SGD's momentum at its first ``step()``).
+    ``residual_dtype`` (sharded mode, codecs with error feedback): store the error-feedback residual
+    in ``torch.bfloat16`` or ``torch.float16`` (half of fp32's memory; the carried residual is
+    rounded to it, :mod:`horovod_gradcomp.state.low_precision_feedback`); ``torch.float32``: the default.
     ``check_agreement``: compare what the ranks exchange at every call (the preamble runs anyway
     for the non-finite flags). ``mode``: "sharded" (FSDP2 shards over every rank: the compressed
     reduce-scatter; returns a :class:`FSDPCompressionState`), "hsdp" (FSDP2 shards over the ranks
@@ -147,6 +155,7 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
         raise NotImplementedError(f"{owner}: DGC's clip_norm needs the whole step's gradient norm before the first "
                                   "module reduces, which FSDP2's module-by-module reduce-scatters do not give; "
                                   "clip after the reduce instead (clip_norm=None)")
+    residual_dtype = options.pop("residual_dtype", None)
     groups = _groups(model)
     if not groups:
         raise ValueError(f"{owner}: {type(model).__name__} holds no FSDPModule: call fully_shard on it (and its "
@@ -171,6 +180,8 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     if mode == "sharded" and node != world:
         raise ValueError(f"{owner}: mode='sharded' needs the modules sharded over all {world} ranks; they are sharded "
                          f"over {node} (use mode='hsdp' for the codec between the groups)")
+    if residual_dtype is not None:
+        _low_precision_memory(codec, residual_dtype, mode, options, owner)
     if mode == "hsdp":
         if node == world:
             raise ValueError(f"{owner}: mode='hsdp' needs the modules sharded over the ranks of one node (a 1-D mesh "
@@ -183,11 +194,31 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     if optimizer is None:
         compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
     state = FSDPCompressionState(compression, communicator, check_agreement)
+    state.mesh = layouts[0][3].mesh_info.mesh
     for name, module, group_layout, group in layouts:
         module.set_reduce_scatter_unused_params(True, recurse=False)
         module.set_custom_reduce_scatter(state.add_module(name, group_layout))
     hold_backward_context(model)   # PyTorch 2.13's abort at exit on gloo: see horovod_gradcomp/ddp/gloo_exit.py
     return state
+
+
+def _low_precision_memory(codec, dtype, mode, options, owner) -> None:
+    """Put the error-feedback memory of ``residual_dtype=dtype`` into ``options`` (sharded mode, a codec
+    with error feedback; float32 is the default memory)."""
+    if mode == "hsdp":
+        raise ValueError(f"{owner}: residual_dtype is for sharded mode (there the residual is as large as the "
+                         "unsharded gradient); in HSDP mode the residuals are the size of the shard")
+    if codec == "dgc":
+        raise NotImplementedError(f"{owner}: residual_dtype stores error-feedback residuals; DGC's velocities and "
+                                  "accumulations are kept in the gradient's dtype")
+    if "memory" in options:
+        raise ValueError(f"{owner}: pass residual_dtype or memory, not both")
+    if not options.get("error_feedback", codec_class(codec).error_feedback_default):
+        raise ValueError(f"{owner}: residual_dtype={dtype} needs error feedback, which is off for {codec} "
+                         "(pass error_feedback=True)")
+    if dtype != torch.float32:
+        options.pop("error_feedback", None)
+        options["memory"] = LowPrecisionErrorFeedback(dtype)
 
 
 def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement, replicas, options):

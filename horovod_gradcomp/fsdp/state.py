@@ -38,6 +38,7 @@ class FSDPCompressionState(CompressionHolder):
         self.calls = 0
         self.bytes_dense_reduce_scatter = 0.0
         self._seen: set = set()
+        self.mesh = None   # the modules' DeviceMesh (register() sets it): the checkpoint's DTensors
 
     @property
     def memory(self):
@@ -121,6 +122,19 @@ class FSDPCompressionState(CompressionHolder):
         """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations)."""
         stores = [getattr(self.memory, a, {}) for a in ("residuals", "velocities", "accumulations")]
         return sum(t.numel() * t.element_size() for store in stores for t in store.values())
+
+    def state_dict(self) -> dict:
+        """This rank's compression state as DTensors over the modules' mesh, for ``dcp.save`` /
+        ``dcp.load`` (a ``Stateful``; see :mod:`horovod_gradcomp.fsdp.checkpoint`). The per-rank
+        dict of the Horovod path is ``state.compression.state_dict()``."""
+        from .checkpoint import dcp_state_dict
+        return dcp_state_dict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (at the same world size; ``ValueError`` naming both sizes
+        otherwise)."""
+        from .checkpoint import load_dcp_state_dict
+        load_dcp_state_dict(self, state)
 
     def __repr__(self) -> str:
         return (f"FSDPCompressionState({self.codec!r}, memory={self.memory!r}, modules={len(self.comms)}, "

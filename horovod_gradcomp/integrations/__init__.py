@@ -2,6 +2,8 @@
 
 - :mod:`horovod_gradcomp.integrations.lightning`: ``CompressedDDPStrategy`` for
   ``lightning.Trainer(strategy=...)`` (needs ``lightning``);
+- :mod:`horovod_gradcomp.integrations.lightning_fsdp`: ``CompressedModelParallelStrategy``, Lightning's
+  FSDP2 strategy with :func:`horovod_gradcomp.fsdp.register` (needs ``lightning``);
 - :mod:`horovod_gradcomp.integrations.accelerate`: ``register(accelerator, model, codec)`` on
   the model ``accelerator.prepare`` returned (needs ``accelerate``);
 - :class:`JobCompressionState`: every rank's compression state as one object, for

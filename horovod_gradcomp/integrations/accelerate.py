@@ -20,7 +20,8 @@ back. Accelerate numbers those files in registration order: register the same ob
 the same order before ``load_state`` as before ``save_state``.
 
 Accelerate's own ``DistributedDataParallelKwargs(comm_hook=...)`` offers only PyTorch's hooks.
-FSDP and DeepSpeed do not use DDP comm hooks and are not supported.
+FSDP and DeepSpeed do not use DDP comm hooks and are not supported here; a model FSDP2 shards
+(``fsdp_version=2``) is refused with a message pointing to :func:`horovod_gradcomp.fsdp.register`.
 """
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = Tr
     has several processes but ``model`` is not a DDP model (FSDP, DeepSpeed, or a model that
     was not prepared)."""
     ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper around the DDP model
+    from torch.distributed.fsdp import FSDPModule
+    if isinstance(ddp, FSDPModule):
+        raise TypeError("hgc.integrations.accelerate.register: the model is sharded by FSDP2 (Accelerate's FSDP "
+                        "plugin with fsdp_version=2), which has no DDP comm hook; this integration does not cover "
+                        "it yet (untested with Accelerate's plugin): call hgc.fsdp.register(model, codec, "
+                        "optimizer=optimizer) on the prepared model on every process instead, and checkpoint its "
+                        "state with torch.distributed.checkpoint (see docs/guide/fsdp.md)")
     if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
         if accelerator.num_processes == 1:
             return None
