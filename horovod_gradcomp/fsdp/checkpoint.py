@@ -33,8 +33,6 @@ import torch
 
 from ..state.checkpoint_data import from_bytes, to_bytes
 
-#: The memories' tensor stores that are saved as flat tensors.
-STORES = ("residuals", "velocities", "accumulations")
 #: Bytes reserved per rank for the non-tensor part of the state.
 META_CAPACITY = 1 << 16
 _EXACT = (torch.float32, torch.bfloat16, torch.float16)
@@ -64,7 +62,9 @@ def _rows(mesh, local: torch.Tensor, row: bool = True):
 
 
 def _stores(memory) -> List[str]:
-    return [s for s in STORES if isinstance(getattr(memory, s, None), dict)]
+    """The memory's tensor stores (:meth:`~horovod_gradcomp.state.memory.Memory.stores`), each
+    saved as one flat tensor."""
+    return list(memory.stores())
 
 
 def dcp_state_dict(state) -> dict:

@@ -96,9 +96,8 @@ class HSDPCompressionState:
         steps = max(s["steps"] for s in each)
         memory = 0
         for h in self.hooks:
-            mem = h.compression.state.memory
-            for store in ("residuals", "velocities", "accumulations"):
-                memory += sum(t.numel() * t.element_size() for t in getattr(mem, store, {}).values())
+            for store in h.compression.state.memory.stores().values():
+                memory += sum(t.numel() * t.element_size() for t in store.values())
         total = replica + self.bytes_reduce_scatter
         return {"mode": "hsdp", "steps": steps, "calls": self.calls, "bytes_sent_replica": replica,
                 "bytes_sent_reduce_scatter": self.bytes_reduce_scatter, "bytes_sent": total,

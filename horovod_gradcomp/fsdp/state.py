@@ -120,8 +120,7 @@ class FSDPCompressionState(CompressionHolder):
 
     def memory_bytes(self) -> int:
         """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations)."""
-        stores = [getattr(self.memory, a, {}) for a in ("residuals", "velocities", "accumulations")]
-        return sum(t.numel() * t.element_size() for store in stores for t in store.values())
+        return sum(t.numel() * t.element_size() for store in self.memory.stores().values() for t in store.values())
 
     def state_dict(self) -> dict:
         """This rank's compression state as DTensors over the modules' mesh, for ``dcp.save`` /

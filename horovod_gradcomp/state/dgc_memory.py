@@ -302,6 +302,9 @@ class DGCMemory(Memory):
                     store[n].copy_(t)
 
     # -- checkpoints ------------------------------------------------------------------
+    def stores(self) -> Dict[str, Dict[str, torch.Tensor]]:
+        return {"velocities": self.velocities, "accumulations": self.accumulations}
+
     def state_dict(self) -> dict:
         return {"velocities": {k: t.detach().clone() for k, t in self.velocities.items()},
                 "accumulations": {k: t.detach().clone() for k, t in self.accumulations.items()},

@@ -70,6 +70,9 @@ class ErrorFeedback(Memory):
         """What every rank's memory must agree on."""
         return f"error_feedback={self.enabled}"
 
+    def stores(self) -> Dict[str, Dict[str, torch.Tensor]]:
+        return {"residuals": self.residuals}
+
     def residual(self, name: str, like: torch.Tensor) -> torch.Tensor:
         """The residual of ``name`` (always contiguous: two-phase stripes are views into it);
         zeros shaped like ``like`` on first use."""

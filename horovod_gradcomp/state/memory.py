@@ -109,6 +109,12 @@ class Memory(ABC):
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"set_epoch expects an int >= 0, got {epoch!r}")
 
+    def stores(self) -> Dict[str, Dict[str, torch.Tensor]]:
+        """The memory's tensors between steps, by store name (``"residuals"``; DGC's
+        ``"velocities"`` and ``"accumulations"``), each name -> tensor: what its size and its
+        sharded checkpoint are made of. None by default."""
+        return {}
+
     def set_mean_of(self, ranks: int) -> None:
         """The values this memory encodes are means of ``ranks`` ranks' gradients (the
         hierarchical exchange's node means); a memory whose encodes depend on that (DGC's
