@@ -92,7 +92,6 @@ from .pipeline import DEFAULT_CHUNK_BYTES, wire_poll_s
 from .topology import can_split, discover_layout, launcher_hint, ranks_per_node_setting, require_equal, sub_communicators
 from .watchdog import default_watchdog, resolve_timeout
 
-PATTERNS = CHOOSABLE   # ("allgather", "two_phase", "hierarchical", "auto")
 #: ``pattern="auto"`` keeps the single allgather below this many bytes sent per rank.
 AUTO_MIN_BYTES = 1 << 16
 _warned_thread_level = False
@@ -146,8 +145,8 @@ class StepEngine:
                  ranks_per_node: Optional[int] = None, inner_pattern: str = "auto"):
         if pattern is None:
             pattern = codec.default_pattern
-        if pattern not in PATTERNS:
-            raise ValueError(f"{owner}: pattern must be one of {PATTERNS}, got {pattern!r}")
+        if pattern not in CHOOSABLE:
+            raise ValueError(f"{owner}: pattern must be one of {CHOOSABLE}, got {pattern!r}")
         variable = codec.variable_size
         if pattern == "two_phase" and variable:
             raise ValueError(f"{owner}: pattern='two_phase' needs fixed-size payloads, but {codec!r} has "
