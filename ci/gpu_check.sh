@@ -25,6 +25,10 @@
 #             HOROVOD_GRADCOMP_HOST_STAGING=1 rerun; SKIPPED with the MPI's name otherwise) and
 #             the stream hand-over (gradients written on a side stream, exchanged on the engine's
 #             and the wire thread's streams, results read back on the side stream);
+#   fsdp      FSDP2 with hgc.fsdp.register on CUDA (2 ranks on cuda:0, gloo collectives):
+#             every codec's compressed reduce-scatter of CUDA buffers against the pure-torch
+#             oracle (tests/fsdp_worker.py oracle, HGC_FSDP_DEVICE=cuda), then training steps
+#             (dense FSDP2, onebit, terngrad) with the final and first losses printed;
 #   ddp_nccl  the DDP hook on NCCL: needs one GPU per process (says so and passes with one GPU);
 #   bench     python -m horovod_gradcomp.bench codecs --device cuda (figures in the JSON);
 #   devtime   python -m horovod_gradcomp.bench devtime --device cuda: per codec, each bucket op's
@@ -50,7 +54,7 @@ export PIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 STEPS=("$@")
-[ ${#STEPS[@]} -gt 0 ] || STEPS=(deps toolkit mpi build tests fuzz others exchange ddp_nccl bench devtime)
+[ ${#STEPS[@]} -gt 0 ] || STEPS=(deps toolkit mpi build tests fuzz others exchange fsdp ddp_nccl bench devtime)
 T0=$(date +%s)
 FAILED=0
 log() { echo "[gpu_check +$(( $(date +%s) - T0 ))s] $*"; }
@@ -165,6 +169,16 @@ others() {
         --ignore=tests/mpi --ignore=tests/test_mpi_suites.py --ignore=tests/test_slownet.py
 }
 exchange() { mpiexec -n 2 "$PY" ci/gpu_exchange_check.py; }
+fsdp() {
+    local c rc=0 run=("$PY" -m torch.distributed.run --standalone --nproc_per_node 2 tests/fsdp_worker.py)
+    for c in onebit terngrad qsgd qsgd-elias dgc; do
+        echo "-- oracle $c"; HGC_FSDP_DEVICE=cuda "${run[@]}" oracle "$c" || { echo "oracle $c FAILED"; rc=1; }
+    done
+    for c in dense onebit terngrad; do
+        echo "-- train $c"; HGC_FSDP_DEVICE=cuda "${run[@]}" train "$c" steps=30 || { echo "train $c FAILED"; rc=1; }
+    done
+    return $rc
+}
 ddp_nccl() {
     local n
     n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
@@ -183,11 +197,11 @@ devtime() {
         "$PY" -c 'import json, sys; from horovod_gradcomp.bench.devtime_bench import format_table
 print(format_table(json.load(open(sys.argv[1]))))' "$OUTDIR/devtime_cuda.json"
 }
-export -f deps toolkit mpi_ok mpi load_check build prebuilt pytest_q backend_k tests fuzz others exchange ddp_nccl bench devtime
+export -f deps toolkit mpi_ok mpi load_check build prebuilt pytest_q backend_k tests fuzz others exchange fsdp ddp_nccl bench devtime
 export NVCC
 
 declare -A LIMIT=([deps]=120 [toolkit]=30 [mpi]=120 [build]=540 [prebuilt]=60 [tests]=540 [fuzz]=540 [others]=420
-                  [exchange]=420 [ddp_nccl]=300 [bench]=300 [devtime]=300)
+                  [exchange]=420 [fsdp]=420 [ddp_nccl]=300 [bench]=300 [devtime]=300)
 for kv in ${GPU_CHECK_LIMITS:-}; do
     [ -n "${LIMIT[${kv%%=*}]:-}" ] || { log "GPU_CHECK_LIMITS: unknown step '${kv%%=*}'"; exit 2; }
     LIMIT[${kv%%=*}]=${kv#*=}

@@ -14,12 +14,17 @@ with known inputs (every rank can rebuild every rank's input from the seeds) and
 output with a pure-torch model of the compressed reduce-scatter written here: encode each segment
 of the owner's chunk of every rank with the codec's reference implementation (impl="reference")
 and the rank's own residual, decode, sum in float32, times 1/K.
+
+``HGC_FSDP_DEVICE=cuda`` (ci/gpu_check.sh's fsdp step) puts the model, the reduce-scatter's
+input and output and the training batches on ``cuda:0`` (every rank on the same GPU, gloo for the
+collectives); the oracle still computes its expectation on the CPU with the reference codecs.
 """
 from __future__ import annotations
 
 import hashlib
 import json
 import math
+import os
 import sys
 
 import torch
@@ -28,6 +33,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.stream_positions import stream_position
+
+#: Where the model, the reduce-scatter buffers and the batches live ("cpu", or "cuda": cuda:0).
+DEVICE = torch.device(os.environ.get("HGC_FSDP_DEVICE", "cpu"))
 
 #: The options the oracle and the registered compression share, per codec name given on the
 #: command line (qsgd-elias: QSGD's variable-size coding; dgc: exact top-k, so impl="reference"
@@ -61,6 +69,9 @@ def build(seed: int = 0, mp=None) -> Net:
     torch.manual_seed(seed)
     net = Net()
     kw = {} if mp is None else {"mp_policy": mp}
+    if DEVICE.type != "cpu":
+        from torch.distributed.device_mesh import init_device_mesh
+        kw["mesh"] = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
     fully_shard(net.inp, **kw)
     fully_shard(net.mid, **kw)
     fully_shard(net, **kw)
@@ -107,8 +118,10 @@ def oracle(codec_key: str, extra: dict) -> dict:
         for idx, comm in enumerate(state.comms):
             lay = comm.layout
             inputs = [rank_input(lay.numel, step, r, idx, lay) for r in range(k)]
-            out = torch.empty(lay.chunk_numel)
-            comm(out, inputs[me].clone(), state.communicator.group, dist.ReduceOp.AVG)
+            out = torch.empty(lay.chunk_numel, device=DEVICE)
+            comm(out, inputs[me].to(DEVICE), state.communicator.group, dist.ReduceOp.AVG)
+            assert out.device.type == DEVICE.type, out.device
+            out = out.cpu()
             expect = torch.zeros(lay.chunk_numel, dtype=torch.float32)
             for seg, key, e in zip(lay.segments, lay.keys(me), lay.views(expect, me)):
                 pos = stream_position(step, len(state.order), state.order[key])
@@ -150,7 +163,7 @@ def batches(steps: int, batch: int, seed: int):
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
         x = torch.randn(batch, 16, generator=g)
-        yield x, torch.tanh(x @ a) @ b + 0.01 * torch.randn(batch, 5, generator=g)
+        yield x.to(DEVICE), (torch.tanh(x @ a) @ b + 0.01 * torch.randn(batch, 5, generator=g)).to(DEVICE)
 
 
 def mean_losses(net, opt, steps: int) -> list:
@@ -164,7 +177,7 @@ def mean_losses(net, opt, steps: int) -> list:
         opt.step()
         opt.zero_grad()
         losses.append(loss.item())
-    every = torch.tensor(losses)
+    every = torch.tensor(losses)   # (a CPU tensor: gloo)
     dist.all_reduce(every)
     hgc.ddp.keep_until_exit(every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
     return (every / k).tolist()
@@ -407,6 +420,8 @@ def errors() -> dict:
 
 def main() -> None:
     dist.init_process_group("gloo")
+    if DEVICE.type == "cuda":
+        torch.cuda.set_device(0)
     mode = sys.argv[1]
     if mode == "oracle":
         result = oracle(sys.argv[2], options(sys.argv[3:]))
