@@ -11,7 +11,7 @@ _C = None
 _error: str | None = None
 try:  # pragma: no branch
     import torch  # noqa: F401  (the extension links against libtorch: load it first)
-    from horovod_gradcomp import _C  # type: ignore[attr-defined,no-redef]
+    from . import _C  # type: ignore[attr-defined,no-redef]  (the compiled module beside this file)
     from horovod_gradcomp.ops import bind as _bind
 
     _bind(_C, "hgc")  # its ops (torch.ops.hgc.*) on the module, under their Python names
@@ -102,7 +102,7 @@ try:  # pragma: no branch
         _spec.loader.exec_module(_C_twin)
         _sys.modules["horovod_gradcomp._C_twin"] = _C_twin
     else:
-        from horovod_gradcomp import _C_twin  # type: ignore[attr-defined,no-redef]
+        from . import _C_twin  # type: ignore[attr-defined,no-redef]
     from horovod_gradcomp.ops import bind as _bind
 
     _bind(_C_twin, "hgc_twin")  # its ops (torch.ops.hgc_twin.*) on the module
