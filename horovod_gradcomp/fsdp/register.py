@@ -80,6 +80,16 @@ _REFUSED = ("pattern", "bucket_bytes", "overlap", "transport", "process_set", "p
             "inner_pattern", "communicator")
 
 
+def reduce_unused_params(module) -> None:
+    """Ask FSDP2 to reduce-scatter the module's parameters that got no gradient too (zeros), so
+    that every call has the layout :func:`register` built. Older PyTorch has no such switch (2.11
+    has none, 2.13 has it): its FSDP2 leaves them out, and a step where one of them has no gradient then fails the
+    layout check with a message naming the change (every parameter that gets a gradient in every
+    step, the usual case, is unaffected)."""
+    if hasattr(module, "set_reduce_scatter_unused_params"):   # (absent from PyTorch 2.11's FSDP2)
+        module.set_reduce_scatter_unused_params(True, recurse=False)
+
+
 def _fsdp_module_class():
     from torch.distributed.fsdp import FSDPModule
     return FSDPModule
@@ -196,7 +206,7 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     state = FSDPCompressionState(compression, communicator, check_agreement)
     state.mesh = layouts[0][3].mesh_info.mesh
     for name, module, group_layout, group in layouts:
-        module.set_reduce_scatter_unused_params(True, recurse=False)
+        reduce_unused_params(module)
         module.set_custom_reduce_scatter(state.add_module(name, group_layout))
     hold_backward_context(model)   # PyTorch 2.13's abort at exit on gloo: see horovod_gradcomp/ddp/gloo_exit.py
     return state
@@ -239,7 +249,7 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
         hooks.append(ReplicaAverage(compression, layout, name))
     state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas)
     for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
-        module.set_reduce_scatter_unused_params(True, recurse=False)
+        reduce_unused_params(module)
         module.set_all_reduce_hook(CountingHook(state, hook))
     hold_backward_context(model)
     return state
