@@ -25,16 +25,14 @@ from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
 from .nonfinite_check import EncodesWholeTensors, nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .blocking_driver import RunsBlocking
 from .pipeline import ChunkPlanner
 from .requests import Collective, Issue, Steps, Wait
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
-class AllgatherPattern(RunsBlocking, EncodesWholeTensors):
+class AllgatherPattern(EncodesWholeTensors):
     """Fields: codec; chunker (the pipelined chunks of a bucket, :class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`);
-    a cache of fused layouts by bucket (buckets rarely change). :meth:`steps` is the exchange;
-    :meth:`exchange` runs it at once."""
+    a cache of fused layouts by bucket (buckets rarely change). :meth:`steps` is the exchange."""
 
     name = "allgather"
 

@@ -15,7 +15,7 @@ the same on every rank.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List
 
 from .pipeline import WireFuture, WireThread, timed_wire, wire_communicator
 from .requests import Collective, Issue, Steps, Wait
@@ -94,16 +94,4 @@ class BlockingDriver:
         raise TypeError(f"blocking driver: a pattern yielded {request!r}, not a Collective, Issue or Wait")
 
 
-class RunsBlocking:
-    """For a pattern class with a ``steps(comm, bucket, stats, totals, overlap)`` sequence: its
-    :meth:`exchange`, the sequence run at once by a :class:`BlockingDriver`."""
-
-    def exchange(self, comm, bucket, stats: ExchangeStats, totals, driver: Optional[BlockingDriver] = None):
-        """Exchange ``bucket`` on ``comm`` (every rank calls it alike) and return its
-        :class:`~horovod_gradcomp.exchange.bucket.BucketOutcome`. ``driver``: the one to run it
-        (None: collectives at once on this thread, no pipelined chunks)."""
-        driver = driver if driver is not None else BlockingDriver(stats, threads_allowed=lambda comm: False)
-        return driver.run(self.steps(comm, bucket, stats, totals, driver.overlaps(comm)))
-
-
-__all__ = ["BlockingDriver", "RunsBlocking"]
+__all__ = ["BlockingDriver"]

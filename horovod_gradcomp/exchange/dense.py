@@ -18,7 +18,6 @@ from typing import List, Sequence, Tuple
 import torch
 
 from .bucket import Bucket, BucketOutcome, result_tensor
-from .blocking_driver import RunsBlocking
 from .requests import Collective, Steps
 from .stats import ExchangeStats, StepTotals
 
@@ -32,11 +31,9 @@ def _slices(n: int, k: int) -> list:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-class DensePattern(RunsBlocking):
-    """Full-precision mean of a bucket (see the module doc). Stateless.
-
-    :meth:`steps` runs the three steps below around the two collectives; :meth:`exchange` runs
-    it at once."""
+class DensePattern:
+    """Full-precision mean of a bucket (see the module doc). Stateless: :meth:`steps` runs the
+    three steps below around the two collectives."""
 
     name = "dense"
 

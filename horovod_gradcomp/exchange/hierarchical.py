@@ -43,7 +43,6 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from .bucket import Bucket, BucketOutcome, result_tensor
-from .blocking_driver import RunsBlocking
 from .requests import Collective, Steps, passed_on
 from .stats import ExchangeStats, StepTotals
 from .stripes import Stripe, stripe_key, stripes
@@ -81,7 +80,7 @@ class NodeWork:
     gather_counts: List[int] = field(default_factory=list)
 
 
-class HierarchicalPattern(RunsBlocking):
+class HierarchicalPattern:
     """The node-then-peers exchange (see the module doc).
 
     Fields: codec; inner ("auto" | "allgather" | "two_phase"); patterns (the engine's flat

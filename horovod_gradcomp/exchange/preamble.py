@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ..errors import ExchangeMismatchError
-from .blocking_driver import BlockingDriver
 from .requests import Collective, Steps
 from .stats import ExchangeStats
 
@@ -74,7 +73,3 @@ def preamble_steps(comm, what: str, signature: Sequence[str], nonfinite: bool, c
             "named_parameters and compression options.")
     return bool(every[:, DIGEST_BYTES].any())
 
-
-def bucket_preamble(comm, what: str, signature: Sequence[str], nonfinite: bool, check: bool = True) -> bool:
-    """:func:`preamble_steps` run at once on ``comm`` (blocking collectives)."""
-    return BlockingDriver(ExchangeStats()).run(preamble_steps(comm, what, signature, nonfinite, check))

@@ -71,7 +71,6 @@ from .scale_agreement import agree_scales, local_scales, with_measured
 from .stream_positions import StepPositions
 from .fusion import FusedLayout
 from .nonfinite_check import Unit, nonfinite_payloads, peek_residual
-from .blocking_driver import RunsBlocking
 from .pipeline import ChunkPlanner
 from .requests import Collective, Issue, Steps, Wait
 from .staging import staging_for
@@ -196,7 +195,7 @@ def _first(stacked: Payload) -> Payload:
     return Payload({b: v[0] for b, v in stacked.buffers.items()}, stacked.shape, stacked.dtype, stacked.device)
 
 
-class TwoPhasePattern(RunsBlocking):
+class TwoPhasePattern:
     """The owner-of-1/K compressed exchange (see the module doc).
 
     Fields:
@@ -204,7 +203,7 @@ class TwoPhasePattern(RunsBlocking):
         axis: ``"auto"`` | ``"rows"`` | ``"columns"`` (see the module doc).
         chunker: the pipelined chunks of a bucket (:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`;
             ``chunk_bytes`` None: the whole bucket at once).
-    :meth:`steps` is the exchange (a request sequence); :meth:`exchange` runs it at once.
+    :meth:`steps` is the exchange (a request sequence).
     The residuals live in the bucket's state (``memory``: full-size worker residuals;
     ``owner_memory``: the owned stripes'); this object keeps only a cache of plans.
     """
