@@ -20,7 +20,7 @@ from collections import deque
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..codecs.base import Codec, Payload
-from .bucket import Bucket, BucketOutcome
+from .bucket import BoundedCache, Bucket, BucketOutcome
 from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
 from .nonfinite_check import EncodesWholeTensors, nonfinite_payloads
@@ -39,7 +39,7 @@ class AllgatherPattern(EncodesWholeTensors):
     def __init__(self, codec: Codec, chunk_bytes: Optional[int] = None):
         self.codec = codec
         self.chunker = ChunkPlanner(codec, chunk_bytes)
-        self._layouts: Dict[tuple, FusedLayout] = {}
+        self._layouts = BoundedCache(64)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
         """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
@@ -48,12 +48,7 @@ class AllgatherPattern(EncodesWholeTensors):
 
     def layout(self, names: Sequence[str], pending: Mapping[str, Payload]) -> FusedLayout:
         entries = tuple((n, tuple(pending[n].shape), pending[n].dtype) for n in names)
-        layout = self._layouts.get(entries)
-        if layout is None:
-            if len(self._layouts) >= 64:  # do not grow without bound
-                self._layouts.clear()
-            layout = self._layouts[entries] = FusedLayout(self.codec, entries)
-        return layout
+        return self._layouts.get_or_make(entries, lambda: FusedLayout(self.codec, entries))
 
     def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
         """Encode, exchange and decode ``bucket``, as a request sequence (:mod:`.requests`; every

@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .bucket import Bucket, BucketOutcome, result_tensor
+from .bucket import BoundedCache, Bucket, BucketOutcome, result_tensor
 from .requests import Collective, Steps, passed_on
 from .stats import ExchangeStats, StepTotals
 from .stripes import Stripe, stripe_key, stripes
@@ -100,8 +100,7 @@ class HierarchicalPattern:
         self.codec, self.inner, self.patterns, self.choose = codec, inner, patterns, choose
         self.layout = None
         self.node = self.peers = None
-        self._orders: Dict[int, Dict[str, int]] = {}
-        self._shards: Dict[tuple, List[Stripe]] = {}
+        self._orders, self._shards = BoundedCache(8), BoundedCache(1024)
 
     def connect(self, layout, node, peers) -> None:
         """Use ``layout`` and its sub-communicators (``node``: this node's ranks; ``peers``: this
@@ -116,14 +115,10 @@ class HierarchicalPattern:
         """The L stripes of a tensor: the two-phase pattern's axis rule with L owners (rows for a
         variable-size codec, which has no fixed payload size to compare). Cached."""
         L = self.ranks_per_node
-        key = (tuple(shape), dtype, L)
-        cut = self._shards.get(key)
-        if cut is None:
-            axis = "rows" if self.codec.variable_size else choose_axis(self.codec, shape, dtype, L)
-            if len(self._shards) >= 1024:
-                self._shards.clear()
-            cut = self._shards[key] = stripes(shape, L, axis)
-        return cut
+
+        def cut() -> List[Stripe]:
+            return stripes(shape, L, "rows" if self.codec.variable_size else choose_axis(self.codec, shape, dtype, L))
+        return self._shards.get_or_make((tuple(shape), dtype, L), cut)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
         """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
@@ -137,13 +132,8 @@ class HierarchicalPattern:
         """Shard key -> index ``i * L + l`` (i: the tensor's index in ``order``): the stream
         positions of the inner exchange (P x L keys)."""
         L = self.ranks_per_node
-        cached = self._orders.get(id(order))
-        if cached is None or len(cached) != len(order) * L:
-            cached = {shard_key(n, l): i * L + l for n, i in order.items() for l in range(L)}
-            if len(self._orders) > 8:
-                self._orders.clear()
-            self._orders[id(order)] = cached
-        return cached
+        return self._orders.get_or_make((id(order), len(order), L),
+                                        lambda: {shard_key(n, l): i * L + l for n, i in order.items() for l in range(L)})
 
     # -- the three steps (the request sequence, :meth:`steps`, runs them around its collectives) --
     def scatter(self, bucket: Bucket, stats: ExchangeStats) -> NodeWork:

@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..codecs.base import Codec
 from ..transports.interface import PollableCommunicator
+from .bucket import BoundedCache
 from .env import seconds_from_env
 from .stream_handoff import HandoffMark, StreamHandoff, tensors_in
 
@@ -78,7 +79,7 @@ class ChunkPlanner:
 
     def __init__(self, codec: Codec, chunk_bytes: Optional[int]):
         self.codec, self.chunk_bytes = codec, chunk_bytes
-        self._plans: Dict[tuple, List[list]] = {}
+        self._plans = BoundedCache(64)
 
     def chunks(self, entries: Sequence[Tuple[str, Sequence[int], torch.dtype]], k: int) -> Optional[List[list]]:
         """:func:`plan_chunks` of ``entries`` (name, shape, dtype), or None when the bucket goes
@@ -86,11 +87,7 @@ class ChunkPlanner:
         if not self.chunk_bytes or k <= 1 or self.codec.variable_size:
             return None
         key = tuple((n, tuple(s), dt) for n, s, dt in entries)
-        chunks = self._plans.get(key)
-        if chunks is None:
-            if len(self._plans) >= 64:  # do not grow without bound
-                self._plans.clear()
-            chunks = self._plans[key] = plan_chunks(self.codec, key, self.chunk_bytes)
+        chunks = self._plans.get_or_make(key, lambda: plan_chunks(self.codec, key, self.chunk_bytes))
         return chunks if len(chunks) > 1 else None
 
 

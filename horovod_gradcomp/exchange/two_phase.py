@@ -59,15 +59,15 @@ fixed size: variable-size codecs (dgc, qsgd with coding="elias") are rejected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from ..codecs.base import Codec, Payload
 from ..state.error_feedback import encode_with_residual
 from ..state.memory import Memory
-from .bucket import Bucket, BucketOutcome, result_tensor
-from .scale_agreement import agree_scales, local_scales, with_measured
+from .bucket import BoundedCache, Bucket, BucketOutcome, result_tensor
+from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
 from .fusion import FusedLayout
 from .nonfinite_check import Unit, nonfinite_payloads, peek_residual
@@ -221,7 +221,7 @@ class TwoPhasePattern:
         self.codec = codec
         self.axis = axis
         self.chunker = ChunkPlanner(codec, chunk_bytes)
-        self._plans: Dict[tuple, StripePlan] = {}
+        self._plans = BoundedCache(256)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
         """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
@@ -232,12 +232,7 @@ class TwoPhasePattern:
     def plan(self, entries: Sequence[Entry], k: int) -> StripePlan:
         """The (cached) :class:`StripePlan` of these ``(name, shape, dtype)`` entries among k owners."""
         key = (tuple((n, tuple(s), dt) for n, s, dt in entries), k)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= 256:  # parameter sets rarely change; do not grow without bound
-                self._plans.clear()
-            plan = self._plans[key] = StripePlan(self.codec, key[0], k, self.axis)
-        return plan
+        return self._plans.get_or_make(key, lambda: StripePlan(self.codec, key[0], k, self.axis))
 
     # -- the exchange -------------------------------------------------------------
     def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
@@ -306,19 +301,19 @@ class TwoPhasePattern:
         column windows encoded in place name their window of the whole tensor; other stripes
         are taken (a view for rows, a copy for columns). Residuals are read, never created."""
         plan = self.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
-        units = []
+        return [Unit(stripe_key(n, st.owner), g, r, (n, st.start, st.stop)) if in_place
+                else Unit(stripe_key(n, st.owner), st.take(g), None if r is None else st.take(r))
+                for n, st, g, r, in_place in self._cut(plan, grads, lambda n, g: peek_residual(memory, n, g))]
+
+    def _cut(self, plan: StripePlan, grads, residual_of) -> Iterator[tuple]:
+        """``(name, stripe, gradient, residual, in place)`` of every non-empty stripe of the plan's
+        tensors, in tensor then owner order (``residual_of(name, gradient)``: its residual or None)."""
         for n, _, _ in plan.entries:
             g = grads[n].detach()
-            r = peek_residual(memory, n, g)
+            r = residual_of(n, g)
             for st in plan.stripes[n]:
-                if not st.numel:
-                    continue
-                key = stripe_key(n, st.owner)
-                if self._in_place(g, st):
-                    units.append(Unit(key, g, r, (n, st.start, st.stop)))
-                else:
-                    units.append(Unit(key, st.take(g), None if r is None else st.take(r)))
-        return units
+                if st.numel:
+                    yield n, st, g, r, self._in_place(g, st)
 
     def _in_place(self, g: torch.Tensor, st: Stripe) -> bool:
         """True when stripe ``st`` of ``g`` is a column window the codec encodes in place (a shared
@@ -358,18 +353,10 @@ class TwoPhasePattern:
         take no copies; other stripes are taken (a view for row stripes, a copy for columns)."""
         memory = bucket.state.memory
         with stats.timed("encode_s"):
-            jobs = []
-            for n, _, _ in plan.entries:
-                g = bucket.grads[n].detach()
-                r = memory.residual(n, g) if memory.enabled else None
-                for st in plan.stripes[n]:
-                    if not st.numel:
-                        continue
-                    if self._in_place(g, st):
-                        jobs.append(_StripeJob(n, st, g, None, r, None))
-                    else:
-                        jobs.append(_StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r)))
-        return jobs
+            return [_StripeJob(n, st, g, None, r, None) if in_place
+                    else _StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r))
+                    for n, st, g, r, in_place in self._cut(plan, bucket.grads,
+                                                           lambda n, g: memory.residual(n, g) if memory.enabled else None)]
 
     def _phase1(self, comm, w: "_ChunkWork", positions: StepPositions, stats: ExchangeStats):
         """Worker side: every stripe compensated and encoded (worker residual updated), packed
@@ -478,7 +465,7 @@ class TwoPhasePattern:
         codec = self.codec
         opts = [{} for _ in keys]
         if codec.shared_scale:
-            scales = local_scales(codec, [owner_memory.compensated(key, mean) for key, mean in zip(keys, means)])
+            scales = codec.local_scales_many([owner_memory.compensated(key, mean) for key, mean in zip(keys, means)])
             opts = [{"scale": scale} for scale in scales]
         position = [positions(plan.where[key][0], plan.where[key][1].owner, 1) for key in keys]
         return owner_memory.encode_many(codec, keys, means, opts, position)
