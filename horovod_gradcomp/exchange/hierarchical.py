@@ -43,6 +43,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from .bucket import BoundedCache, Bucket, BucketOutcome, result_tensor
+from .dense import mean_in_rank_order
 from .requests import Collective, Steps, passed_on
 from .stats import ExchangeStats, StepTotals
 from .stripes import Stripe, stripe_key, stripes
@@ -172,11 +173,8 @@ class HierarchicalPattern:
                     continue
                 dt = wire_dtype(grads[n].dtype)
                 nbytes = st.numel * _itemsize(dt)
-                parts = [_typed(recv[j * per_rank + offset: j * per_rank + offset + nbytes], dt) for j in range(L)]
-                total = parts[0].clone()
-                for part in parts[1:]:       # local-rank order: the same sum on every peer of the node
-                    total.add_(part)
-                total.div_(L)
+                total = mean_in_rank_order([_typed(recv[j * per_rank + offset: j * per_rank + offset + nbytes], dt)
+                                            for j in range(L)])   # local-rank order: the same on every peer
                 means[shard_key(n, local)] = total.to(grads[n].dtype).view(st.shape).to(grads[n].device)
                 offset += nbytes
         keys = list(means)
