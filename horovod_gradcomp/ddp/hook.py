@@ -26,14 +26,11 @@ same on every rank; bucket j's last bytes may still be on the wire). Chaining co
 directly in the callbacks, as PyTorch's PowerSGD hook does, pairs different buckets' collectives
 on gloo when a model spans several buckets; this hook does not.
 
-Threads. No Python runs on the backend's threads (no ``Future.then`` callbacks: see
-:mod:`horovod_gradcomp.transports.torch_dist`), and each bucket's future is completed by the
-hook's thread that closes the step, with the bucket's buffer, so DDP chains only its own C++ callbacks on it. At the
-interpreter's exit the hook waits until its threads are idle (a bounded wait: a thread stuck in
-a collective of a failed job is left, as a daemon), so that none of them is inside torch while
-Python shuts down (:mod:`horovod_gradcomp.ddp.daemon_threads`); the communicator keeps its
-recent works so that no backend thread frees one then
-(:mod:`horovod_gradcomp.transports.torch_dist`).
+Threads. No Python runs on the backend's threads (:mod:`horovod_gradcomp.transports.torch_dist`):
+each bucket's future is completed by the hook's thread that closes the step, so DDP chains only
+its own C++ callbacks on it. At the interpreter's exit the hook waits (bounded) until its threads
+are idle, so that none of them is inside torch while Python shuts down
+(:mod:`horovod_gradcomp.ddp.daemon_threads`).
 
 Streams (CUDA). Every hand-over between threads (``grad``, ``resume``, ``result``) goes through
 the engine's :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff`; the thread that

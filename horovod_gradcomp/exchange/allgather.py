@@ -7,12 +7,9 @@ memory (error feedback or DGC) from stream position ``step * P + i``; fixed-size
 travel in one allgather of the fused buffer, variable-size ones (``codec.variable_size``) in an
 allgather of the sizes and an allgatherv; every rank decodes the mean of the K payloads.
 
-The exchange is a request sequence (:meth:`AllgatherPattern.steps`, :mod:`.requests`). With
-``chunk_bytes`` and a driver that can keep a collective in flight (the blocking driver's wire
-thread), a bucket of fixed-size payloads larger than one chunk is pipelined
-(:mod:`horovod_gradcomp.exchange.pipeline`): one allgather per chunk issued while the next chunk
-is encoded and the previous one decoded. The bytes sent and the results are the same as in one
-allgather.
+With ``chunk_bytes`` and a driver that can keep a collective in flight, a bucket of fixed-size
+payloads larger than one chunk is pipelined (:mod:`horovod_gradcomp.exchange.pipeline`): one
+allgather per chunk; the bytes sent and the results are the same as in one allgather.
 """
 from __future__ import annotations
 
@@ -42,8 +39,7 @@ class AllgatherPattern(EncodesWholeTensors):
         self._layouts = BoundedCache(64)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
-        engine's snapshot of a step that is later skipped): the tensors' own; no owner keys."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): the tensors' own; no owner keys."""
         return list(names), []
 
     def layout(self, names: Sequence[str], pending: Mapping[str, Payload]) -> FusedLayout:

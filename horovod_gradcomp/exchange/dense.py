@@ -39,8 +39,7 @@ class DensePattern:
 
     @staticmethod
     def memory_keys(names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket may change (for the engine's snapshot of a step
-        that is later skipped): none, the dense mean keeps no state."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): none, the dense mean keeps no state."""
         return [], []
 
     @staticmethod

@@ -28,12 +28,9 @@ Traffic per rank, a bucket of B dense bytes and payload S: (L-1)/L x B x 2 insid
 nodes: with the allgather pattern (N-1) x S/L, so a node's L NICs together carry (N-1) x S,
 against L x (K-1) x S for the flat allgather: less than 1/L of it (the guide's table).
 
-The engine keeps everything else as on the flat path: the preamble over all K ranks (its
-signature names the layout), the non-finite flag from one read of the local gradients before it
-(:func:`~horovod_gradcomp.exchange.nonfinite_check.check_kind` ``"pass"``: the codecs' own measuring
-passes see node means, not this rank's gradient), snapshots of the shard keys' memory for a
-skipped step (:meth:`memory_keys`), the stall watchdog, stats (``intra`` bytes apart).
-Codec options that need the whole of one rank's gradient are refused: DGC's ``clip_norm``.
+The engine keeps everything else as on the flat path (the preamble over all K ranks, its
+signature naming the layout; snapshots of the shard keys' memory, :meth:`memory_keys`). Codec
+options that need the whole of one rank's gradient are refused: DGC's ``clip_norm``.
 """
 from __future__ import annotations
 
@@ -122,9 +119,8 @@ class HierarchicalPattern:
         return self._shards.get_or_make((tuple(shape), dtype, L), cut)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
-        engine's snapshot of a step that is later skipped): this rank's shard keys, and the
-        inner two-phase owner keys of those."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): this rank's shard
+        keys, and the inner two-phase owner keys of those."""
         local, node = self.node.rank, self.peers.rank
         keys = [shard_key(n, local) for n in names]
         return keys, [stripe_key(k, node) for k in keys]

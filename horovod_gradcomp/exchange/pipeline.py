@@ -13,10 +13,7 @@ its timing. Decoding is on the calling thread, in whatever order the chunks arri
 is local).
 
 Streams: a call's tensors go to the wire thread, and its result comes back, through a
-:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``wire-send`` recorded at
-:meth:`WireThread.submit`, waited on the wire thread; ``wire-recv`` recorded there after the
-collective, waited by the thread that takes the result), so that on CUDA neither thread's
-stream reads what the other's has not finished writing.
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``wire-send``, ``wire-recv``).
 """
 from __future__ import annotations
 

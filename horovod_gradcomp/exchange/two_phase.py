@@ -26,16 +26,11 @@ One run of :meth:`TwoPhasePattern.steps` (a request sequence, :mod:`.requests`) 
    its part of the result. Each gradient is thus quantized twice (once, with an exact owner
    sum); every rank gets bitwise the same result (all decode the same bytes).
 
-Pipelined chunks (``chunk_bytes``): the bucket's tensors are cut into consecutive chunks
-(:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`), each exchanged through the four phases
-with its own stripe plan, when the driver can keep collectives in flight (the blocking driver's
-wire thread); the two collectives of each chunk are on the wire while the next chunk is encoded
-and the previous ones requantized or decoded. The shared scales of all chunks are still agreed in one allreduce first, and every stripe keeps its stream position and
-residuals, so the results are the same bits as without chunks.
-
-Stream positions (:mod:`horovod_gradcomp.exchange.stream_positions`, S = K stripes, F = 2 phases):
-the worker encode of stripe s is phase 0, the owner's requantization phase 1, each drawn from
-the encoding rank's own stream (its codec's ``rank_stream``; the owner of stripe s is rank s).
+Pipelined chunks (``chunk_bytes``, :mod:`horovod_gradcomp.exchange.pipeline`): each chunk of
+consecutive tensors goes through the four phases with its own stripe plan, its two collectives
+on the wire while the next chunk is encoded; the shared scales of all chunks are agreed in one
+allreduce first and every stripe keeps its stream position (S = K stripes, F = 2 phases,
+:mod:`horovod_gradcomp.exchange.stream_positions`) and residuals: the same bits as without chunks.
 
 Striping axis (``axis``): ``"rows"`` cuts the 2-D view ``[shape[0], -1]`` by rows
 (contiguous, no copies). A per-column codec (onebit: two float32 values per column) then
@@ -224,9 +219,8 @@ class TwoPhasePattern:
         self._plans = BoundedCache(256)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
-        engine's snapshot of a step that is later skipped): the tensors' own, and the stripes
-        this rank owns (``stripe_key(name, rank)``)."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): the tensors' own, and
+        the stripes this rank owns (``stripe_key(name, rank)``)."""
         return list(names), [stripe_key(n, rank) for n in names]
 
     def plan(self, entries: Sequence[Entry], k: int) -> StripePlan:

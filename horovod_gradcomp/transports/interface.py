@@ -5,12 +5,8 @@ the patterns, the preamble and the scale agreement call only these members. A tr
 conformance by naming the protocol as a base class and defines every member itself
 (``tests/test_transports.py`` checks that no member is left to the protocol's stub).
 
-Capabilities some transports add: :class:`AsyncCommunicator` (the DDP hook chains the futures of
-one bucket's requests), :class:`SplittableCommunicator` (the hierarchical pattern splits a
-communicator into its node and peer groups), :class:`PollableCommunicator` and
-:class:`ThreadLevelCommunicator` (the wire thread's polling view; whether a thread may be
-started at all) and :class:`DeviceBufferCommunicator` (the staging
-hands CUDA buffers to a CUDA-aware MPI directly).
+Capabilities some transports add are their own protocols below (:class:`AsyncCommunicator`,
+:class:`SplittableCommunicator`, ...), which the exchange tests with ``isinstance``.
 
 Buffers are flat uint8 tensors; counts are one byte count per rank, in rank order. Every member
 except ``rank`` and ``size`` is a collective: every rank of the communicator calls it, in the same

@@ -7,12 +7,9 @@ exchange, under the stall watchdog). Outside an MPI launcher mpi4py is imported 
 under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.transports.mpi_lifetime`).
 
 Buffers are flat uint8 tensors in host memory, or on a CUDA device when the MPI library is
-CUDA-aware (:func:`cuda_aware_mpi`, :meth:`MPICommunicator.takes_device_buffers`; the direct
-path of :mod:`~horovod_gradcomp.exchange.staging`): mpi4py then takes the tensors themselves (their
-``__cuda_array_interface__``), every receive buffer is allocated on the send buffer's device, and
-MPI touches device memory only once the work queued on the current stream has completed
-(:func:`ready_for_mpi`).
-The device case has not run yet (no GPU here; ``ci/gpu_exchange_check.py`` runs it).
+CUDA-aware (:func:`cuda_aware_mpi`; the direct path of :mod:`~horovod_gradcomp.exchange.staging`):
+mpi4py then takes the tensors themselves (``__cuda_array_interface__``), and MPI touches device
+memory only once the work queued on the current stream has completed (:func:`ready_for_mpi`).
 """
 from __future__ import annotations
 

@@ -28,11 +28,8 @@ else a new gloo group over all ranks. The backend decides where the bytes live:
   already there) and every result stays on that device; the codecs' decode reads them there.
   This path is written but has NOT been run yet (no GPU on the development machines).
 
-Parts of different sizes (variable-size payloads, the two-phase owners' parts): torch's
-allgather takes equal sizes on every rank, so parts are padded to the largest;
-:attr:`padding_bytes` counts the bytes sent beyond the payloads, so statistics stay honest.
-The sizes are either known on every rank (``allgatherv_known``) or exchanged first
-(``allgatherv``: one allgather of an int64, then the padded data).
+Parts of different sizes: torch's allgather takes equal sizes on every rank, so parts are
+padded to the largest; :attr:`padding_bytes` counts the bytes sent beyond the payloads.
 
 Order: collectives pair across ranks by the order in which each rank issues them on the
 group. A caller that issues from several threads must order them itself (the DDP hook's
