@@ -34,13 +34,10 @@ class Handle:
 
 
 @dataclass
-class Waiting:
-    """Where a sequence stopped: the collective it waits for (``pending``, ``kind``,
-    ``issued_at``), and ``last_out``: its ``last`` request was issued on the way."""
-    pending: Any
-    kind: str
-    issued_at: float
-    last_out: bool
+class Waiting(Handle):
+    """Where a sequence stopped: the collective it waits for, and ``last_out``: its ``last``
+    request was issued on the way."""
+    last_out: bool = False
 
 
 def issue(call: Collective):

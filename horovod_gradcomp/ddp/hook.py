@@ -95,7 +95,8 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -225,13 +226,15 @@ def _raise_after_ddp(step: _Step) -> bool:
     return True
 
 
+@dataclass(eq=False)
 class _Running:
     """A job in flight: its generator, bucket tag, step, watchdog guard, and the devices of its
     gradients (where a move to another thread is marked)."""
-
-    def __init__(self, gen, tag: str, step: _Step, guard, devices=()):
-        self.gen, self.tag, self.step, self.guard = gen, tag, step, guard
-        self.devices = tuple(devices)
+    gen: Any
+    tag: str
+    step: _Step
+    guard: Any
+    devices: tuple = ()
 
 
 class DDPCompressionState(CompressionHolder):
@@ -391,7 +394,7 @@ class DDPCompressionState(CompressionHolder):
                     what, gen = job.what, with_known_sizes(self.engine.bucket_steps(comm, job, snapshot))
                 guard = _watchdog().guard(self.engine.timeout, what)
                 guard.__enter__()
-                running = _Running(gen, tag, step, guard, {g.device for g in grads.values()})
+                running = _Running(gen, tag, step, guard, tuple({g.device for g in grads.values()}))
             except BaseException as exc:  # noqa: BLE001 - the step's futures carry it
                 step.running -= 1
                 self._fail(step, tag, exc)

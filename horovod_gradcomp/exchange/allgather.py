@@ -49,56 +49,49 @@ class AllgatherPattern(EncodesWholeTensors):
     def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
         """Encode, exchange and decode ``bucket``, as a request sequence (:mod:`.requests`; every
         rank runs it with the same names). ``overlap``: the driver can keep a collective in flight
-        while this one encodes: a bucket of several chunks is then pipelined."""
-        chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
-                                     comm.size)
-        if chunks is not None and overlap:
-            return (yield from self._pipelined(comm, bucket, chunks, stats, totals))
-        pending = self.encode_names(bucket, bucket.names, (yield from self.agree(comm, bucket, stats, totals)), stats)
-        names, codec = bucket.names, self.codec
-        results = {}
-        if codec.variable_size:
-            with stats.timed("exchange_s"):
-                send = pack_variable(names, pending, comm)
-            parts = yield Collective("allgatherv", (send,), comm, "payload", last=True)
-            payload, extra = send.numel(), 8
-            with stats.timed("decode_s"):
-                decoded = [unpack_variable(part, names, pending) for part in parts]
-                nonfinite = self.decode_lists(decoded, bucket, results)
-        else:
-            layout = self.layout(names, pending)
-            with stats.timed("exchange_s"):
-                send = layout.pack(pending, comm=comm)
-            recv = yield Collective("allgather", (send,), comm, "payload", last=True)
-            payload, extra = layout.nbytes, 0
-            with stats.timed("decode_s"):
-                nonfinite = self.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket,
-                                                results)
-        return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size), nonfinite=nonfinite)
-
-    def _pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats, totals: StepTotals) -> Steps:
-        """The fixed-size exchange chunk by chunk: chunk i's allgather issued, chunk i+1 encoded
-        meanwhile; each chunk decoded as soon as its bytes are in (at the latest, at the end)."""
+        while this one encodes: a bucket of several chunks is then pipelined (chunk i's allgather
+        issued, chunk i+1 encoded meanwhile, each chunk decoded as soon as its bytes are in)."""
         options = yield from self.agree(comm, bucket, stats, totals)
-        results, payload = {}, 0
-        nonfinite = []
-        inflight: deque = deque()
-        for c, chunk in enumerate(chunks):
-            names = [n for n, _, _ in chunk]
+        if self.codec.variable_size:
+            return (yield from self._variable(comm, bucket, options, stats))
+        chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
+                                     comm.size) if overlap else None
+        names_of = [[n for n, _, _ in chunk] for chunk in chunks] if chunks is not None else [list(bucket.names)]
+        results, payload, nonfinite, inflight = {}, 0, [], deque()
+
+        def decode(layout: FusedLayout, devices, recv) -> None:
+            with stats.timed("decode_s"):
+                nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
+
+        for c, names in enumerate(names_of):
+            last = c == len(names_of) - 1
             pending = self.encode_names(bucket, names, options, stats)
-            layout = self.layout(names, pending)
+            layout, devices = self.layout(names, pending), {n: pending[n].device for n in names}
             with stats.timed("exchange_s"):
                 send = layout.pack(pending, comm=comm)
-            inflight.append((layout, (yield Issue(Collective("allgather", (send,), comm, "payload",
-                                                                 last=c == len(chunks) - 1)))))
             payload += layout.nbytes
-            while inflight and (inflight[0][1].done() or c == len(chunks) - 1):
-                layout, handle = inflight.popleft()
-                recv = yield Wait(handle)
-                with stats.timed("decode_s"):
-                    devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
-                    nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
+            call = Collective("allgather", (send,), comm, "payload", last=last)
+            if chunks is None:
+                decode(layout, devices, (yield call))
+                continue
+            inflight.append((layout, devices, (yield Issue(call))))
+            while inflight and (inflight[0][2].done() or last):
+                layout, devices, handle = inflight.popleft()
+                decode(layout, devices, (yield Wait(handle)))
         return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size), nonfinite=any(nonfinite))
+
+    def _variable(self, comm, bucket: Bucket, options: Mapping[str, dict], stats: ExchangeStats) -> Steps:
+        """Variable-size payloads: one allgatherv of every rank's serialized part (sizes unknown)."""
+        names = bucket.names
+        pending = self.encode_names(bucket, names, options, stats)
+        with stats.timed("exchange_s"):
+            send = pack_variable(names, pending, comm)
+        parts = yield Collective("allgatherv", (send,), comm, "payload", last=True)
+        results = {}
+        with stats.timed("decode_s"):
+            nonfinite = self.decode_lists([unpack_variable(part, names, pending) for part in parts], bucket, results)
+        return BucketOutcome(results, send.numel(), allgather_wire_bytes(send.numel() + 8, comm.size),
+                             nonfinite=nonfinite)
 
     def decode_stacked(self, unpacked, bucket: Bucket, results: Dict[str, object]) -> bool:
         """The mean over ranks of each (name, stacked payloads) of ``unpacked`` into ``results``

@@ -39,12 +39,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generator
 
-#: The collectives a pattern may request (the communicators' method names; see
-#: :class:`~horovod_gradcomp.transports.mpi.MPICommunicator`): ``allgather`` (equal
-#: sizes), ``allgatherv`` (sizes unknown), ``allgatherv_known`` (sizes known everywhere),
-#: ``alltoallv``, ``allreduce_max`` (a float64 vector), ``sizes`` (every rank's int; the
-#: asynchronous communicators only).
-OPS = ("allgather", "allgatherv", "allgatherv_known", "alltoallv", "allreduce_max", "sizes")
+from ..transports.interface import COLLECTIVES
+
+#: The collectives a pattern may request: those of the transport interface
+#: (:class:`~horovod_gradcomp.transports.interface.Communicator`), and ``sizes`` (every rank's
+#: int; the asynchronous communicators only, :class:`~horovod_gradcomp.transports.interface.AsyncCommunicator`).
+OPS = COLLECTIVES + ("sizes",)
 
 
 @dataclass
