@@ -80,19 +80,19 @@ class BucketJob:
 
     Fields: names (exchange order), grads (name -> this rank's gradient), tag (the bucket's
     label in the agreement check and messages), pattern (chosen identically on every rank),
-    signature (what the preamble's digest covers), local_nonfinite (a NaN or Inf here), k,
-    rank, what (the stall watchdog's description of the wait), measured (the check's
-    :class:`~horovod_gradcomp.exchange.nonfinite_check.Measured`: what the encode reuses)."""
+    signature (what the preamble's digest covers), k, rank, what (the stall watchdog's
+    description of the wait), measured (the check's
+    :class:`~horovod_gradcomp.exchange.nonfinite_check.Measured`: this rank's non-finite flag and
+    what the encode reuses)."""
     names: List[str]
     grads: Dict[str, torch.Tensor]
     tag: str
     pattern: str
     signature: List[str]
-    local_nonfinite: bool
     k: int
     rank: int
     what: str
-    measured: Optional[Measured] = None
+    measured: Measured
 
 
 class StepEngine:
@@ -348,7 +348,7 @@ class StepEngine:
         driver runs: the preamble (:func:`~.preamble.preamble_steps`), :meth:`open_bucket`, the
         pattern's own sequence, :meth:`close_bucket`. ``snapshot``: as :meth:`open_bucket`'s;
         ``overlap``: the driver can keep collectives in flight (pipelined chunks)."""
-        nonfinite = yield from preamble_steps(comm, self.owner, job.signature, job.local_nonfinite,
+        nonfinite = yield from preamble_steps(comm, self.owner, job.signature, job.measured.nonfinite,
                                               self.check_agreement, self.stats)
         bucket = self.open_bucket(job, nonfinite, snapshot)
         if bucket is not None:
@@ -370,8 +370,7 @@ class StepEngine:
                      f"world size {comm.size}"] + ([f"layout {self.layout.key()}"] if pattern == "hierarchical" else []) + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
         measured = measure_bucket(self.codec, self.state.memory, pattern, self.patterns[pattern], grads, comm.size,
                                   self.stats)
-        return BucketJob(list(names), grads, tag, pattern, signature, measured.nonfinite, comm.size, comm.rank, what,
-                         measured)
+        return BucketJob(list(names), grads, tag, pattern, signature, comm.size, comm.rank, what, measured)
 
     def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
         """After the preamble (``nonfinite``: some rank flagged one): the :class:`Bucket` for the
