@@ -59,7 +59,7 @@ from .blocking_driver import BlockingDriver
 from .bucket import Bucket, BucketOutcome
 from .bucket_plan import BucketPlan
 from .nonfinite_check import Measured, measure_bucket
-from .patterns import CHOOSABLE, build_patterns, two_phase_fits
+from .patterns import CHOOSABLE, build_patterns
 from .preamble import PREAMBLE_BYTES, preamble_steps
 from .requests import Steps
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
@@ -124,9 +124,11 @@ class StepEngine:
             pattern = codec.default_pattern
         if pattern not in CHOOSABLE:
             raise ValueError(f"{owner}: pattern must be one of {CHOOSABLE}, got {pattern!r}")
-        if pattern == "two_phase" and not two_phase_fits(codec, state.memory):
-            raise ValueError(f"{owner}: pattern='two_phase' needs fixed-size payloads and error feedback, not {codec!r} "
-                             f"with {state.memory!r}; use pattern='allgather' (or 'auto')")
+        if pattern == "two_phase" and codec.variable_size:
+            raise ValueError(f"{owner}: pattern='two_phase' needs fixed-size payloads, but {codec!r} has "
+                             "variable-size payloads; use pattern='allgather' (or 'auto')")
+        if pattern == "two_phase" and not state.memory.supports_owner_stripes:
+            raise ValueError(f"{owner}: pattern='two_phase' works with error feedback only")
         if pattern == "hierarchical" and state.memory.clip_norm is not None:
             raise ValueError(f"{owner}: pattern='hierarchical' does not take DGC's clip_norm (its clipping coefficient "
                              "comes from one rank's whole gradient, while the hierarchical exchange encodes node "
