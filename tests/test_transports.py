@@ -11,9 +11,16 @@ import torch.distributed as dist
 import horovod_gradcomp as hgc
 from horovod_gradcomp.errors import ExchangeMismatchError
 from horovod_gradcomp.transports.mpi import MPICommunicator
-from horovod_gradcomp.exchange.preamble import bucket_preamble
+from horovod_gradcomp.exchange.blocking_driver import BlockingDriver
+from horovod_gradcomp.exchange.preamble import preamble_steps
+from horovod_gradcomp.exchange.stats import ExchangeStats
 from horovod_gradcomp.transports import select_communicator
 from horovod_gradcomp.transports.torch_dist import TorchDistributedCommunicator
+
+
+def bucket_preamble(comm, *args):
+    """The preamble's request sequence run at once (the blocking driver, collectives on this thread)."""
+    return BlockingDriver(ExchangeStats()).run(preamble_steps(comm, *args))
 
 
 def test_rule_without_horovod(monkeypatch):

@@ -37,14 +37,14 @@ def build_parser() -> argparse.ArgumentParser:
         cmd = sub.add_parser(module.COMMAND, help=module.HELP, description=module.__doc__,
                              formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(cmd)
-        cmd.set_defaults(_run=module.run)
+        cmd.set_defaults(run_command=module.run)
     return parser
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse ``argv`` (default: ``sys.argv[1:]``), run the command, return its exit status."""
     args = build_parser().parse_args(argv)
-    return args._run(args)
+    return args.run_command(args)
 
 
 if __name__ == "__main__":

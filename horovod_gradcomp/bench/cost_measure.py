@@ -177,7 +177,7 @@ def measure_contention(max_procs: int, repeat: int = 5) -> Dict[int, float]:
 def run_check(args, inputs: Inputs) -> List[dict]:
     """Run ``bench exchange`` at each of ``--check-np`` on the loopback harness at 1 Gbit/s and compare."""
     from .shapes import total_numel
-    numel = total_numel(eb._shapes(args.shapes))
+    numel = total_numel(eb.shapes_named(args.shapes))
     if numel != inputs.numel:
         raise ValueError(f"the inputs describe a model of {inputs.numel:,} values, --shapes {args.shapes} has "
                          f"{numel:,}: measure the inputs for the shapes checked")

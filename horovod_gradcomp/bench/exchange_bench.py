@@ -407,7 +407,8 @@ def _log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def _shapes(name: str) -> List[Shape]:
+def shapes_named(name: str) -> List[Shape]:
+    """The shapes of ``--shapes NAME``: ResNet-50's, or the small test model's."""
     return resnet50_shapes() if name == "resnet50" else list(SMALL_SHAPES)
 
 
@@ -442,7 +443,7 @@ def run_in_place(args: argparse.Namespace, configs: Sequence[str]) -> Optional[L
     rates = _rates(args.rates)
     if len(rates) > 1:
         raise ValueError("under mpirun, --rates can only label the run with one rate")
-    rows = measure([parse_config(c) for c in configs], _shapes(args.shapes), args.steps, args.warmup,
+    rows = measure([parse_config(c) for c in configs], shapes_named(args.shapes), args.steps, args.warmup,
                    args.net or "none", rates[0] if rates else None, log=_log,
                    record=bool(args.record or args.breakdown),
                    ddp_step=dict(backward=args.ddp_backward, batch=args.ddp_batch, image=args.ddp_image))

@@ -136,9 +136,9 @@ def _record_codec(codec, rec: _Recorder) -> None:
 
     def owner_sum_codec(k):
         owner = make_owner_codec(k)
-        if owner is not None and not getattr(owner, "_memory_recorded", False):
+        if owner is not None and not getattr(owner, "hgc_memory_recorded", False):
             _record_codec(owner, rec)
-            owner._memory_recorded = True
+            owner.hgc_memory_recorded = True   # recorded once per owner codec object
         return owner
     codec.owner_sum_codec = owner_sum_codec
 
@@ -233,7 +233,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .exchange_bench import _shapes, parse_config, split_configs, under_mpi
+    from .exchange_bench import parse_config, shapes_named, split_configs, under_mpi
     configs = split_configs(args.configs)
     for c in configs:
         parse_config(c)
@@ -245,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
     from mpi4py import MPI
     from .codecs_bench import make_gradients
     comm = MPI.COMM_WORLD
-    shapes = _shapes(args.shapes)
+    shapes = shapes_named(args.shapes)
     grads = make_gradients(shapes, seed=1 + comm.Get_rank())
     mine = [measure_config(c, shapes, grads, args.steps) for c in configs]
     every = comm.allgather(mine)

@@ -1,24 +1,16 @@
 """The DDP hook's driver of request sequences (:mod:`horovod_gradcomp.exchange.requests`).
 
-A bucket's sequence (:meth:`StepEngine.bucket_steps
+Each request of a bucket's sequence (:meth:`StepEngine.bucket_steps
 <horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`, or the sparse job of
-:mod:`.sparse_exchange`) yields collective requests; here each becomes the communicator's
-asynchronous twin (``comm.<op>_async``, a :class:`~horovod_gradcomp.transports.torch_dist.Pending`):
-
-* :class:`~horovod_gradcomp.exchange.requests.Collective`: issued, and the sequence waits for it;
-* :class:`~horovod_gradcomp.exchange.requests.Issue`: issued, and the sequence goes on at once
-  with a :class:`Handle` (whose ``done()`` always says False: the hook never polls);
-* :class:`~horovod_gradcomp.exchange.requests.Wait`: the sequence waits for that handle.
-
-:func:`advance` resumes a sequence and runs it until it must wait for a collective; what it
-returns (:class:`Waiting`) says what to wait for and whether the bucket's ``last`` request is out.
-The hook (:mod:`.hook`) does the waiting on a waiter thread and calls :func:`advance` again with
-the result, in turn with the other buckets; once ``last_out``, the next bucket may start
-issuing. torch.distributed has no allgather of unknown sizes: :func:`with_known_sizes` turns
-each ``allgatherv`` request into ``sizes`` then ``allgatherv_known`` (the same bytes and counts).
-A sequence that fails leaves the collectives it issued and did not wait for to the backend (the
-step fails as a whole, :meth:`StepEngine.fail_step
-<horovod_gradcomp.exchange.engine.StepEngine.fail_step>`).
+:mod:`.sparse_exchange`) is issued on the communicator's asynchronous twin (``comm.<op>_async``,
+a :class:`~horovod_gradcomp.transports.torch_dist.Pending`). :func:`advance` runs a sequence until
+it must wait for a collective; the hook (:mod:`.hook`) waits on a waiter thread and calls it
+again with the result, in turn with the other buckets, the next of which may start issuing once
+:attr:`Waiting.last_out`. The handle of an :class:`~horovod_gradcomp.exchange.requests.Issue`
+never says ``done()`` (the hook does not poll). torch.distributed has no allgather of unknown
+sizes: :func:`with_known_sizes` turns each ``allgatherv`` into ``sizes`` then
+``allgatherv_known``. A failed sequence leaves what it issued to the backend (the step fails as a
+whole, :meth:`StepEngine.fail_step <horovod_gradcomp.exchange.engine.StepEngine.fail_step>`).
 """
 from __future__ import annotations
 
@@ -42,13 +34,10 @@ class Handle:
 
 
 @dataclass
-class Waiting:
-    """Where a sequence stopped: the collective it waits for (``pending``, ``kind``,
-    ``issued_at``), and ``last_out``: its ``last`` request was issued on the way."""
-    pending: Any
-    kind: str
-    issued_at: float
-    last_out: bool
+class Waiting(Handle):
+    """Where a sequence stopped: the collective it waits for, and ``last_out``: its ``last``
+    request was issued on the way."""
+    last_out: bool = False
 
 
 def issue(call: Collective):

@@ -34,7 +34,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..native import NativeUnavailableError, _C, native_error
+from ..native import NativeUnavailableError, native_available, native_error, require_native
 
 _HANDLE = "_hgc_backward_context_hold"   # the module attribute holding hold_backward_context's hook
 
@@ -45,8 +45,7 @@ def hold_backward_context(module: nn.Module):
     stashed context (reason 1 above). Gradients are not touched. Returns the forward hook's
     handle (``.remove()`` undoes it); a second call on the same module returns the first one's.
     Raises :class:`NativeUnavailableError` when the native extension did not load."""
-    if _C is None:
-        raise NativeUnavailableError(f"hold_backward_context needs horovod_gradcomp._C: {native_error()}")
+    _native("hold_backward_context")
     if not isinstance(module, nn.Module):
         raise TypeError(f"hold_backward_context: expected an nn.Module, got {type(module).__name__}")
     handle = getattr(module, _HANDLE, None)
@@ -64,9 +63,7 @@ def keep_until_exit(*tensors: torch.Tensor) -> None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"keep_until_exit: expected tensors, got {type(t).__name__}")
-    if _C is None:
-        raise NativeUnavailableError(f"keep_until_exit needs horovod_gradcomp._C: {native_error()}")
-    _C.keep_until_exit(list(tensors))
+    _native("keep_until_exit").keep_until_exit(list(tensors))
 
 
 def hold_latest(slot: str, *tensors: torch.Tensor) -> None:
@@ -77,13 +74,18 @@ def hold_latest(slot: str, *tensors: torch.Tensor) -> None:
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"hold_latest: expected tensors, got {type(t).__name__}")
-    if _C is None:
-        raise NativeUnavailableError(f"hold_latest needs horovod_gradcomp._C: {native_error()}")
-    _C.hold_latest(str(slot), list(tensors))
+    _native("hold_latest").hold_latest(str(slot), list(tensors))
+
+
+def _native(who: str):
+    """The native extension, or :class:`NativeUnavailableError` naming ``who``."""
+    if not native_available():
+        raise NativeUnavailableError(f"{who} needs horovod_gradcomp._C: {native_error()}")
+    return require_native()
 
 
 def _retain(grad: torch.Tensor) -> None:
-    _C.retain_backward_context()
+    require_native().retain_backward_context()
 
 
 def _mark_output(module: nn.Module, inputs, output) -> None:

@@ -26,24 +26,17 @@ same on every rank; bucket j's last bytes may still be on the wire). Chaining co
 directly in the callbacks, as PyTorch's PowerSGD hook does, pairs different buckets' collectives
 on gloo when a model spans several buckets; this hook does not.
 
-Threads. No Python runs on the backend's threads (no ``Future.then`` callbacks: see
-:mod:`horovod_gradcomp.transports.torch_dist`), and each bucket's future is completed by the
-hook's thread that closes the step, with the bucket's buffer, so DDP chains only its own C++ callbacks on it. At the
-interpreter's exit the hook waits until its threads are idle (a bounded wait: a thread stuck in
-a collective of a failed job is left, as a daemon), so that none of them is inside torch while
-Python shuts down (:mod:`horovod_gradcomp.ddp.daemon_threads`); the communicator keeps its
-recent works so that no backend thread frees one then
-(:mod:`horovod_gradcomp.transports.torch_dist`).
+Threads. No Python runs on the backend's threads (:mod:`horovod_gradcomp.transports.torch_dist`):
+each bucket's future is completed by the hook's thread that closes the step, so DDP chains only
+its own C++ callbacks on it. At the interpreter's exit the hook waits (bounded) until its threads
+are idle, so that none of them is inside torch while Python shuts down
+(:mod:`horovod_gradcomp.ddp.daemon_threads`).
 
-Streams (CUDA). Every hand-over between threads goes through the engine's
-:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff`: DDP's thread marks each bucket
-on its current stream (the one backward wrote the bucket on, ``grad``) and the sequencer's
-stream waits for the mark before the bucket's first read; a job that moves to a waiter thread
-is marked on the issuing thread's stream (``resume``) and waited there; each bucket's results
-are marked on the stream that decoded them (``result``) and waited by the thread that closes
-the step. That thread then completes DDP's futures, which for CUDA buckets are CUDA-aware
-futures (``torch.futures.Future(devices=...)``): they record the closing thread's stream, and
-DDP's own wait makes its stream wait for it. Written, not yet run on a GPU.
+Streams (CUDA). Every hand-over between threads (``grad``, ``resume``, ``result``) goes through
+the engine's :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff`; the thread that
+closes the step completes DDP's futures, CUDA-aware ones for CUDA buckets
+(``torch.futures.Future(devices=...)``), so DDP's own wait orders its stream after it. Written,
+not yet run on a GPU.
 
 Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
 exchange is done: then the engine closes the step exactly as on the Horovod path
@@ -60,13 +53,11 @@ exchanges once per step, when DDP hands over the last bucket (a RuntimeWarning s
 per process). DGC without clipping goes per bucket. ``per_bucket=False`` asks for the same
 one-exchange-per-step schedule with any codec (for comparison).
 
-Sparse gradients. DDP gives a sparse gradient (``nn.Embedding(sparse=True)``) a bucket of its
-own; the hook exchanges it uncompressed, as DDP's default hook does (the mean of the ranks'
-sparse tensors, through allgathers of their indices and values), in its turn among the buckets
-(:mod:`horovod_gradcomp.ddp.sparse_exchange`). Its bytes count in ``stats()``; its values do not
-enter DGC's clipping norm. ``sparse_as_dense=True`` (Horovod's option of that name) compresses
-the dense copy instead, as one more bucket of the codec, and writes the mean back into the
-parameter's sparse gradient (every row then holds values).
+Sparse gradients. A sparse gradient's own DDP bucket is exchanged uncompressed, in its turn
+among the buckets (:mod:`horovod_gradcomp.ddp.sparse_exchange`); its values do not enter DGC's
+clipping norm. ``sparse_as_dense=True`` (Horovod's option of that name) compresses the dense copy
+instead, as one more bucket of the codec, and writes the mean back into the parameter's sparse
+gradient (every row then holds values).
 
 Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
 error) fails the step with a :class:`DDPExchangeError` naming the step, the bucket and the rank
@@ -104,7 +95,8 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Dict, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -234,13 +226,15 @@ def _raise_after_ddp(step: _Step) -> bool:
     return True
 
 
+@dataclass(eq=False)
 class _Running:
     """A job in flight: its generator, bucket tag, step, watchdog guard, and the devices of its
     gradients (where a move to another thread is marked)."""
-
-    def __init__(self, gen, tag: str, step: _Step, guard, devices=()):
-        self.gen, self.tag, self.step, self.guard = gen, tag, step, guard
-        self.devices = tuple(devices)
+    gen: Any
+    tag: str
+    step: _Step
+    guard: Any
+    devices: tuple = ()
 
 
 class DDPCompressionState(CompressionHolder):
@@ -400,7 +394,7 @@ class DDPCompressionState(CompressionHolder):
                     what, gen = job.what, with_known_sizes(self.engine.bucket_steps(comm, job, snapshot))
                 guard = _watchdog().guard(self.engine.timeout, what)
                 guard.__enter__()
-                running = _Running(gen, tag, step, guard, {g.device for g in grads.values()})
+                running = _Running(gen, tag, step, guard, tuple({g.device for g in grads.values()}))
             except BaseException as exc:  # noqa: BLE001 - the step's futures carry it
                 step.running -= 1
                 self._fail(step, tag, exc)

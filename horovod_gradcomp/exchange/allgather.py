@@ -7,12 +7,9 @@ memory (error feedback or DGC) from stream position ``step * P + i``; fixed-size
 travel in one allgather of the fused buffer, variable-size ones (``codec.variable_size``) in an
 allgather of the sizes and an allgatherv; every rank decodes the mean of the K payloads.
 
-The exchange is a request sequence (:meth:`AllgatherPattern.steps`, :mod:`.requests`). With
-``chunk_bytes`` and a driver that can keep a collective in flight (the blocking driver's wire
-thread), a bucket of fixed-size payloads larger than one chunk is pipelined
-(:mod:`horovod_gradcomp.exchange.pipeline`): one allgather per chunk issued while the next chunk
-is encoded and the previous one decoded. The bytes sent and the results are the same as in one
-allgather.
+With ``chunk_bytes`` and a driver that can keep a collective in flight, a bucket of fixed-size
+payloads larger than one chunk is pipelined (:mod:`horovod_gradcomp.exchange.pipeline`): one
+allgather per chunk; the bytes sent and the results are the same as in one allgather.
 """
 from __future__ import annotations
 
@@ -20,96 +17,81 @@ from collections import deque
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..codecs.base import Codec, Payload
-from .bucket import Bucket, BucketOutcome
+from .bucket import BoundedCache, Bucket, BucketOutcome
 from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
 from .nonfinite_check import EncodesWholeTensors, nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
-from .blocking_driver import RunsBlocking
 from .pipeline import ChunkPlanner
 from .requests import Collective, Issue, Steps, Wait
 from .stats import ExchangeStats, StepTotals, allgather_wire_bytes
 
 
-class AllgatherPattern(RunsBlocking, EncodesWholeTensors):
+class AllgatherPattern(EncodesWholeTensors):
     """Fields: codec; chunker (the pipelined chunks of a bucket, :class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`);
-    a cache of fused layouts by bucket (buckets rarely change). :meth:`steps` is the exchange;
-    :meth:`exchange` runs it at once."""
+    a cache of fused layouts by bucket (buckets rarely change). :meth:`steps` is the exchange."""
 
     name = "allgather"
 
     def __init__(self, codec: Codec, chunk_bytes: Optional[int] = None):
         self.codec = codec
         self.chunker = ChunkPlanner(codec, chunk_bytes)
-        self._layouts: Dict[tuple, FusedLayout] = {}
+        self._layouts = BoundedCache(64)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
-        engine's snapshot of a step that is later skipped): the tensors' own; no owner keys."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): the tensors' own; no owner keys."""
         return list(names), []
 
     def layout(self, names: Sequence[str], pending: Mapping[str, Payload]) -> FusedLayout:
         entries = tuple((n, tuple(pending[n].shape), pending[n].dtype) for n in names)
-        layout = self._layouts.get(entries)
-        if layout is None:
-            if len(self._layouts) >= 64:  # do not grow without bound
-                self._layouts.clear()
-            layout = self._layouts[entries] = FusedLayout(self.codec, entries)
-        return layout
+        return self._layouts.get_or_make(entries, lambda: FusedLayout(self.codec, entries))
 
     def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
         """Encode, exchange and decode ``bucket``, as a request sequence (:mod:`.requests`; every
         rank runs it with the same names). ``overlap``: the driver can keep a collective in flight
-        while this one encodes: a bucket of several chunks is then pipelined."""
-        chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
-                                     comm.size)
-        if chunks is not None and overlap:
-            return (yield from self._pipelined(comm, bucket, chunks, stats, totals))
-        pending = self.encode_names(bucket, bucket.names, (yield from self.agree(comm, bucket, stats, totals)), stats)
-        names, codec = bucket.names, self.codec
-        results = {}
-        if codec.variable_size:
-            with stats.timed("exchange_s"):
-                send = pack_variable(names, pending, comm)
-            parts = yield Collective("allgatherv", (send,), comm, "payload", last=True)
-            payload, extra = send.numel(), 8
-            with stats.timed("decode_s"):
-                decoded = [unpack_variable(part, names, pending) for part in parts]
-                nonfinite = self.decode_lists(decoded, bucket, results)
-        else:
-            layout = self.layout(names, pending)
-            with stats.timed("exchange_s"):
-                send = layout.pack(pending, comm=comm)
-            recv = yield Collective("allgather", (send,), comm, "payload", last=True)
-            payload, extra = layout.nbytes, 0
-            with stats.timed("decode_s"):
-                nonfinite = self.decode_stacked(layout.unpack(recv, {n: pending[n].device for n in names}), bucket,
-                                                results)
-        return BucketOutcome(results, payload, allgather_wire_bytes(payload + extra, comm.size), nonfinite=nonfinite)
-
-    def _pipelined(self, comm, bucket: Bucket, chunks: List[list], stats: ExchangeStats, totals: StepTotals) -> Steps:
-        """The fixed-size exchange chunk by chunk: chunk i's allgather issued, chunk i+1 encoded
-        meanwhile; each chunk decoded as soon as its bytes are in (at the latest, at the end)."""
+        while this one encodes: a bucket of several chunks is then pipelined (chunk i's allgather
+        issued, chunk i+1 encoded meanwhile, each chunk decoded as soon as its bytes are in)."""
         options = yield from self.agree(comm, bucket, stats, totals)
-        results, payload = {}, 0
-        nonfinite = []
-        inflight: deque = deque()
-        for c, chunk in enumerate(chunks):
-            names = [n for n, _, _ in chunk]
+        if self.codec.variable_size:
+            return (yield from self._variable(comm, bucket, options, stats))
+        chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
+                                     comm.size) if overlap else None
+        names_of = [[n for n, _, _ in chunk] for chunk in chunks] if chunks is not None else [list(bucket.names)]
+        results, payload, nonfinite, inflight = {}, 0, [], deque()
+
+        def decode(layout: FusedLayout, devices, recv) -> None:
+            with stats.timed("decode_s"):
+                nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
+
+        for c, names in enumerate(names_of):
+            last = c == len(names_of) - 1
             pending = self.encode_names(bucket, names, options, stats)
-            layout = self.layout(names, pending)
+            layout, devices = self.layout(names, pending), {n: pending[n].device for n in names}
             with stats.timed("exchange_s"):
                 send = layout.pack(pending, comm=comm)
-            inflight.append((layout, (yield Issue(Collective("allgather", (send,), comm, "payload",
-                                                                 last=c == len(chunks) - 1)))))
             payload += layout.nbytes
-            while inflight and (inflight[0][1].done() or c == len(chunks) - 1):
-                layout, handle = inflight.popleft()
-                recv = yield Wait(handle)
-                with stats.timed("decode_s"):
-                    devices = {n: bucket.grads[n].device for n, _, _ in layout.entries}
-                    nonfinite.append(self.decode_stacked(layout.unpack(recv, devices), bucket, results))
+            call = Collective("allgather", (send,), comm, "payload", last=last)
+            if chunks is None:
+                decode(layout, devices, (yield call))
+                continue
+            inflight.append((layout, devices, (yield Issue(call))))
+            while inflight and (inflight[0][2].done() or last):
+                layout, devices, handle = inflight.popleft()
+                decode(layout, devices, (yield Wait(handle)))
         return BucketOutcome(results, payload, allgather_wire_bytes(payload, comm.size), nonfinite=any(nonfinite))
+
+    def _variable(self, comm, bucket: Bucket, options: Mapping[str, dict], stats: ExchangeStats) -> Steps:
+        """Variable-size payloads: one allgatherv of every rank's serialized part (sizes unknown)."""
+        names = bucket.names
+        pending = self.encode_names(bucket, names, options, stats)
+        with stats.timed("exchange_s"):
+            send = pack_variable(names, pending, comm)
+        parts = yield Collective("allgatherv", (send,), comm, "payload", last=True)
+        results = {}
+        with stats.timed("decode_s"):
+            nonfinite = self.decode_lists([unpack_variable(part, names, pending) for part in parts], bucket, results)
+        return BucketOutcome(results, send.numel(), allgather_wire_bytes(send.numel() + 8, comm.size),
+                             nonfinite=nonfinite)
 
     def decode_stacked(self, unpacked, bucket: Bucket, results: Dict[str, object]) -> bool:
         """The mean over ranks of each (name, stacked payloads) of ``unpacked`` into ``results``

@@ -1,39 +1,22 @@
 """The blocking driver: a pattern's requests (:mod:`.requests`) done on the calling thread.
 
 Used by :class:`~horovod_gradcomp.exchange.engine.StepEngine` for Horovod, MPI and any
-communicator whose collectives block. A :class:`~.requests.Collective` is called at once, timed
-as ``exchange_s`` under its phase. An :class:`~.requests.Issue` goes to the driver's
-:class:`~horovod_gradcomp.exchange.pipeline.WireThread` when the communicator may be called from
-a second thread (``threads_allowed``), on the communicator's polling twin
-(:func:`~horovod_gradcomp.exchange.pipeline.wire_communicator`), and the generator goes on
-encoding meanwhile; otherwise it is done at once and its handle is already done. A
-:class:`~.requests.Wait` waits for the handle, timed as ``exchange_s`` phase ``wait``.
-
-One wire thread per driver (per engine), shared by every pattern and the hierarchical pattern's
-inner exchange: it runs the issued collectives in issue order, which is the generators' order,
-the same on every rank.
+communicator whose collectives block; each wait is timed as ``exchange_s`` under its phase
+(``wait`` for a :class:`~.requests.Wait`). An :class:`~.requests.Issue` goes to the driver's one
+:class:`~horovod_gradcomp.exchange.pipeline.WireThread` (shared by every pattern and the
+hierarchical pattern's inner exchange: it runs the issued collectives in issue order, the same
+on every rank), on the communicator's polling twin
+(:func:`~horovod_gradcomp.exchange.pipeline.wire_communicator`), when the communicator may be
+called from a second thread (``threads_allowed``); otherwise it is done at once.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from concurrent.futures import Future
+from typing import Callable, Dict, List
 
 from .pipeline import WireFuture, WireThread, timed_wire, wire_communicator
 from .requests import Collective, Issue, Steps, Wait
 from .stats import ExchangeStats
-
-
-class _Done:
-    """The handle of a collective done at once (no wire thread)."""
-
-    def __init__(self, value):
-        self.value = value
-
-    @staticmethod
-    def done() -> bool:
-        return True
-
-    def result(self):
-        return self.value
 
 
 class BlockingDriver:
@@ -70,40 +53,29 @@ class BlockingDriver:
             raise
 
     def _answer(self, request, outstanding: List[WireFuture], wires: Dict[int, object]):
-        stats = self.stats
-        if isinstance(request, Collective):
-            with stats.timed("exchange_s", phase=request.phase):
-                return getattr(request.comm, request.op)(*request.args)
-        if isinstance(request, Issue):
-            call = request.collective
-            if not self.threads_allowed(call.comm):
-                with stats.timed("exchange_s", phase=call.phase):
-                    return _Done(getattr(call.comm, call.op)(*call.args))
-            wire = wires.get(id(call.comm))
-            if wire is None:
-                wire = wires[id(call.comm)] = wire_communicator(call.comm)
-            handle = self.wire.submit(timed_wire, stats, getattr(wire, call.op), *call.args)
-            outstanding.append(handle)
-            return handle
         if isinstance(request, Wait):
-            with stats.timed("exchange_s", phase="wait"):
+            with self.stats.timed("exchange_s", phase="wait"):
                 value = request.handle.result()
             if request.handle in outstanding:
                 outstanding.remove(request.handle)
             return value
-        raise TypeError(f"blocking driver: a pattern yielded {request!r}, not a Collective, Issue or Wait")
+        call = request.collective if isinstance(request, Issue) else request
+        if not isinstance(call, Collective):
+            raise TypeError(f"blocking driver: a pattern yielded {request!r}, not a Collective, Issue or Wait")
+        if call is request or not self.threads_allowed(call.comm):
+            with self.stats.timed("exchange_s", phase=call.phase):
+                value = getattr(call.comm, call.op)(*call.args)
+            if call is request:
+                return value
+            done: Future = Future()   # the Issue's handle, already done
+            done.set_result(value)
+            return done
+        wire = wires.get(id(call.comm))
+        if wire is None:
+            wire = wires[id(call.comm)] = wire_communicator(call.comm)
+        handle = self.wire.submit(timed_wire, self.stats, getattr(wire, call.op), *call.args)
+        outstanding.append(handle)
+        return handle
 
 
-class RunsBlocking:
-    """For a pattern class with a ``steps(comm, bucket, stats, totals, overlap)`` sequence: its
-    :meth:`exchange`, the sequence run at once by a :class:`BlockingDriver`."""
-
-    def exchange(self, comm, bucket, stats: ExchangeStats, totals, driver: Optional[BlockingDriver] = None):
-        """Exchange ``bucket`` on ``comm`` (every rank calls it alike) and return its
-        :class:`~horovod_gradcomp.exchange.bucket.BucketOutcome`. ``driver``: the one to run it
-        (None: collectives at once on this thread, no pipelined chunks)."""
-        driver = driver if driver is not None else BlockingDriver(stats, threads_allowed=lambda comm: False)
-        return driver.run(self.steps(comm, bucket, stats, totals, driver.overlaps(comm)))
-
-
-__all__ = ["BlockingDriver", "RunsBlocking"]
+__all__ = ["BlockingDriver"]

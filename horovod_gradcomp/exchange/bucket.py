@@ -1,8 +1,9 @@
-"""The unit of work a pattern exchanges: one bucket of gradients, and what came of it."""
+"""The unit of work a pattern exchanges: one bucket of gradients, what came of it, and the cache
+of what a pattern derives from a bucket's shapes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Mapping, Optional
+from typing import Callable, Dict, Hashable, List, Mapping, Optional
 
 import torch
 
@@ -39,10 +40,6 @@ class Bucket:
         """True when the pattern must look for non-finite input in the payloads it receives."""
         return self.measured is not None and self.measured.check_payloads
 
-    @property
-    def numel(self) -> int:
-        return sum(self.grads[n].numel() for n in self.names)
-
 
 @dataclass
 class BucketOutcome:
@@ -68,3 +65,21 @@ def result_tensor(grad: torch.Tensor, out: Optional[torch.Tensor]) -> torch.Tens
             and out.device == grad.device and out.is_contiguous()):
         return out
     return torch.empty(grad.shape, dtype=grad.dtype, device=grad.device)
+
+
+class BoundedCache(dict):
+    """Plans and layouts by bucket shapes, which rarely change: emptied when ``limit`` entries are
+    reached, so that it never grows without bound."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self.limit = limit
+
+    def get_or_make(self, key: Hashable, make: Callable[[], object]):
+        """The value cached for ``key``, ``make()`` (and cached) when there is none."""
+        value = self.get(key)
+        if value is None:
+            if len(self) >= self.limit:
+                self.clear()
+            value = self[key] = make()
+        return value

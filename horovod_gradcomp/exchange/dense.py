@@ -18,32 +18,28 @@ from typing import List, Sequence, Tuple
 import torch
 
 from .bucket import Bucket, BucketOutcome, result_tensor
-from .blocking_driver import RunsBlocking
 from .requests import Collective, Steps
 from .stats import ExchangeStats, StepTotals
+from .stripes import balanced_ranges
 
 
-def _slices(n: int, k: int) -> list:
-    """``k`` contiguous (start, stop) ranges covering ``range(n)``, sizes differing by at most one."""
-    base, extra = divmod(n, k)
-    bounds = [0]
-    for j in range(k):
-        bounds.append(bounds[-1] + base + (1 if j < extra else 0))
-    return list(zip(bounds[:-1], bounds[1:]))
+def mean_in_rank_order(parts: Sequence[torch.Tensor]) -> torch.Tensor:
+    """The mean of ``parts``, summed in their order (rank order: the same bits on every rank)."""
+    total = parts[0].clone()
+    for part in parts[1:]:
+        total.add_(part)
+    return total.div_(len(parts))
 
 
-class DensePattern(RunsBlocking):
-    """Full-precision mean of a bucket (see the module doc). Stateless.
-
-    :meth:`steps` runs the three steps below around the two collectives; :meth:`exchange` runs
-    it at once."""
+class DensePattern:
+    """Full-precision mean of a bucket (see the module doc). Stateless: :meth:`steps` runs the
+    three steps below around the two collectives."""
 
     name = "dense"
 
     @staticmethod
     def memory_keys(names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket may change (for the engine's snapshot of a step
-        that is later skipped): none, the dense mean keeps no state."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): none, the dense mean keeps no state."""
         return [], []
 
     @staticmethod
@@ -53,7 +49,7 @@ class DensePattern(RunsBlocking):
         wire = torch.float64 if any(grads[n].dtype == torch.float64 for n in names) else torch.float32
         with stats.timed("exchange_s"):
             flat = torch.cat([grads[n].detach().reshape(-1).to(device="cpu", dtype=wire) for n in names])
-        counts = [(b - a) * flat.element_size() for a, b in _slices(flat.numel(), k)]
+        counts = [(b - a) * flat.element_size() for a, b in balanced_ranges(flat.numel(), k)]
         return flat, flat.view(torch.uint8), counts, [counts[comm.rank]] * k
 
     @staticmethod
@@ -61,13 +57,9 @@ class DensePattern(RunsBlocking):
         """This rank's slice of the mean from the K received slices (summed in rank order):
         ``(send, counts)`` for the allgatherv."""
         k, item = comm.size, flat.element_size()
-        counts = [(b - a) * item for a, b in _slices(flat.numel(), k)]
+        counts = [(b - a) * item for a, b in balanced_ranges(flat.numel(), k)]
         with stats.timed("decode_s"):
-            parts = recv.view(flat.dtype).reshape(k, counts[comm.rank] // item)
-            mine = parts[0].clone()
-            for j in range(1, k):  # rank order: the same sum on every rank
-                mine.add_(parts[j])
-            mine.div_(k)
+            mine = mean_in_rank_order(recv.view(flat.dtype).reshape(k, counts[comm.rank] // item))
         return mine.view(torch.uint8), counts
 
     @staticmethod
@@ -101,4 +93,4 @@ class DensePattern(RunsBlocking):
         gathered = yield Collective("allgatherv_known", (part, counts), comm, "owners", last=True)
         return self.finish(comm, bucket, flat, gathered, stats)
 
-__all__ = ["DensePattern"]
+__all__ = ["DensePattern", "mean_in_rank_order"]

@@ -11,42 +11,25 @@ shares (never hook order):
   thread exchanges bucket j as soon as its gradients are all in, while backward goes on;
 * with an explicit ``partition`` (:meth:`StepEngine.exchange`), bucket j is ``partition[j]``:
   the partition a caller such as PyTorch DDP chose. The DDP hook runs the same bucket sequence
-  (:meth:`StepEngine.bucket_job`, then :meth:`StepEngine.bucket_steps` through its own driver,
-  then :meth:`StepEngine.close_step`), so a step through either path with the same partition
-  gives the same stream positions, residuals and results.
+  through its own driver, so a step through either path with the same partition gives the same
+  stream positions, residuals and results.
 
 One bucket, in one direction (engine -> pattern -> codec/state -> transport):
-:meth:`StepEngine.bucket_job` decides the pattern and measures the non-finite flag (once, from
-the encode's own first pass where the codec has one: :mod:`horovod_gradcomp.exchange.nonfinite_check`);
-:meth:`StepEngine.bucket_steps` is the bucket's request sequence (:mod:`.requests`): the
-preamble (:mod:`horovod_gradcomp.exchange.preamble`: one small allgather that checks that the
-ranks agree and tells every rank whether any rank holds a non-finite gradient), then
-:meth:`StepEngine.open_bucket`, the pattern's own sequence (found by name in
-:attr:`StepEngine.patterns`, made from the registry :mod:`.patterns`), which encodes through
-the state's memory, requests the collectives and decodes the mean, and
-:meth:`StepEngine.close_bucket`. Here the engine's :class:`~.blocking_driver.BlockingDriver` runs
-that sequence, under the stall watchdog's deadline (:mod:`horovod_gradcomp.exchange.watchdog`).
-Results are collected by name; the step closes with one ``stats`` record and ``state.end_step()``.
+:meth:`StepEngine.bucket_job` decides the pattern and measures the non-finite flag
+(:mod:`horovod_gradcomp.exchange.nonfinite_check`); :meth:`StepEngine.bucket_steps` is the
+bucket's request sequence (:mod:`.requests`): the preamble (:mod:`horovod_gradcomp.exchange.preamble`),
+:meth:`StepEngine.open_bucket`, the pattern's own sequence (:attr:`StepEngine.patterns`, made
+from the registry :mod:`.patterns`) and :meth:`StepEngine.close_bucket`. Here the engine's
+:class:`~.blocking_driver.BlockingDriver` runs it, under the stall watchdog's deadline
+(:mod:`horovod_gradcomp.exchange.watchdog`). The step closes with one ``stats`` record and
+``state.end_step()``; gradients and results cross threads through the engine's
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``handoff``).
 
-Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encodes that
-bucket (its memory is untouched) and every result of the step is NaN on every rank, so every
-rank skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left earlier in the
-step are rolled back to the memory they had before it (the engine snapshots a bucket's memory
-before encoding it whenever a step has several buckets). The flag comes from work the encode
-does anyway (:mod:`horovod_gradcomp.exchange.nonfinite_check`, in :meth:`StepEngine.bucket_job`, before
-the preamble and before any state is written): onebit's scales and TernGrad's local
-scales are measured there and reused by the encode; QSGD (no state) is flagged by the non-finite
-norms every rank receives, after the exchange; DGC with clipping by its step's norm. Only DGC
-without clipping and a few other cases (non-fused error feedback, the dense
-warm-up) still read every gradient for it (``has_nonfinite``, the breakdown's ``nonfinite``).
-
-Streams (CUDA): gradients and results cross threads through the engine's
-:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``handoff``): each gradient is
-marked on the submitting thread's current stream (``grad``) and the thread that exchanges its
-bucket makes its own stream wait for the mark before it reads it; each bucket's results are
-marked on the stream that decoded them (``result``), and :meth:`StepEngine.close_step` makes
-the closing thread's stream wait for them before they are handed on. No device-wide
-synchronize.
+Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encodes that bucket
+(its memory is untouched) and every result of the step is NaN on every rank, so every rank
+skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left earlier in the step
+are rolled back to the memory they had before it (the engine snapshots a bucket's memory before
+encoding it whenever a step has several buckets).
 
 ``pattern="auto"`` picks per bucket, identically on every rank, from the codec's layout:
 ``allgather`` for variable-size codecs, for K <= 2, and when the allgather would send less
@@ -57,14 +40,8 @@ of one size (:attr:`~horovod_gradcomp.exchange.topology.Layout.multi_level`), ``
 ``hierarchical`` for every bucket instead. It looks for nodes only where a layout is given
 (``ranks_per_node``, ``HOROVOD_GRADCOMP_RANKS_PER_NODE``) or the launcher's environment says a
 node holds fewer than K ranks (:func:`~horovod_gradcomp.exchange.topology.launcher_hint`), so a
-job on one host never runs the discovery's collectives; unequal nodes, and communicators that cannot
-be split (Horovod's own collectives): the flat rule above.
-
-``pattern="hierarchical"`` (:mod:`horovod_gradcomp.exchange.hierarchical`): dense inside each
-node, the codec's own pattern (``inner_pattern``) between nodes among the ranks of one local
-rank. The layout (:mod:`horovod_gradcomp.exchange.topology`) and its two sub-communicators are
-made at the first bucket, under the stall watchdog, on every rank alike; nodes of unequal size
-are refused there with an error naming them.
+job on one host never runs the discovery's collectives. The layout and the hierarchical
+pattern's sub-communicators are made at the first bucket (:meth:`StepEngine.connect_layout`).
 """
 from __future__ import annotations
 
@@ -103,19 +80,19 @@ class BucketJob:
 
     Fields: names (exchange order), grads (name -> this rank's gradient), tag (the bucket's
     label in the agreement check and messages), pattern (chosen identically on every rank),
-    signature (what the preamble's digest covers), local_nonfinite (a NaN or Inf here), k,
-    rank, what (the stall watchdog's description of the wait), measured (the check's
-    :class:`~horovod_gradcomp.exchange.nonfinite_check.Measured`: what the encode reuses)."""
+    signature (what the preamble's digest covers), k, rank, what (the stall watchdog's
+    description of the wait), measured (the check's
+    :class:`~horovod_gradcomp.exchange.nonfinite_check.Measured`: this rank's non-finite flag and
+    what the encode reuses)."""
     names: List[str]
     grads: Dict[str, torch.Tensor]
     tag: str
     pattern: str
     signature: List[str]
-    local_nonfinite: bool
     k: int
     rank: int
     what: str
-    measured: Optional[Measured] = None
+    measured: Measured
 
 
 class StepEngine:
@@ -147,8 +124,7 @@ class StepEngine:
             pattern = codec.default_pattern
         if pattern not in CHOOSABLE:
             raise ValueError(f"{owner}: pattern must be one of {CHOOSABLE}, got {pattern!r}")
-        variable = codec.variable_size
-        if pattern == "two_phase" and variable:
+        if pattern == "two_phase" and codec.variable_size:
             raise ValueError(f"{owner}: pattern='two_phase' needs fixed-size payloads, but {codec!r} has "
                              "variable-size payloads; use pattern='allgather' (or 'auto')")
         if pattern == "two_phase" and not state.memory.supports_owner_stripes:
@@ -374,7 +350,7 @@ class StepEngine:
         driver runs: the preamble (:func:`~.preamble.preamble_steps`), :meth:`open_bucket`, the
         pattern's own sequence, :meth:`close_bucket`. ``snapshot``: as :meth:`open_bucket`'s;
         ``overlap``: the driver can keep collectives in flight (pipelined chunks)."""
-        nonfinite = yield from preamble_steps(comm, self.owner, job.signature, job.local_nonfinite,
+        nonfinite = yield from preamble_steps(comm, self.owner, job.signature, job.measured.nonfinite,
                                               self.check_agreement, self.stats)
         bucket = self.open_bucket(job, nonfinite, snapshot)
         if bucket is not None:
@@ -396,8 +372,7 @@ class StepEngine:
                      f"world size {comm.size}"] + ([f"layout {self.layout.key()}"] if pattern == "hierarchical" else []) + [f"{n}:{tuple(g.shape)}:{g.dtype}" for n, g in grads.items()]
         measured = measure_bucket(self.codec, self.state.memory, pattern, self.patterns[pattern], grads, comm.size,
                                   self.stats)
-        return BucketJob(list(names), grads, tag, pattern, signature, measured.nonfinite, comm.size, comm.rank, what,
-                         measured)
+        return BucketJob(list(names), grads, tag, pattern, signature, comm.size, comm.rank, what, measured)
 
     def open_bucket(self, job: BucketJob, nonfinite: bool, snapshot: bool) -> Optional[Bucket]:
         """After the preamble (``nonfinite``: some rank flagged one): the :class:`Bucket` for the

@@ -28,12 +28,9 @@ Traffic per rank, a bucket of B dense bytes and payload S: (L-1)/L x B x 2 insid
 nodes: with the allgather pattern (N-1) x S/L, so a node's L NICs together carry (N-1) x S,
 against L x (K-1) x S for the flat allgather: less than 1/L of it (the guide's table).
 
-The engine keeps everything else as on the flat path: the preamble over all K ranks (its
-signature names the layout), the non-finite flag from one read of the local gradients before it
-(:func:`~horovod_gradcomp.exchange.nonfinite_check.check_kind` ``"pass"``: the codecs' own measuring
-passes see node means, not this rank's gradient), snapshots of the shard keys' memory for a
-skipped step (:meth:`memory_keys`), the stall watchdog, stats (``intra`` bytes apart).
-Codec options that need the whole of one rank's gradient are refused: DGC's ``clip_norm``.
+The engine keeps everything else as on the flat path (the preamble over all K ranks, its
+signature naming the layout; snapshots of the shard keys' memory, :meth:`memory_keys`). Codec
+options that need the whole of one rank's gradient are refused: DGC's ``clip_norm``.
 """
 from __future__ import annotations
 
@@ -42,8 +39,8 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from .bucket import Bucket, BucketOutcome, result_tensor
-from .blocking_driver import RunsBlocking
+from .bucket import BoundedCache, Bucket, BucketOutcome, result_tensor
+from .dense import mean_in_rank_order
 from .requests import Collective, Steps, passed_on
 from .stats import ExchangeStats, StepTotals
 from .stripes import Stripe, stripe_key, stripes
@@ -81,7 +78,7 @@ class NodeWork:
     gather_counts: List[int] = field(default_factory=list)
 
 
-class HierarchicalPattern(RunsBlocking):
+class HierarchicalPattern:
     """The node-then-peers exchange (see the module doc).
 
     Fields: codec; inner ("auto" | "allgather" | "two_phase"); patterns (the engine's flat
@@ -101,8 +98,7 @@ class HierarchicalPattern(RunsBlocking):
         self.codec, self.inner, self.patterns, self.choose = codec, inner, patterns, choose
         self.layout = None
         self.node = self.peers = None
-        self._orders: Dict[int, Dict[str, int]] = {}
-        self._shards: Dict[tuple, List[Stripe]] = {}
+        self._orders, self._shards = BoundedCache(8), BoundedCache(1024)
 
     def connect(self, layout, node, peers) -> None:
         """Use ``layout`` and its sub-communicators (``node``: this node's ranks; ``peers``: this
@@ -117,19 +113,14 @@ class HierarchicalPattern(RunsBlocking):
         """The L stripes of a tensor: the two-phase pattern's axis rule with L owners (rows for a
         variable-size codec, which has no fixed payload size to compare). Cached."""
         L = self.ranks_per_node
-        key = (tuple(shape), dtype, L)
-        cut = self._shards.get(key)
-        if cut is None:
-            axis = "rows" if self.codec.variable_size else choose_axis(self.codec, shape, dtype, L)
-            if len(self._shards) >= 1024:
-                self._shards.clear()
-            cut = self._shards[key] = stripes(shape, L, axis)
-        return cut
+
+        def cut() -> List[Stripe]:
+            return stripes(shape, L, "rows" if self.codec.variable_size else choose_axis(self.codec, shape, dtype, L))
+        return self._shards.get_or_make((tuple(shape), dtype, L), cut)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
-        engine's snapshot of a step that is later skipped): this rank's shard keys, and the
-        inner two-phase owner keys of those."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): this rank's shard
+        keys, and the inner two-phase owner keys of those."""
         local, node = self.node.rank, self.peers.rank
         keys = [shard_key(n, local) for n in names]
         return keys, [stripe_key(k, node) for k in keys]
@@ -138,13 +129,8 @@ class HierarchicalPattern(RunsBlocking):
         """Shard key -> index ``i * L + l`` (i: the tensor's index in ``order``): the stream
         positions of the inner exchange (P x L keys)."""
         L = self.ranks_per_node
-        cached = self._orders.get(id(order))
-        if cached is None or len(cached) != len(order) * L:
-            cached = {shard_key(n, l): i * L + l for n, i in order.items() for l in range(L)}
-            if len(self._orders) > 8:
-                self._orders.clear()
-            self._orders[id(order)] = cached
-        return cached
+        return self._orders.get_or_make((id(order), len(order), L),
+                                        lambda: {shard_key(n, l): i * L + l for n, i in order.items() for l in range(L)})
 
     # -- the three steps (the request sequence, :meth:`steps`, runs them around its collectives) --
     def scatter(self, bucket: Bucket, stats: ExchangeStats) -> NodeWork:
@@ -183,11 +169,8 @@ class HierarchicalPattern(RunsBlocking):
                     continue
                 dt = wire_dtype(grads[n].dtype)
                 nbytes = st.numel * _itemsize(dt)
-                parts = [_typed(recv[j * per_rank + offset: j * per_rank + offset + nbytes], dt) for j in range(L)]
-                total = parts[0].clone()
-                for part in parts[1:]:       # local-rank order: the same sum on every peer of the node
-                    total.add_(part)
-                total.div_(L)
+                total = mean_in_rank_order([_typed(recv[j * per_rank + offset: j * per_rank + offset + nbytes], dt)
+                                            for j in range(L)])   # local-rank order: the same on every peer
                 means[shard_key(n, local)] = total.to(grads[n].dtype).view(st.shape).to(grads[n].device)
                 offset += nbytes
         keys = list(means)

@@ -51,7 +51,6 @@ import torch
 from ..codecs.base import Codec
 from ..state.memory import Memory
 from . import preamble
-from .scale_agreement import local_scales
 from .stats import ExchangeStats
 from .stripes import matrix_shape
 
@@ -175,7 +174,7 @@ def _measure_scales(codec: Codec, units: Sequence[Unit]) -> Measured:
 def _measure_local(codec: Codec, units: Sequence[Unit]) -> Measured:
     """A shared-scale codec: every unit's local scale, of ``tensor + residual``."""
     values = [u.tensor if u.residual is None else u.tensor + u.residual for u in units]
-    local = [float(s) for s in local_scales(codec, values)] if values else []
+    local = [float(s) for s in codec.local_scales_many(values)] if values else []
     return Measured("scales", not all(math.isfinite(s) for s in local),
                     local={u.key: s for u, s in zip(units, local)})
 

@@ -7,8 +7,7 @@ hierarchical pattern exchanges between nodes through the flat ones made before i
 returns None where the pattern does not fit the codec and memory.
 
 Every pattern object has the same face: ``steps(comm, bucket, stats, totals, overlap)``, the
-exchange as a request sequence (:mod:`.requests`), which any driver runs; ``exchange(...)``,
-that sequence run at once (:class:`~.blocking_driver.RunsBlocking`); ``memory_keys(names,
+exchange as a request sequence (:mod:`.requests`), which any driver runs; ``memory_keys(names,
 rank)``, what a bucket may change in the memory (the engine's snapshot of a step that may be
 skipped). A new pattern: its module, and one line here.
 """

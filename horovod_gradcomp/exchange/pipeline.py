@@ -13,21 +13,19 @@ its timing. Decoding is on the calling thread, in whatever order the chunks arri
 is local).
 
 Streams: a call's tensors go to the wire thread, and its result comes back, through a
-:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``wire-send`` recorded at
-:meth:`WireThread.submit`, waited on the wire thread; ``wire-recv`` recorded there after the
-collective, waited by the thread that takes the result), so that on CUDA neither thread's
-stream reads what the other's has not finished writing.
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``wire-send``, ``wire-recv``).
 """
 from __future__ import annotations
 
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
 from ..codecs.base import Codec
 from ..transports.interface import PollableCommunicator
+from .bucket import BoundedCache
 from .env import seconds_from_env
 from .stream_handoff import HandoffMark, StreamHandoff, tensors_in
 
@@ -78,7 +76,7 @@ class ChunkPlanner:
 
     def __init__(self, codec: Codec, chunk_bytes: Optional[int]):
         self.codec, self.chunk_bytes = codec, chunk_bytes
-        self._plans: Dict[tuple, List[list]] = {}
+        self._plans = BoundedCache(64)
 
     def chunks(self, entries: Sequence[Tuple[str, Sequence[int], torch.dtype]], k: int) -> Optional[List[list]]:
         """:func:`plan_chunks` of ``entries`` (name, shape, dtype), or None when the bucket goes
@@ -86,11 +84,7 @@ class ChunkPlanner:
         if not self.chunk_bytes or k <= 1 or self.codec.variable_size:
             return None
         key = tuple((n, tuple(s), dt) for n, s, dt in entries)
-        chunks = self._plans.get(key)
-        if chunks is None:
-            if len(self._plans) >= 64:  # do not grow without bound
-                self._plans.clear()
-            chunks = self._plans[key] = plan_chunks(self.codec, key, self.chunk_bytes)
+        chunks = self._plans.get_or_make(key, lambda: plan_chunks(self.codec, key, self.chunk_bytes))
         return chunks if len(chunks) > 1 else None
 
 

@@ -7,11 +7,8 @@ any collective whose sizes or meaning depend on those things (shared scales, pay
 ranks that disagree fail on every rank with :class:`ExchangeMismatchError` instead of pairing
 the wrong buffers or hanging, and a non-finite gradient on one rank is known to all.
 
-The flag is this rank's check of the bucket (:mod:`horovod_gradcomp.exchange.nonfinite_check`): the
-encode's own first pass where the codec has one (onebit's scales, TernGrad's local scales),
-DGC's clipping norm, or :func:`has_nonfinite` (one read of every gradient) where nothing else
-reads them before the preamble. QSGD sends a 0 here and is flagged after its exchange, by the
-non-finite norms every rank receives.
+The flag is this rank's check of the bucket (:mod:`horovod_gradcomp.exchange.nonfinite_check`, or
+:func:`has_nonfinite` where nothing else reads the gradients before the preamble).
 """
 from __future__ import annotations
 
@@ -22,7 +19,6 @@ import numpy as np
 import torch
 
 from ..errors import ExchangeMismatchError
-from .blocking_driver import BlockingDriver
 from .requests import Collective, Steps
 from .stats import ExchangeStats
 
@@ -74,7 +70,3 @@ def preamble_steps(comm, what: str, signature: Sequence[str], nonfinite: bool, c
             "named_parameters and compression options.")
     return bool(every[:, DIGEST_BYTES].any())
 
-
-def bucket_preamble(comm, what: str, signature: Sequence[str], nonfinite: bool, check: bool = True) -> bool:
-    """:func:`preamble_steps` run at once on ``comm`` (blocking collectives)."""
-    return BlockingDriver(ExchangeStats()).run(preamble_steps(comm, what, signature, nonfinite, check))

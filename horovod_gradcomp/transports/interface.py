@@ -1,23 +1,12 @@
 """The transport interface: the collectives the exchange patterns request, and nothing else.
 
-Every transport implements :class:`Communicator`; the patterns, the preamble and the scale
-agreement call only these members, so each pattern and codec runs unchanged on each transport.
-A transport declares conformance by naming the protocol as a base class and defines every member
-itself (``tests/test_transports.py`` checks that no member is left to the protocol's stub):
+Every transport (listed in :mod:`horovod_gradcomp.transports`) implements :class:`Communicator`;
+the patterns, the preamble and the scale agreement call only these members. A transport declares
+conformance by naming the protocol as a base class and defines every member itself
+(``tests/test_transports.py`` checks that no member is left to the protocol's stub).
 
-* :class:`~horovod_gradcomp.transports.mpi.MPICommunicator` (mpi4py, under ``mpirun``) and its
-  :class:`~horovod_gradcomp.transports.mpi_polling.PollingCommunicator`;
-* :class:`~horovod_gradcomp.transports.horovod_ops.HorovodCommunicator` (Horovod's collectives,
-  on MPI or Gloo, optionally one process set);
-* :class:`~horovod_gradcomp.transports.torch_dist.TorchDistributedCommunicator` (the DDP hook),
-  which is also an :class:`AsyncCommunicator`: each collective issued without waiting.
-
-Capabilities some transports add: :class:`AsyncCommunicator` (the DDP hook chains the futures of
-one bucket's requests), :class:`SplittableCommunicator` (the hierarchical pattern splits a
-communicator into its node and peer groups), :class:`PollableCommunicator` and
-:class:`ThreadLevelCommunicator` (the wire thread's polling view; whether a thread may be
-started at all) and :class:`DeviceBufferCommunicator` (the staging
-hands CUDA buffers to a CUDA-aware MPI directly).
+Capabilities some transports add are their own protocols below (:class:`AsyncCommunicator`,
+:class:`SplittableCommunicator`, ...), which the exchange tests with ``isinstance``.
 
 Buffers are flat uint8 tensors; counts are one byte count per rank, in rank order. Every member
 except ``rank`` and ``size`` is a collective: every rank of the communicator calls it, in the same

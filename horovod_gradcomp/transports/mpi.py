@@ -7,12 +7,9 @@ exchange, under the stall watchdog). Outside an MPI launcher mpi4py is imported 
 under one, importing horovod_gradcomp initializes MPI (:mod:`~horovod_gradcomp.transports.mpi_lifetime`).
 
 Buffers are flat uint8 tensors in host memory, or on a CUDA device when the MPI library is
-CUDA-aware (:func:`cuda_aware_mpi`, :meth:`MPICommunicator.takes_device_buffers`; the direct
-path of :mod:`~horovod_gradcomp.exchange.staging`): mpi4py then takes the tensors themselves (their
-``__cuda_array_interface__``), every receive buffer is allocated on the send buffer's device, and
-MPI touches device memory only once the work queued on the current stream has completed
-(:func:`ready_for_mpi`).
-The device case has not run yet (no GPU here; ``ci/gpu_exchange_check.py`` runs it).
+CUDA-aware (:func:`cuda_aware_mpi`; the direct path of :mod:`~horovod_gradcomp.exchange.staging`):
+mpi4py then takes the tensors themselves (``__cuda_array_interface__``), and MPI touches device
+memory only once the work queued on the current stream has completed (:func:`ready_for_mpi`).
 """
 from __future__ import annotations
 
@@ -149,9 +146,9 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
                             "through host memory (horovod_gradcomp.exchange.staging)")
         return send.device
 
+    # The collectives of the Communicator interface (their contracts there); every result is on
+    # ``send``'s device, parts of a list are views of one receive buffer.
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
-        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k, on
-        ``send``'s device."""
         device = self._checked(send, "allgather")
         recv = torch.empty((self.size, send.numel()), dtype=torch.uint8, device=device)
         from mpi4py import MPI
@@ -160,9 +157,7 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         return recv
 
     def allgatherv(self, send: torch.Tensor) -> list:
-        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]] (views of
-        one receive buffer on ``send``'s device). One allgather of the sizes, then one
-        allgatherv of the data."""
+        """One allgather of the sizes, then one allgatherv of the data."""
         device = self._checked(send, "allgatherv")
         from mpi4py import MPI
         sizes = np.empty(self.size, dtype=np.int64)
@@ -174,14 +169,8 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         return split_parts(recv, sizes)
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
-        """Personalized exchange with sizes known on both sides (no size exchange).
-
-        ``send`` (flat uint8 CPU) holds this rank's segments back to back, in rank order:
-        ``send_counts[j]`` bytes for rank j. Returns flat uint8 of ``sum(recv_counts)`` bytes:
-        rank j's segment for this rank (``recv_counts[j]`` bytes) at offset
-        ``sum(recv_counts[:j])``. ``send_counts[j]`` on rank r must equal ``recv_counts[r]``
-        on rank j (not checked: MPI fails or truncates otherwise). One collective. The result is
-        on ``send``'s device."""
+        """One collective. ``send_counts[j]`` on rank r must equal ``recv_counts[r]`` on rank j
+        (not checked: MPI fails or truncates otherwise)."""
         device = self._checked(send, "alltoallv")
         sc, rc = alltoallv_counts(send, send_counts, recv_counts, self.size)
         recv = torch.empty(int(rc.sum()), dtype=torch.uint8, device=device)
@@ -192,10 +181,6 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         return recv
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
-        """Allgather of parts whose sizes every rank knows in advance: rank k passes its
-        ``counts[k]`` bytes (flat uint8) and the same ``counts``; returns
-        ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` (views into one receive buffer on
-        ``send``'s device, part k at offset ``sum(counts[:k])``). One collective, no size exchange."""
         device = self._checked(send, "allgatherv_known")
         c = known_counts(send, counts, self.rank, self.size)
         displs = displacements(c)
@@ -206,7 +191,6 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         return split_parts(recv, c)
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
-        """Elementwise maximum over ranks of a float64 vector (one collective)."""
         from mpi4py import MPI
         mine = np.ascontiguousarray(values, dtype=np.float64)
         out = np.empty_like(mine)

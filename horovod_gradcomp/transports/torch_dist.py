@@ -28,11 +28,8 @@ else a new gloo group over all ranks. The backend decides where the bytes live:
   already there) and every result stays on that device; the codecs' decode reads them there.
   This path is written but has NOT been run yet (no GPU on the development machines).
 
-Parts of different sizes (variable-size payloads, the two-phase owners' parts): torch's
-allgather takes equal sizes on every rank, so parts are padded to the largest;
-:attr:`padding_bytes` counts the bytes sent beyond the payloads, so statistics stay honest.
-The sizes are either known on every rank (``allgatherv_known``) or exchanged first
-(``allgatherv``: one allgather of an int64, then the padded data).
+Parts of different sizes: torch's allgather takes equal sizes on every rank, so parts are
+padded to the largest; :attr:`padding_bytes` counts the bytes sent beyond the payloads.
 
 Order: collectives pair across ranks by the order in which each rank issues them on the
 group. A caller that issues from several threads must order them itself (the DDP hook's
@@ -160,9 +157,8 @@ class TorchDistributedCommunicator(AsyncCommunicator, SplittableCommunicator):
         del leaving   # freed outside the lock
         return Pending(work.get_future(), finish)
 
-    # -- asynchronous collectives --------------------------------------------------------
+    # -- asynchronous collectives: a Pending of what the blocking one of the interface returns --
     def allgather_async(self, send: torch.Tensor) -> Pending:
-        """Future of uint8[K, n]: every rank's ``send`` (n bytes on every rank), row k from rank k."""
         check_bytes(send, "allgather", host_only=False)
         send = self._on_device(send)
         k = self.size
@@ -177,8 +173,7 @@ class TorchDistributedCommunicator(AsyncCommunicator, SplittableCommunicator):
         return self._pending(work, lambda _: torch.stack(parts), send, *parts)
 
     def allgatherv_known_async(self, send: torch.Tensor, counts: Sequence[int]) -> Pending:
-        """Future of ``[uint8[counts[0]], ..., uint8[counts[K-1]]]`` for parts whose sizes every
-        rank knows: one allgather padded to the largest part (padding counted)."""
+        """One allgather padded to the largest part (padding counted)."""
         check_bytes(send, "allgatherv_known", host_only=False)
         c = known_counts(send, counts, self.rank, self.size)
         longest = int(c.max()) if c.size else 0
@@ -197,9 +192,7 @@ class TorchDistributedCommunicator(AsyncCommunicator, SplittableCommunicator):
 
     def alltoallv_async(self, send: torch.Tensor, send_counts: Sequence[int],
                         recv_counts: Sequence[int]) -> Pending:
-        """Future of the personalized exchange (see :meth:`Communicator.alltoallv
-        <horovod_gradcomp.transports.interface.Communicator.alltoallv>`): one
-        ``all_to_all_single`` with uneven splits."""
+        """One ``all_to_all_single`` with uneven splits."""
         check_bytes(send, "alltoallv", host_only=False)
         k = self.size
         sc, rc = alltoallv_counts(send, send_counts, recv_counts, k)
@@ -212,7 +205,6 @@ class TorchDistributedCommunicator(AsyncCommunicator, SplittableCommunicator):
         return self._pending(work, lambda _: recv, recv, send)
 
     def allreduce_max_async(self, values: np.ndarray) -> Pending:
-        """Future of the elementwise maximum over ranks of a float64 vector (numpy, same shape)."""
         shape = np.shape(values)
         t = torch.from_numpy(np.array(values, dtype=np.float64).reshape(-1)).to(self.device)
         if self.size == 1:
@@ -220,29 +212,22 @@ class TorchDistributedCommunicator(AsyncCommunicator, SplittableCommunicator):
         work = self._dist.all_reduce(t, op=self._dist.ReduceOp.MAX, group=self.group, async_op=True)
         return self._pending(work, lambda _: t.cpu().numpy().reshape(shape), t)
 
-    # -- the Communicator interface (blocking) ---------------------------------------------
+    # -- the Communicator interface (blocking): the asynchronous twins waited for ---------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
-        """uint8[n] on every rank (same n everywhere) -> uint8[K, n], row k from rank k."""
         return self.allgather_async(send).wait()
 
     def allgatherv(self, send: torch.Tensor) -> list:
-        """uint8[n_k] on rank k (sizes may differ) -> [uint8[n_0], ..., uint8[n_{K-1}]].
-        One allgather of the sizes, then one allgather padded to the largest size."""
+        """One allgather of the sizes, then one allgather padded to the largest size."""
         check_bytes(send, "allgatherv", host_only=False)
-        sizes = self.sizes_async(send.numel()).wait()
-        return self.allgatherv_known_async(send, sizes).wait()
+        return self.allgatherv_known_async(send, self.sizes_async(send.numel()).wait()).wait()
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:
-        """Personalized exchange (see :meth:`Communicator.alltoallv
-        <horovod_gradcomp.transports.interface.Communicator.alltoallv>`)."""
         return self.alltoallv_async(send, send_counts, recv_counts).wait()
 
     def allgatherv_known(self, send: torch.Tensor, counts: Sequence[int]) -> list:
-        """Allgather of parts whose sizes every rank knows: one allgather padded to the largest part."""
         return self.allgatherv_known_async(send, counts).wait()
 
     def allreduce_max(self, values: np.ndarray) -> np.ndarray:
-        """Elementwise maximum over ranks of a float64 vector (one ``all_reduce``, MAX)."""
         return self.allreduce_max_async(values).wait()
 
     def split(self, groups: Sequence[Sequence[int]]) -> "TorchDistributedCommunicator":

@@ -69,10 +69,12 @@ def two_phase_exchange(pattern, names, grads, state, order, outs=None):
     """One bucket through ``pattern`` (a TwoPhasePattern) on the default communicator, at
     ``state.step``: ``(results, info)``."""
     from horovod_gradcomp.transports import default_communicator
+    from horovod_gradcomp.exchange.blocking_driver import BlockingDriver
     from horovod_gradcomp.exchange.bucket import Bucket
     from horovod_gradcomp.exchange.stats import ExchangeStats, StepTotals
-    outcome = pattern.exchange(default_communicator(), Bucket(list(names), grads, state, order, outs or {}),
-                               ExchangeStats(), StepTotals())
+    stats = ExchangeStats()
+    outcome = BlockingDriver(stats).run(pattern.steps(default_communicator(), Bucket(list(names), grads, state, order,
+                                                                                     outs or {}), stats, StepTotals()))
     return outcome.results, outcome.info
 
 

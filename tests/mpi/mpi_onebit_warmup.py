@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
-from horovod_gradcomp.exchange.dense import _slices
+from horovod_gradcomp.exchange.stripes import balanced_ranges
 from horovod_gradcomp.exchange.preamble import PREAMBLE_BYTES
 from horovod_gradcomp.exchange.stats import allgather_wire_bytes
 
@@ -72,7 +72,7 @@ def test_warmup_steps_are_the_exact_mean_then_onebit_from_zero_residuals(pattern
                 torch.testing.assert_close(comp.memory.residuals[n], residual[n], rtol=1e-5, atol=1e-6)
         if step == warm - 1:  # the warm-up's bytes: dense payloads and a reduce-scatter + allgather
             s = comp.stats()
-            mine = [b - a for a, b in _slices(numel, SIZE)][RANK] * 4
+            mine = [b - a for a, b in balanced_ranges(numel, SIZE)][RANK] * 4
             sent = 4 * numel - mine + (SIZE - 1) * mine
             assert s["bytes_payload"] == warm * 4 * numel == s["bytes_payload_dense"]
             assert s["bytes_sent"] == warm * (sent + allgather_wire_bytes(PREAMBLE_BYTES, SIZE))

@@ -230,7 +230,9 @@ def test_polling_communicator_moves_the_same_bytes():
     assert torch.equal(polling.alltoallv(send, counts, counts), blocking.alltoallv(send, counts, counts))
     vals = np.array([RANK, -RANK], dtype=np.float64)
     assert np.array_equal(polling.allreduce_max(vals), blocking.allreduce_max(vals))
-    from horovod_gradcomp.exchange.preamble import bucket_preamble
-    assert bucket_preamble(polling, "test", ["same"], RANK == 0) is True
+    from horovod_gradcomp.exchange.blocking_driver import BlockingDriver
+    from horovod_gradcomp.exchange.preamble import preamble_steps
+    from horovod_gradcomp.exchange.stats import ExchangeStats
+    assert BlockingDriver(ExchangeStats()).run(preamble_steps(polling, "test", ["same"], RANK == 0)) is True
     with pytest.raises(ValueError):
         PollingCommunicator(interval_s=0)

@@ -14,13 +14,21 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.errors import ExchangeMismatchError
 from horovod_gradcomp.transports.mpi import MPICommunicator
-from horovod_gradcomp.exchange.preamble import bucket_preamble
+from horovod_gradcomp.exchange.blocking_driver import BlockingDriver
+from horovod_gradcomp.exchange.preamble import preamble_steps
+from horovod_gradcomp.exchange.stats import ExchangeStats
 from horovod_gradcomp.transports import select_communicator
 from horovod_gradcomp.transports.horovod_ops import HorovodCommunicator
 
 from .mpi_helpers import assert_alltoallv_uneven, gather_tensors, init
 
 RANK, SIZE = init()
+
+
+def bucket_preamble(comm, *args):
+    """The preamble's request sequence run at once (the blocking driver, collectives on this thread)."""
+    return BlockingDriver(ExchangeStats()).run(preamble_steps(comm, *args))
+
 
 SHAPES = {"a.bias": (5,), "b.weight": (7, 3), "c.conv": (16, 3, 3, 3), "d.one": (1,), "e.empty": (0,),
           "f.scalar": (), "g.wide": (4, 40)}

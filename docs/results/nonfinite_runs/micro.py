@@ -5,7 +5,6 @@ import statistics, time, torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.bench.shapes import resnet50_shapes
 from horovod_gradcomp.exchange.preamble import has_nonfinite
-from horovod_gradcomp.exchange.scale_agreement import local_scales
 torch.set_num_threads(1)
 gen = torch.Generator().manual_seed(0)
 grads = [torch.randn(s, generator=gen) for s in resnet50_shapes()]
@@ -35,7 +34,7 @@ def meas_only():
     for r, q in zip(r1, res): r.copy_(q)
     bool(torch.isfinite(torch.cat(codec.measure_many(grads, r1))).all())
 o, n, m = t(old), t(new), t(meas_only)
-tl = t(lambda: local_scales(tern, grads))
+tl = t(lambda: tern.local_scales_many(grads))
 print(f"onebit old: has_nonfinite {check:.1f} + encode {o - copy - check:.1f} = {o - copy:.1f} ms")
 print(f"onebit new: measure {m - copy:.1f} + pack {n - m:.1f} = {n - copy:.1f} ms (residual restore {copy:.1f} ms subtracted)")
 print(f"terngrad: has_nonfinite {check:.1f} ms; local scales {tl:.1f} ms, computed once either way")

@@ -215,6 +215,11 @@ class ShardedCenter:
             self._thread.join()
         _LIVE.discard(self)
 
+    def stop_local(self, timeout: float) -> None:
+        """Stop this rank's service thread without talking to its peers (at the interpreter's exit)."""
+        self._stop.set()
+        self._thread.join(timeout=timeout)
+
     def _check_open(self) -> None:
         if self.closed:
             raise RuntimeError("the center is closed (finish() was called)")
@@ -232,5 +237,4 @@ def _stop_services_at_exit() -> None:
     """A scheme left unfinished must not keep its service thread inside MPI while the
     interpreter finalizes MPI: stop the local threads (without talking to peers)."""
     for center in list(_LIVE):
-        center._stop.set()
-        center._thread.join(timeout=5)
+        center.stop_local(timeout=5)
