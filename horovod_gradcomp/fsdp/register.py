@@ -66,6 +66,7 @@ import torch.distributed as dist
 from ..codecs import available_codecs
 from ..codecs.registry import codec_class
 from ..ddp.gloo_exit import hold_backward_context
+from ..ddp.stall import process_watchdog
 from ..exchange.reduce_scatter import ShardLayout
 from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
@@ -228,6 +229,7 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
                          "each module has its own compression, and only one could take over the optimizer's")
     group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
     communicator = TorchDistributedCommunicator(group)
+    replicas_global = dist.get_process_group_ranks(group)
     hooks = []
     for name, module, layout, fsdp_group in layouts:
         params = [(names[id(fp.sharded_param)], fp.sharded_param) for fp in fsdp_group.fsdp_params
@@ -236,6 +238,11 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
                               check_agreement=check_agreement, **options)
         if optimizer is None:
             compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in params])
+        # the stall watchdog ends this process (no MPI job to abort); its messages name the module and
+        # the replicas' global ranks (the ranks they list are the replica group's)
+        compression.engine.watchdog = process_watchdog()
+        compression.engine.owner = (f"hgc.fsdp HSDP ({codec}, module {name or '<root>'!r}, replica group of global "
+                                    f"ranks {replicas_global})")
         hooks.append(ReplicaAverage(compression, layout, name))
     state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas)
     for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
