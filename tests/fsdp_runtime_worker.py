@@ -4,6 +4,7 @@
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py stall sharded|hsdp TIMEOUT
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py async CODEC
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py compile CODEC BACKEND
+    torchrun --nproc_per_node K tests/fsdp_runtime_worker.py accelerate CODEC DIR
 
 ``stall``: the last rank skips step 1 (it sleeps far longer than the test's timeout); the others
 must end with the watchdog's StallError within TIMEOUT seconds. The other modes print rank 0's
@@ -123,15 +124,66 @@ def compiled(codec_key: str, backend: str) -> dict:
     return {"ok": True, "runs": every}
 
 
+def _memory_digest(state) -> str:
+    h = hashlib.sha256()
+    for store, tensors in state.memory.stores().items():
+        for key, t in sorted(tensors.items()):
+            h.update(f"{store}/{key}".encode())
+            h.update(t.float().numpy().tobytes())
+    return h.hexdigest()
+
+
+def accelerated(codec_key: str, directory: str) -> dict:
+    """hgc.integrations.accelerate.register on a model sharded by fully_shard (what Accelerate's
+    FSDP2 plugin prepares on accelerators) under a multi-CPU Accelerator: 6 SGD steps, then
+    ``accelerator.save_state``, 3 more steps, ``accelerator.load_state``: the compression state
+    is the saved one again (digests of every rank's memory)."""
+    from accelerate import Accelerator
+    from horovod_gradcomp.integrations import accelerate as hgc_accelerate
+    accelerator = Accelerator(cpu=True)
+    me = accelerator.process_index
+    name, codec_opts, reg_opts = CODECS[codec_key]
+    codec_opts = {key: v for key, v in codec_opts.items() if key != "impl"}
+    net = build()
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
+    reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
+    state = hgc_accelerate.register(accelerator, net, name, optimizer=opt, **{**codec_opts, **reg_opts})
+    losses = []
+    data = list(batches(9, 16, seed=77 + me))
+
+    def train(steps):
+        for x, y in steps:
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            accelerator.backward(loss)
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+
+    train(data[:6])
+    saved = _memory_digest(state)
+    accelerator.save_state(directory)
+    train(data[6:])
+    moved = _memory_digest(state)
+    accelerator.load_state(directory)
+    restored = _memory_digest(state)
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, {"saved": saved, "moved": moved, "restored": restored})
+    return {"ok": True, "mode": state.mode, "type": type(state).__name__, "steps": state.stats()["steps"],
+            "memory_bytes": state.memory_bytes(), "losses": losses, "digests": every}
+
+
 def main() -> None:
-    dist.init_process_group("gloo")
     mode = sys.argv[1]
+    if mode != "accelerate":   # (the Accelerator initializes the process group itself)
+        dist.init_process_group("gloo")
     if mode == "stall":
         result = stall(sys.argv[2], float(sys.argv[3]))
     elif mode == "async":
         result = async_op(sys.argv[2])
     elif mode == "compile":
         result = compiled(sys.argv[2], sys.argv[3])
+    elif mode == "accelerate":
+        result = accelerated(sys.argv[2], sys.argv[3])
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if dist.get_rank() == 0:

@@ -60,3 +60,16 @@ def test_compiled_model_trains_bitwise_like_the_uncompiled_one():
         assert compiled["steps"] == eager["steps"] == 12 and compiled["calls"] == eager["calls"] == 36, rank
         assert compiled["losses"] == eager["losses"], rank
         assert compiled["digest"] == eager["digest"], rank
+
+
+def test_accelerate_register_takes_an_fsdp2_model_and_checkpoints_its_state(tmp_path):
+    """hgc.integrations.accelerate.register on an FSDP2 model (K=2, a multi-CPU Accelerator; Accelerate's
+    own FSDP2 plugin prepares such a model on accelerators only): the codec runs inside the reduce-scatter
+    (sharded mode, 9 steps, the loss falls) and accelerator.save_state / load_state bring every rank's
+    compression state back to what was saved after 3 more steps changed it."""
+    result = last_json(run(torchrun(2, WORKER, "accelerate", "onebit", str(tmp_path / "ckpt")), timeout=TIMEOUT))
+    assert result["type"] == "FSDPCompressionState" and result["mode"] == "sharded", result
+    assert result["steps"] == 9 and result["memory_bytes"] > 0, result
+    assert (tmp_path / "ckpt" / "custom_checkpoint_0.pkl").exists()
+    for rank in result["digests"]:
+        assert rank["moved"] != rank["saved"] and rank["restored"] == rank["saved"], rank
