@@ -49,9 +49,19 @@ rank; when any rank's input holds a NaN or Inf, nothing is encoded (the memory i
 the reduced shard is NaN on every rank, as the DDP path does (a GradScaler or a finite check then
 skips the step).
 
+Stalls. A rank that stops taking part leaves the others waiting in a collective: each module's
+compressed reduce-scatter (sharded) and replica exchange (HSDP) runs under the stall watchdog
+(``timeout=`` seconds, else ``HOROVOD_GRADCOMP_STALL_TIMEOUT``, else 300; 0: none), which prints a
+``StallError`` naming the module, the step and the ranks waited for, and ends the process
+(:mod:`horovod_gradcomp.ddp.stall`; the launcher then ends the job). FSDP2's own collectives (the
+parameter all-gathers, HSDP's dense reduce-scatter inside the node) are not guarded: their deadline
+is the process group's ``timeout``.
+
+``async_op=True`` (a caller of the reduce-scatter that asks for a work handle): the reduce-scatter
+runs to its end inside the call and a completed ``Work`` is returned (:mod:`horovod_gradcomp.fsdp.comm`).
+
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
-needs the whole step's gradient norm before the first module reduces), the stall watchdog,
-``async_op``. Checkpoints: the sharded state is a ``torch.distributed.checkpoint`` ``Stateful``
+needs the whole step's gradient norm before the first module reduces). Checkpoints: the sharded state is a ``torch.distributed.checkpoint`` ``Stateful``
 (:mod:`horovod_gradcomp.fsdp.checkpoint`: same world size only); HSDP mode's ``state_dict`` is
 still the per-rank dict of the Horovod path (``torch.save`` per rank, not ``dcp``).
 """
@@ -136,6 +146,8 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     ``residual_dtype`` (sharded mode, codecs with error feedback): store the error-feedback residual
     in ``torch.bfloat16`` or ``torch.float16`` (half of fp32's memory; the carried residual is
     rounded to it, :mod:`horovod_gradcomp.state.low_precision_feedback`); ``torch.float32``: the default.
+    ``timeout``: the stall watchdog's deadline in seconds for each module's exchange (see the module
+    doc; None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT`` or 300, 0: none).
     ``check_agreement``: compare what the ranks exchange at every call (the preamble runs anyway
     for the non-finite flags). ``mode``: "sharded" (FSDP2 shards over every rank: the compressed
     reduce-scatter; returns a :class:`FSDPCompressionState`), "hsdp" (FSDP2 shards over the ranks
