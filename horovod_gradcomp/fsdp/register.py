@@ -61,7 +61,8 @@ is the process group's ``timeout``.
 runs to its end inside the call and a completed ``Work`` is returned (:mod:`horovod_gradcomp.fsdp.comm`).
 
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
-needs the whole step's gradient norm before the first module reduces). Checkpoints: the sharded state is a ``torch.distributed.checkpoint`` ``Stateful``
+needs the whole step's gradient norm before the first module reduces). Checkpoints: the sharded
+state is a ``torch.distributed.checkpoint`` ``Stateful``
 (:mod:`horovod_gradcomp.fsdp.checkpoint`: same world size only); HSDP mode's ``state_dict`` is
 still the per-rank dict of the Horovod path (``torch.save`` per rank, not ``dcp``).
 """

@@ -48,7 +48,7 @@ def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = Tr
     ``accelerator.register_for_checkpointing`` (see the module doc). Call it on every process
     at the same point (it creates a process group). With one process Accelerate does not wrap
     the model, there is nothing to exchange, and this returns None. ``TypeError`` if the job
-    has several processes but ``model`` is not a DDP model (FSDP, DeepSpeed, or a model that
+    has several processes but ``model`` is not a DDP model (FSDP1, DeepSpeed, or a model that
     was not prepared).
 
     A model sharded by FSDP2 (Accelerate's plugin with ``fsdp_version=2``): the codec through
