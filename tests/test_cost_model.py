@@ -311,3 +311,57 @@ def test_powersgd_in_the_cluster_form(tmp_path, capsys):
     assert main(["model", "--nodes", "2", "--params", "1e8"]) == 0
     out = capsys.readouterr().out
     assert "powersgd1/flat" not in out and "PowerSGD is not priced: it needs the model's shapes" in out
+
+
+# -- FSDP2's reduce-scatter rows (bench/cost_fsdp.py) ------------------------------------------
+
+from horovod_gradcomp.bench import cost_fsdp as cf  # noqa: E402
+from horovod_gradcomp.bench import cost_nodes as cn  # noqa: E402
+
+
+def _fsdp(nodes, per_node, gbit=10.0, gbyte=150.0, alpha_s=0.0):
+    rows = cf.fsdp_rows(_inputs(), nodes, per_node, gbit, gbyte, alpha_s=alpha_s)
+    return {r["method"]: r for r in rows}, rows
+
+
+def test_fsdp2_sharded_and_hsdp_bytes_at_8_gpus_per_node(capsys):
+    """Bytes per GPU and step at 4 nodes x 8 GPUs: FSDP2's own reduce-scatter sends (K-1)/K of the
+    gradient (fp32: 4 n, bf16: 2 n); the compressed one (K-1)/K of one payload of the model (each GPU
+    encodes it once); HSDP a reduce-scatter inside the node ((L-1)/L of 4 n, half the node model's
+    allreduce there) and the codec on the 1/L shard between nodes, as the node model's hierarchical rows."""
+    by, rows = _fsdp(4, 8)
+    k, n = 32, N
+    assert [r["exchange_ms"] for r in rows] == sorted(r["exchange_ms"] for r in rows)
+    assert by["fsdp2-fp32/sharded"]["inter_bytes"] == pytest.approx((k - 1) / k * 4 * n)
+    assert by["fsdp2-bf16/sharded"]["inter_bytes"] == pytest.approx((k - 1) / k * 2 * n)
+    assert by["fsdp2-bf16/sharded"]["codec_ms"] == pytest.approx(3.0 + 2.0)   # the casts
+    one = by["onebit/fsdp2-sharded"]
+    assert one["inter_bytes"] == pytest.approx((k - 1) / k * 125_000) and one["intra_bytes"] == 0
+    assert one["codec_ms"] == pytest.approx(10.0 + k * 4.0 / k)   # one encode, K decodes of 1/K
+    assert one["inter_ms"] == pytest.approx(1e3 * 8 * one["inter_bytes"] / 10e9)
+    dense_hsdp = by["fsdp2-fp32/hsdp"]
+    assert dense_hsdp["intra_bytes"] == pytest.approx(7 / 8 * 4 * n)
+    assert dense_hsdp["inter_bytes"] == pytest.approx(2 * 3 / 4 * 4 * n / 8)
+    for label, base in (("onebit/fsdp2-hsdp-two_phase", "onebit/hierarchical-two_phase"),
+                        ("dgc/fsdp2-hsdp-allgather", "dgc/hierarchical-allgather")):
+        node = cn.predict_nodes(base, 4, 8, _inputs(), inter_bits_per_s=10e9, intra_bytes_per_s=150e9, alpha_s=0.0)
+        assert by[label]["inter_bytes"] == pytest.approx(node["inter_bytes"])
+        assert by[label]["intra_bytes"] == pytest.approx(node["intra_bytes"] / 2)
+        assert by[label]["codec_ms"] == pytest.approx(node["codec_ms"])
+    assert "dgc/fsdp2-hsdp-two_phase" not in by   # variable-size: allgather only
+    # latency: the compressed alltoallv's K-1 messages, the preamble's and (DGC) the sizes' K-1
+    lat, _ = _fsdp(4, 8, alpha_s=1e-6)
+    assert lat["onebit/fsdp2-sharded"]["latency_ms"] == pytest.approx(1e-3 * (31 + 5))
+    assert lat["dgc/fsdp2-sharded"]["latency_ms"] == pytest.approx(1e-3 * (31 + 5 + 31))
+    assert lat["fsdp2-fp32/hsdp"]["latency_ms"] == pytest.approx(
+        cn.predict_nodes("fp32/hierarchical", 4, 8, _inputs(), inter_bits_per_s=10e9, intra_bytes_per_s=150e9,
+                         alpha_s=1e-6)["latency_ms"] - 1e-3 * 7)
+    # one node, or one GPU per node: no HSDP rows
+    assert not [m for m in _fsdp(1, 8)[0] if "hsdp" in m] and not [m for m in _fsdp(4, 1)[0] if "hsdp" in m]
+    with pytest.raises(ValueError, match="unknown FSDP2 method"):
+        cf.predict_fsdp("onebit/fsdp2-hsdp-allgather", 1, 8, _inputs(), inter_bits_per_s=1e9, intra_bytes_per_s=1e9)
+    # the command line prints them after the DDP/Horovod table
+    assert main(["model", "--nodes", "16", "--gpus-per-node", "8", "--params", "1.3e9"]) == 0
+    out = capsys.readouterr().out
+    assert "FSDP2's gradient reduce-scatter (PREDICTED" in out
+    assert "fsdp2-fp32/sharded |" in out and "onebit/fsdp2-sharded |" in out and "onebit/fsdp2-hsdp-two_phase |" in out

@@ -247,11 +247,14 @@ def test_lightning_with_adam_takes_the_adam_defaults():
     assert said and all("clip=1.0 from step 0 on" in line for line in said), said
 
 
-def test_accelerate_register_refuses_an_fsdp2_model_pointing_to_hgc_fsdp():
-    """A model FSDP2 shards (Accelerate's plugin with fsdp_version=2) has no DDP comm hook: register says
-    so and names hgc.fsdp.register (a one-process gloo group, in-process)."""
+def test_accelerate_register_hands_an_fsdp2_model_to_hgc_fsdp():
+    """A model FSDP2 shards (Accelerate's plugin with fsdp_version=2) has no DDP comm hook: register
+    hands it to hgc.fsdp.register and registers the per-rank compression state for save_state (a
+    one-process gloo group, in-process; tests/test_fsdp_runtime.py trains and checkpoints one at K=2)."""
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
+    from horovod_gradcomp.fsdp import FSDPCompressionState
+    from horovod_gradcomp.integrations import JobCompressionState
     from horovod_gradcomp.integrations import accelerate as hgc_accelerate
     if dist.is_initialized():
         pytest.skip("a process group is already initialized in this process")
@@ -259,9 +262,17 @@ def test_accelerate_register_refuses_an_fsdp2_model_pointing_to_hgc_fsdp():
     try:
         model = fully_shard(torch.nn.Linear(4, 2))
 
-        class TwoProcesses:
-            num_processes, distributed_type = 2, "FSDP"
-        with pytest.raises(TypeError, match=r"sharded by FSDP2.*hgc\.fsdp\.register"):
-            hgc_accelerate.register(TwoProcesses(), model, "onebit")
+        class OneProcess:   # what register uses of an Accelerator
+            num_processes, distributed_type = 1, "FSDP"
+            registered = []
+
+            def register_for_checkpointing(self, *objects):
+                self.registered.extend(objects)
+        accelerator = OneProcess()
+        state = hgc_accelerate.register(accelerator, model, "onebit")
+        assert isinstance(state, FSDPCompressionState) and state.codec.name == "onebit"
+        assert len(accelerator.registered) == 1 and isinstance(accelerator.registered[0], JobCompressionState)
+        with pytest.raises(ValueError, match="not taken here"):   # hgc.fsdp.register's own checks apply
+            hgc_accelerate.register(accelerator, fully_shard(torch.nn.Linear(4, 2)), "onebit", pattern="two_phase")
     finally:
         dist.destroy_process_group()

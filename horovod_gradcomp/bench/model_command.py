@@ -23,6 +23,7 @@ from pathlib import Path
 
 from . import cost_model
 from .cost_cluster import MIN_SPEEDUP, cluster_rows, format_cluster, recommend, scale_inputs
+from .cost_fsdp import format_fsdp, fsdp_rows
 from .cost_cluster_args import (NODES_TABLE, add_cluster_arguments, model_shapes, model_size, positive_float,
                                 positive_int)
 from .cost_measure import compute_only_ms, measure_contention, measure_in_situ, measure_inputs, run_check
@@ -126,6 +127,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         rows = cluster_rows(scaled, args.nodes, args.per_node, args.inter_gbit, args.intra_gbyte,
                             alpha_s=args.alpha_us * 1e-6, powersgd=powersgd)
         choice = recommend(rows, args.min_speedup)
+        fsdp = fsdp_rows(scaled, args.nodes, args.per_node, args.inter_gbit, args.intra_gbyte,
+                         alpha_s=args.alpha_us * 1e-6)
     except (ValueError, RuntimeError, OSError, KeyError) as exc:
         print(f"[model] error: {exc}", file=sys.stderr)
         return 2
@@ -140,11 +143,11 @@ def run_cluster(args: argparse.Namespace) -> int:
     if "on GPU" not in scaled.source:  # the inputs file's figures, or --calibrate on a machine without a GPU
         note += (" These codec times are CPU figures: on GPUs the codec terms are smaller, which favours the "
                  "codecs; run --calibrate on a GPU machine to price them there.")
-    print(format_cluster(rows, choice, header, note))
+    text = format_cluster(rows, choice, header, note) + "\n\n" + format_fsdp(fsdp)
+    print(text)
     if args.markdown:
         with open(args.markdown, "w") as f:
-            f.write("# Cost model: PREDICTED exchange on one cluster\n\n" + format_cluster(rows, choice, header, note)
-                    + "\n")
+            f.write("# Cost model: PREDICTED exchange on one cluster\n\n" + text + "\n")
     return 0
 
 

@@ -89,8 +89,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import os
-import sys
 import threading
 import time
 import warnings
@@ -102,7 +100,6 @@ import torch
 
 from ..codecs import available_codecs
 from ..exchange.timeline import Interval
-from ..exchange.watchdog import StallWatchdog
 from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
 from ..state.compression_holder import CompressionHolder
@@ -112,6 +109,7 @@ from .future_driver import Waiting, advance, with_known_sizes
 from .daemon_threads import DaemonThreads
 from .gloo_exit import hold_backward_context
 from .sparse_exchange import is_sparse, sparse_job
+from .stall import process_watchdog
 
 
 class DDPExchangeError(RuntimeError):
@@ -119,27 +117,12 @@ class DDPExchangeError(RuntimeError):
     is chained as ``__cause__``)."""
 
 
-def _exit_on_stall(message: str) -> None:
-    """The DDP hook's stall action: a blocked collective cannot be interrupted, so end this
-    process (torchrun, mpirun and the like then end the job)."""
-    print(message.replace("aborting the MPI job", "ending this process"), file=sys.stderr, flush=True)
-    os._exit(70)
-
-
-_WATCHDOG: Optional[StallWatchdog] = None
 #: The sequencer and waiter threads end after this many idle seconds (and start again when needed).
 _IDLE_S = 2.0
 #: At exit, how long to wait for the hook's threads of every live state, in all.
 _EXIT_JOIN_S = 10.0
 _warned_one_exchange = False
 _LIVE_STATES: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def _watchdog() -> StallWatchdog:
-    global _WATCHDOG
-    if _WATCHDOG is None:
-        _WATCHDOG = StallWatchdog(on_stall=_exit_on_stall)
-    return _WATCHDOG
 
 
 class _Step:
@@ -392,7 +375,7 @@ class DDPCompressionState(CompressionHolder):
                         self.compression.state.memory.begin_step(grads, comm.size)
                     job = self.engine.bucket_job(names, grads, tag, comm)
                     what, gen = job.what, with_known_sizes(self.engine.bucket_steps(comm, job, snapshot))
-                guard = _watchdog().guard(self.engine.timeout, what)
+                guard = process_watchdog().guard(self.engine.timeout, what)
                 guard.__enter__()
                 running = _Running(gen, tag, step, guard, tuple({g.device for g in grads.values()}))
             except BaseException as exc:  # noqa: BLE001 - the step's futures carry it

@@ -6,6 +6,13 @@ the owner's factor (AVG: 1/K, SUM: 1, PREMUL_SUM(f): f; FSDP applies its pre- an
 factors to the input and output itself, outside this call) and runs the compressed
 reduce-scatter job (:mod:`horovod_gradcomp.exchange.reduce_scatter`), or the dense one during
 the codec's warm-up steps, through the blocking driver (:mod:`horovod_gradcomp.exchange.blocking_driver`).
+
+``async_op=True``: the reduce-scatter still runs to its end inside the call, on the calling thread
+and the current stream (on CUDA: the stream FSDP2 makes current for its reduce-scatters; the decode's
+kernels are queued there), and the call returns a :class:`CompletedWork`, a
+``torch.distributed.Work`` that is already complete: ``wait()`` returns True at once, as a NCCL
+work's ``wait()`` does once its kernels are ordered before the current stream's later work. Nothing
+overlaps with the caller's next computation: the work is done before the call returns.
 """
 from __future__ import annotations
 
@@ -14,6 +21,43 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from ..exchange.reduce_scatter import ShardLayout
+
+
+class CompletedWork(dist.Work):
+    """A ``torch.distributed.Work`` for a collective that ran to its end before it was returned
+    (see the module doc): ``wait()``, ``is_completed()`` and ``is_success()`` are True,
+    ``exception()`` is None, ``result()`` and ``get_future()``'s value are ``[output]``."""
+
+    def __init__(self, output: torch.Tensor):
+        super().__init__()
+        self.output = output
+
+    def wait(self, timeout=None) -> bool:
+        return True
+
+    def is_completed(self) -> bool:
+        return True
+
+    def is_success(self) -> bool:
+        return True
+
+    def exception(self):
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def block_current_stream(self) -> None:
+        """Nothing to order: the work was queued on the current stream when it ran."""
+        return None
+
+    def result(self):
+        return [self.output]
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result([self.output])
+        return future
 
 
 def owner_scale(op, k: int, owner: str) -> float:
@@ -43,10 +87,9 @@ class CompressedReduceScatter(ReduceScatter):
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group, op, async_op: bool = False):
+        """Reduce-scatter ``input_tensor`` into ``output_tensor`` through the codec; returns None, or
+        with ``async_op`` a :class:`CompletedWork` (the work is done either way: see the module doc)."""
         owner = f"hgc.fsdp ({self.state.codec.name}, module {self.module or '<root>'!r})"
-        if async_op:
-            raise NotImplementedError(f"{owner}: async_op=True is not supported yet (FSDP2 on CPU/gloo calls "
-                                      "the reduce-scatter synchronously)")
         scale = owner_scale(op, self.layout.world_size, owner)
         self.state.reduce_scatter(self, output_tensor, input_tensor, group, scale, owner)
-        return None
+        return CompletedWork(output_tensor) if async_op else None

@@ -49,9 +49,20 @@ rank; when any rank's input holds a NaN or Inf, nothing is encoded (the memory i
 the reduced shard is NaN on every rank, as the DDP path does (a GradScaler or a finite check then
 skips the step).
 
+Stalls. A rank that stops taking part leaves the others waiting in a collective: each module's
+compressed reduce-scatter (sharded) and replica exchange (HSDP) runs under the stall watchdog
+(``timeout=`` seconds, else ``HOROVOD_GRADCOMP_STALL_TIMEOUT``, else 300; 0: none), which prints a
+``StallError`` naming the module, the step and the ranks waited for, and ends the process
+(:mod:`horovod_gradcomp.ddp.stall`; the launcher then ends the job). FSDP2's own collectives (the
+parameter all-gathers, HSDP's dense reduce-scatter inside the node) are not guarded: their deadline
+is the process group's ``timeout``.
+
+``async_op=True`` (a caller of the reduce-scatter that asks for a work handle): the reduce-scatter
+runs to its end inside the call and a completed ``Work`` is returned (:mod:`horovod_gradcomp.fsdp.comm`).
+
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
-needs the whole step's gradient norm before the first module reduces), the stall watchdog,
-``async_op``. Checkpoints: the sharded state is a ``torch.distributed.checkpoint`` ``Stateful``
+needs the whole step's gradient norm before the first module reduces). Checkpoints: the sharded
+state is a ``torch.distributed.checkpoint`` ``Stateful``
 (:mod:`horovod_gradcomp.fsdp.checkpoint`: same world size only); HSDP mode's ``state_dict`` is
 still the per-rank dict of the Horovod path (``torch.save`` per rank, not ``dcp``).
 """
@@ -66,6 +77,7 @@ import torch.distributed as dist
 from ..codecs import available_codecs
 from ..codecs.registry import codec_class
 from ..ddp.gloo_exit import hold_backward_context
+from ..ddp.stall import process_watchdog
 from ..exchange.reduce_scatter import ShardLayout
 from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
@@ -145,6 +157,8 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     ``residual_dtype`` (sharded mode, codecs with error feedback): store the error-feedback residual
     in ``torch.bfloat16`` or ``torch.float16`` (half of fp32's memory; the carried residual is
     rounded to it, :mod:`horovod_gradcomp.state.low_precision_feedback`); ``torch.float32``: the default.
+    ``timeout``: the stall watchdog's deadline in seconds for each module's exchange (see the module
+    doc; None: ``HOROVOD_GRADCOMP_STALL_TIMEOUT`` or 300, 0: none).
     ``check_agreement``: compare what the ranks exchange at every call (the preamble runs anyway
     for the non-finite flags). ``mode``: "sharded" (FSDP2 shards over every rank: the compressed
     reduce-scatter; returns a :class:`FSDPCompressionState`), "hsdp" (FSDP2 shards over the ranks
@@ -238,6 +252,7 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
                          "each module has its own compression, and only one could take over the optimizer's")
     group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
     communicator = TorchDistributedCommunicator(group)
+    replicas_global = dist.get_process_group_ranks(group)
     hooks = []
     for name, module, layout, fsdp_group in layouts:
         params = [(names[id(fp.sharded_param)], fp.sharded_param) for fp in fsdp_group.fsdp_params
@@ -246,6 +261,11 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
                               check_agreement=check_agreement, **options)
         if optimizer is None:
             compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in params])
+        # the stall watchdog ends this process (no MPI job to abort); its messages name the module and
+        # the replicas' global ranks (the ranks they list are the replica group's)
+        compression.engine.watchdog = process_watchdog()
+        compression.engine.owner = (f"hgc.fsdp HSDP ({codec}, module {name or '<root>'!r}, replica group of global "
+                                    f"ranks {replicas_global})")
         hooks.append(ReplicaAverage(compression, layout, name))
     state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas)
     for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):

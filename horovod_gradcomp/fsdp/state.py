@@ -13,6 +13,7 @@ from ..exchange.reduce_scatter import ShardLayout, dense_reduce_scatter_job, mem
 from ..exchange.stats import ExchangeStats
 from ..exchange.step_ramp import apply_ramp, ramp_factor
 from ..exchange.blocking_driver import BlockingDriver
+from ..ddp.stall import process_watchdog
 from ..state.compression_holder import CompressionHolder
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .comm import CompressedReduceScatter
@@ -23,7 +24,8 @@ class FSDPCompressionState(CompressionHolder):
 
     Fields: compression (the ``hgc.Compression`` object whose codec and state are used),
     codec, communicator, comms (the modules' reduce-scatters, in model order), order (memory key ->
-    stream index over every module's keys)."""
+    stream index over every module's keys), timeout (the stall watchdog's deadline in seconds, 0:
+    none; the compression's ``timeout=``, :func:`~horovod_gradcomp.exchange.watchdog.resolve_timeout`)."""
 
     mode = "sharded"
 
@@ -32,6 +34,7 @@ class FSDPCompressionState(CompressionHolder):
         self.codec = compression.codec
         self.communicator = communicator
         self.check_agreement = bool(check_agreement)
+        self.timeout = compression.engine.timeout
         self.comms: List[CompressedReduceScatter] = []
         self.order: Dict[str, int] = {}
         self.exchange_stats = ExchangeStats()
@@ -83,7 +86,11 @@ class FSDPCompressionState(CompressionHolder):
         else:
             job = reduce_scatter_job(self.codec, self.memory, self.communicator, layout, input_tensor, output_tensor,
                                      step=step, order=self.order, **common)
-        outcome = BlockingDriver(self.exchange_stats, threads_allowed=lambda c: False).run(job)
+        others = [r for r in range(k) if r != self.communicator.rank]
+        what = (f"{owner}: step {step}, reduce-scatter on rank {self.communicator.rank} of {k}, waiting for ranks "
+                f"{others}")
+        with process_watchdog().guard(self.timeout, what):
+            outcome = BlockingDriver(self.exchange_stats, threads_allowed=lambda c: False).run(job)
         if not outcome.nonfinite:
             apply_ramp([output_tensor], ramp_factor(self.codec.lr_warmup_steps, step))
         s = self.exchange_stats

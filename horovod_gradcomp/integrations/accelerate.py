@@ -20,22 +20,26 @@ back. Accelerate numbers those files in registration order: register the same ob
 the same order before ``load_state`` as before ``save_state``.
 
 Accelerate's own ``DistributedDataParallelKwargs(comm_hook=...)`` offers only PyTorch's hooks.
-FSDP and DeepSpeed do not use DDP comm hooks and are not supported here; a model FSDP2 shards
-(``fsdp_version=2``) is refused with a message pointing to :func:`horovod_gradcomp.fsdp.register`.
+
+FSDP2 (``FullyShardedDataParallelPlugin(fsdp_version=2)``): ``accelerator.prepare`` returns a model
+that ``fully_shard`` has sharded; :func:`register` then calls :func:`horovod_gradcomp.fsdp.register`
+on it (the codec inside FSDP2's reduce-scatter, or between nodes in HSDP mode) and registers the
+job's compression state for ``save_state`` / ``load_state`` in the same way (every rank's
+per-rank state gathered into rank 0's ``custom_checkpoint_<i>.pkl``; same world size only). Pass
+``optimizer=`` (the prepared optimizer) for the Adam-aware defaults. Accelerate runs its FSDP
+plugin on accelerators only (on the CPU it prepares a DDP model instead): what is tested here is
+this function on a model sharded by ``fully_shard`` under a multi-CPU ``Accelerator``, with its
+``save_state`` / ``load_state``. FSDP1 and DeepSpeed models are refused (no hook to set).
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
-from ..ddp import DDPCompressionState
 from ..ddp import register as ddp_register
 from .job_state import JobCompressionState
 
 
-def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = True,
-             **options) -> Optional[DDPCompressionState]:
+def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = True, **options):
     """Register ``codec``'s exchange on ``model`` (what ``accelerator.prepare`` returned) and
     return the hook's state (``stats()``, ``set_epoch(epoch)``, ``state_dict()``).
 
@@ -44,16 +48,17 @@ def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = Tr
     ``accelerator.register_for_checkpointing`` (see the module doc). Call it on every process
     at the same point (it creates a process group). With one process Accelerate does not wrap
     the model, there is nothing to exchange, and this returns None. ``TypeError`` if the job
-    has several processes but ``model`` is not a DDP model (FSDP, DeepSpeed, or a model that
-    was not prepared)."""
+    has several processes but ``model`` is not a DDP model (FSDP1, DeepSpeed, or a model that
+    was not prepared).
+
+    A model sharded by FSDP2 (Accelerate's plugin with ``fsdp_version=2``): the codec through
+    :func:`horovod_gradcomp.fsdp.register` (``options`` are its own, e.g. ``optimizer=``,
+    ``mode=``, ``residual_dtype=``); returns its state (``FSDPCompressionState`` or
+    ``HSDPCompressionState``)."""
     ddp = getattr(model, "_orig_mod", model)  # torch.compile's wrapper around the DDP model
     from torch.distributed.fsdp import FSDPModule
     if isinstance(ddp, FSDPModule):
-        raise TypeError("hgc.integrations.accelerate.register: the model is sharded by FSDP2 (Accelerate's FSDP "
-                        "plugin with fsdp_version=2), which has no DDP comm hook; this integration does not cover "
-                        "it yet (untested with Accelerate's plugin): call hgc.fsdp.register(model, codec, "
-                        "optimizer=optimizer) on the prepared model on every process instead, and checkpoint its "
-                        "state with torch.distributed.checkpoint (see docs/guide/fsdp.md)")
+        return _register_fsdp2(accelerator, ddp, codec, checkpoint, options)
     if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
         if accelerator.num_processes == 1:
             return None
@@ -64,4 +69,17 @@ def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = Tr
     state = ddp_register(ddp, codec, **options)
     if checkpoint:
         accelerator.register_for_checkpointing(JobCompressionState(state))
+    return state
+
+
+def _register_fsdp2(accelerator, model, codec: str, checkpoint: bool, options: dict):
+    """:func:`register` for a model FSDP2 shards: :func:`horovod_gradcomp.fsdp.register`, and the
+    job's per-rank compression state for Accelerate's checkpoints (sharded mode: the compression's
+    own ``state_dict``, not the DCP form of ``FSDPCompressionState.state_dict``, which Accelerate's
+    pickled custom objects cannot hold)."""
+    from ..fsdp import register as fsdp_register
+    state = fsdp_register(model, codec, **options)
+    if checkpoint:
+        per_rank = state.compression if state.mode == "sharded" else state
+        accelerator.register_for_checkpointing(JobCompressionState(per_rank))
     return state

@@ -1,0 +1,75 @@
+"""hgc.fsdp.register at run time (issue 40): the stall watchdog, ``async_op=True`` and
+``torch.compile`` of the model, on CPU with gloo under torchrun (tests/fsdp_runtime_worker.py)."""
+from __future__ import annotations
+
+import subprocess
+import time
+
+import pytest
+
+from launchers import ROOT, env, last_json, run, torchrun
+
+pytest.importorskip("torch.distributed.fsdp")
+
+WORKER = "tests/fsdp_runtime_worker.py"
+TIMEOUT = 300
+STALL_S = 3
+
+
+@pytest.mark.parametrize("mode,k", [("sharded", 2), ("hsdp", 4)])
+def test_a_stalled_rank_ends_the_others_with_a_stall_error(mode, k):
+    """The last rank stops after step 1's forward (it sleeps 600 s): the ranks waiting for it in the
+    compressed reduce-scatter (sharded) or the replica exchange (HSDP) end with the watchdog's
+    StallError naming the wait, within the timeout plus start-up, and torchrun ends the job."""
+    cmd = torchrun(k, WORKER, "stall", mode, str(STALL_S))
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env(), capture_output=True, text=True, timeout=150)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"the job hung past 150 s instead of ending on the stall:\n{e.stdout}\n{e.stderr}")
+    elapsed = time.monotonic() - t0
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, f"the job did not fail:\n{out[-4000:]}"
+    assert f"rank {k - 1} stalls" in out and "StallError: no progress for 3 s" in out, out[-4000:]
+    assert "ending this process" in out and "exitcode  : 70" in out, out[-4000:]
+    if mode == "sharded":
+        assert "hgc.fsdp (onebit, module" in out and "step 1, reduce-scatter on rank 0 of 2, waiting for ranks [1]" \
+            in out, out[-4000:]
+    else:
+        assert "hgc.fsdp HSDP (onebit, module" in out and "replica group of global ranks" in out, out[-4000:]
+    assert f"rank {k - 1} finished step 1" not in out, out[-4000:]
+    assert elapsed < 100, f"the job took {elapsed:.0f} s to end"
+
+
+@pytest.mark.parametrize("codec", ["onebit", "qsgd-elias"])
+def test_async_op_returns_a_completed_work_with_the_same_output(codec):
+    result = last_json(run(torchrun(2, WORKER, "async", codec), timeout=TIMEOUT))
+    assert result["ok"] and result["calls"] == 9 and result["steps"] == [3, 3], result
+    assert result["equal_everywhere"], result
+
+
+def test_compiled_model_trains_bitwise_like_the_uncompiled_one():
+    """torch.compile(model, backend="aot_eager") with the compressed reduce-scatter at K=2: dynamo
+    compiles graphs of the model (FSDP2's hooks and the reduce-scatter run outside them, in eager),
+    and the 12 losses and the final parameters of every rank equal the uncompiled run's bitwise
+    (aot_eager runs the same ATen kernels; the codec sees the same gradients)."""
+    result = last_json(run(torchrun(2, WORKER, "compile", "onebit", "aot_eager"), timeout=TIMEOUT))
+    for rank in result["runs"]:
+        eager, compiled = rank["eager"], rank["compiled"]
+        assert compiled["graphs"] > 0 and eager["graphs"] == 0, rank
+        assert compiled["steps"] == eager["steps"] == 12 and compiled["calls"] == eager["calls"] == 36, rank
+        assert compiled["losses"] == eager["losses"], rank
+        assert compiled["digest"] == eager["digest"], rank
+
+
+def test_accelerate_register_takes_an_fsdp2_model_and_checkpoints_its_state(tmp_path):
+    """hgc.integrations.accelerate.register on an FSDP2 model (K=2, a multi-CPU Accelerator; Accelerate's
+    own FSDP2 plugin prepares such a model on accelerators only): the codec runs inside the reduce-scatter
+    (sharded mode, 9 steps, the loss falls) and accelerator.save_state / load_state bring every rank's
+    compression state back to what was saved after 3 more steps changed it."""
+    result = last_json(run(torchrun(2, WORKER, "accelerate", "onebit", str(tmp_path / "ckpt")), timeout=TIMEOUT))
+    assert result["type"] == "FSDPCompressionState" and result["mode"] == "sharded", result
+    assert result["steps"] == 9 and result["memory_bytes"] > 0, result
+    assert (tmp_path / "ckpt" / "custom_checkpoint_0.pkl").exists()
+    for rank in result["digests"]:
+        assert rank["moved"] != rank["saved"] and rank["restored"] == rank["saved"], rank
