@@ -144,8 +144,12 @@ def table(rows: List[dict]) -> str:
 
 def report(meta: dict, rows: List[dict], markdown) -> str:
     loads = [r["load_average"] for r in rows]
-    text = (f"{meta['machine']}\n\nK = {meta['np']}; sharded on the {meta['net']} harness, HSDP as {meta['nodes']} "
-            f"namespaced nodes; {rows[0]['parameters']:,} parameters, {meta['optimizer']}; median of {meta['steps']} "
+    where = []
+    if "sharded" in meta["layouts"]:
+        where.append(f"sharded on the {meta['net']} harness")
+    if "hsdp" in meta["layouts"]:
+        where.append(f"HSDP as {meta['nodes']} namespaced nodes of {meta['np'] // meta['nodes']} ranks")
+    text = (f"{meta['machine']}\n\nK = {meta['np']}; {', '.join(where)}; {rows[0]['parameters']:,} parameters, {meta['optimizer']}; median of {meta['steps']} "
             f"timed steps after {meta['warmup']} warm-up steps, each the slowest rank's. Load average (1 min) at the "
             f"end of each row: {min(loads):.2f} to {max(loads):.2f}.\n\n{table(rows)}\n")
     print(text)

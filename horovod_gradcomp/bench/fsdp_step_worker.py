@@ -7,7 +7,8 @@ out the port). Each row is examples/train_fsdp.py's character transformer built 
 ``build()`` (every block its own ``fully_shard`` unit, then the root; with ``--hsdp NODES`` each
 row shards over the node's ranks, dense FSDP2 over FSDP2's own 2-D mesh) and its optimizer:
 ``none`` is FSDP2's own reduce-scatter, a codec name ``hgc.fsdp.register(model, codec,
-optimizer=opt)`` at its defaults. All rows live at once and are stepped one after another within
+optimizer=opt)`` at its defaults (DGC in HSDP mode with its momentum given:
+:func:`hsdp_dgc_options`). All rows live at once and are stepped one after another within
 each round (rows A, B, C, A, B, C, ...), so that a drift in the machine's load weighs on every row
 alike. A step (forward, backward with its reduce-scatters, optimizer step) starts after a barrier
 and counts as the slowest rank's time. The first ``--warmup`` rounds are not timed. Rank 0
