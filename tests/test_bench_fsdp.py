@@ -55,11 +55,12 @@ def _acc_row(path, codec, opt, test, last=2.0, finite=True):
 def test_accuracy_table_gap_and_ddp_comparison():
     rows = [_acc_row("fsdp", "none", "sgd", 2.00), _acc_row("fsdp", "onebit", "sgd", 2.08),
             _acc_row("fsdp", "qsgd", "sgd", 2.12), _acc_row("fsdp", "dgc", "sgd", 9.0, finite=False),
-            _acc_row("ddp", "onebit", "sgd", 2.10), _acc_row("ddp", "qsgd", "sgd", 2.00)]
+            dict(_acc_row("ddp", "onebit", "sgd", 2.10), pattern="two_phase"),
+            dict(_acc_row("ddp", "qsgd", "sgd", 2.00), pattern="two_phase")]
     text = fsdp_accuracy.table(rows)
     assert "| sgd | FSDP2 dense (fp32 reduce-scatter) | 2.000 | 2.000 | - | - | - | - |" in text
-    assert "| sgd | onebit (sharded) | 2.080 | 2.000 | +4.0% | yes | 2.100 | yes |" in text
-    assert "| sgd | qsgd (sharded) | 2.120 | 2.000 | +6.0% | no | 2.000 | no (+6.0%) |" in text
+    assert "| sgd | onebit (sharded) | 2.080 | 2.000 | +4.0% | yes | 2.100 (two_phase) | yes |" in text
+    assert "| sgd | qsgd (sharded) | 2.120 | 2.000 | +6.0% | no | 2.000 (two_phase) | no (+6.0%) |" in text
     assert "| sgd | dgc (sharded) | diverged |" in text
 
 
@@ -69,8 +70,9 @@ def test_accuracy_plan_runs_dense_then_sharded_then_ddp():
     runs = fsdp_accuracy.plan(args)
     assert [(r["path"], r["codec"]) for r in runs] == [("fsdp", "none"), ("fsdp", "onebit"), ("fsdp", "dgc"),
                                                        ("ddp", "onebit"), ("ddp", "dgc")]
+    assert [r.get("pattern") for r in runs[3:]] == ["two_phase", "allgather"]   # DGC has no two-phase pattern
     argv = fsdp_accuracy.run_argv(args, runs[-1])
-    assert argv[-2:] == ["--pattern", "two_phase"] and argv[argv.index("--nproc_per_node") + 1] == "4"
+    assert argv[-2:] == ["--pattern", "allgather"] and argv[argv.index("--nproc_per_node") + 1] == "4"
     assert argv[argv.index("--codec") + 1] == "dgc" and argv[argv.index("--nproc_per_node") + 2].endswith("examples/train_lm_ddp.py")
     with pytest.raises(ValueError, match="--steps >= 20"):
         fsdp_accuracy.plan(argparse.Namespace(**{**vars(args), "steps": 5}))

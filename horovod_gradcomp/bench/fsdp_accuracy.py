@@ -4,7 +4,8 @@ For each optimizer (SGD with momentum, AdamW) trains examples/train_fsdp.py's ch
 at K ranks (``torchrun`` on gloo, one run per row, the same seed, minibatches and steps in every
 row): FSDP2's own dense reduce-scatter, then every codec at its defaults inside the sharded
 reduce-scatter (``hgc.fsdp.register``), then (``--ddp-pattern``, ``two_phase`` by default) the same
-codec through the DDP hook's pattern (examples/train_lm_ddp.py: the same model, data and steps).
+codec through the DDP hook's pattern (examples/train_lm_ddp.py: the same model, data and steps;
+a codec with variable-size payloads, DGC, has no two-phase pattern and runs its allgather there).
 Each row records the held-out loss (2,048 windows of the last 10% of the text) and the mean
 training loss of the last 20 steps; the table gives each codec's gap to dense FSDP2 and whether the
 sharded run is at least as good as the DDP one.
@@ -66,8 +67,16 @@ def plan(args: argparse.Namespace) -> List[dict]:
         runs.append({"path": "fsdp", "codec": "none", "optimizer": opt})
         runs += [{"path": "fsdp", "codec": c, "optimizer": opt} for c in codecs]
         if args.ddp_pattern != "skip":
-            runs += [{"path": "ddp", "codec": c, "optimizer": opt} for c in codecs]
+            runs += [{"path": "ddp", "codec": c, "optimizer": opt, "pattern": ddp_pattern(c, args.ddp_pattern)}
+                     for c in codecs]
     return runs
+
+
+def ddp_pattern(codec: str, wanted: str) -> str:
+    """``wanted``, or ``allgather`` for a codec whose payloads vary in size (no two-phase pattern)."""
+    from ..codecs.registry import codec_class
+    variable = codec_class(codec).variable_size
+    return "allgather" if wanted == "two_phase" and variable is True else wanted
 
 
 def run_argv(args: argparse.Namespace, run: dict) -> List[str]:
@@ -76,7 +85,7 @@ def run_argv(args: argparse.Namespace, run: dict) -> List[str]:
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.np),
             str(script), "--codec", run["codec"], "--optimizer", run["optimizer"], "--steps", str(args.steps),
             "--seed", str(args.seed), "--json"]
-    return argv + (["--pattern", args.ddp_pattern] if run["path"] == "ddp" else [])
+    return argv + (["--pattern", run["pattern"]] if run["path"] == "ddp" else [])
 
 
 def train(args: argparse.Namespace, run: dict) -> dict:
@@ -93,7 +102,7 @@ def train(args: argparse.Namespace, run: dict) -> dict:
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise RuntimeError(f"{run}: failed (rc {proc.returncode}):\n{tail}")
     out = json.loads(lines[-1])
-    out.update(path=run["path"], load_average=os.getloadavg()[0])
+    out.update(path=run["path"], pattern=run.get("pattern"), load_average=os.getloadavg()[0])
     return out
 
 
@@ -101,7 +110,7 @@ def table(rows: List[dict]) -> str:
     """One line per (optimizer, codec): the held-out and last-20-steps training losses of the
     sharded run, its gap to dense FSDP2's held-out loss, and the DDP run's held-out loss."""
     out = ["| optimizer | exchange | held-out loss | train loss (last 20) | vs dense FSDP2 | within 5% "
-           "| DDP two-phase held-out | sharded <= DDP |",
+           "| DDP hook held-out (pattern) | sharded <= DDP |",
            "|---|---|---:|---:|---:|---|---:|---|"]
     for opt in dict.fromkeys(r["optimizer"] for r in rows):
         mine = [r for r in rows if r["optimizer"] == opt]
@@ -117,7 +126,7 @@ def table(rows: List[dict]) -> str:
                 gap, within = f"{100 * rel:+.1f}%", "yes" if rel <= TOLERANCE else "no"
             ddp = next((d for d in mine if d["path"] == "ddp" and d["codec"] == r["codec"]), None)
             if ddp is not None:
-                ddp_text = f"{ddp['test_loss']:.3f}" if ddp["finite"] else "diverged"
+                ddp_text = (f"{ddp['test_loss']:.3f}" if ddp["finite"] else "diverged") + f" ({ddp['pattern']})"
                 better = "yes" if not ddp["finite"] or r["test_loss"] <= ddp["test_loss"] else \
                     f"no ({100 * (r['test_loss'] / ddp['test_loss'] - 1):+.1f}%)"
             out.append(f"| {opt} | {name} | {r['test_loss']:.3f} | {r['last_loss']:.3f} | {gap} | {within} "
@@ -138,6 +147,8 @@ def report(meta: dict, rows: List[dict], markdown: Optional[str]) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train every row (a row that fails is recorded with its error and the others still run; the
+    JSON is rewritten after each row), then report. Exit status 1 when a row failed."""
     from .tta_bench import machine_line
     try:
         if args.from_json:
@@ -146,19 +157,25 @@ def run(args: argparse.Namespace) -> int:
             report(data["meta"], data["rows"], args.markdown)
             return 0
         runs = plan(args)
-        rows = []
-        for i, r in enumerate(runs):
-            t0 = time.perf_counter()
-            rows.append(train(args, r))
-            print(f"[fsdp-accuracy] {i + 1}/{len(runs)} {r['optimizer']} {r['path']} {r['codec']}: held-out "
-                  f"{rows[-1]['test_loss']:.3f} ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
-    except (ValueError, RuntimeError, OSError, KeyError) as exc:
+    except (ValueError, OSError, KeyError) as exc:
         print(f"[fsdp-accuracy] error: {exc}", file=sys.stderr)
         return 2
     meta = {"np": args.np, "steps": args.steps, "seed": args.seed, "ddp_pattern": args.ddp_pattern,
             "machine": machine_line(), "command": "python -m horovod_gradcomp.bench " + " ".join(sys.argv[1:])}
-    report(meta, rows, args.markdown)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
-    return 0
+    rows, failed = [], []
+    for i, r in enumerate(runs):
+        t0 = time.perf_counter()
+        try:
+            rows.append(train(args, r))
+            done = f"held-out {rows[-1]['test_loss']:.3f}"
+        except RuntimeError as exc:
+            failed.append(dict(r, error=str(exc)[-3000:]))
+            done = f"FAILED: {str(exc)[-1500:]}"
+        print(f"[fsdp-accuracy] {i + 1}/{len(runs)} {r['optimizer']} {r['path']} {r['codec']}: {done} "
+              f"({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows, "failed": failed}, f, indent=1)
+    if rows:
+        report(meta, rows, args.markdown)
+    return 1 if failed else 0
