@@ -142,6 +142,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             before, after = stats0[row], state.stats()
             sent = (after["bytes_sent"] - before["bytes_sent"]) / args.steps
             entry.update(mode=state.mode, bytes_sent_per_step=sent, memory_bytes=after["memory_bytes"])
+            for key in ("encode_s", "exchange_s", "decode_s"):     # sharded mode: this rank's codec seconds
+                if key in after:
+                    entry[key.replace("_s", "_ms_per_step")] = round(1e3 * (after[key] - before[key]) / args.steps, 2)
             if args.hsdp:
                 entry["bytes_sent_replica_per_step"] = (after["bytes_sent_replica"] - before["bytes_sent_replica"]) \
                     / args.steps
