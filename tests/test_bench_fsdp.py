@@ -73,7 +73,8 @@ def test_accuracy_plan_runs_dense_then_sharded_then_ddp():
     assert [r.get("pattern") for r in runs[3:]] == ["two_phase", "allgather"]   # DGC has no two-phase pattern
     argv = fsdp_accuracy.run_argv(args, runs[-1])
     assert argv[-2:] == ["--pattern", "allgather"] and argv[argv.index("--nproc_per_node") + 1] == "4"
-    assert argv[argv.index("--codec") + 1] == "dgc" and argv[argv.index("--nproc_per_node") + 2].endswith("examples/train_lm_ddp.py")
+    assert argv[argv.index("--codec") + 1] == "dgc"
+    assert argv[argv.index("--nproc_per_node") + 2].endswith("examples/train_lm_ddp.py")
     with pytest.raises(ValueError, match="--steps >= 20"):
         fsdp_accuracy.plan(argparse.Namespace(**{**vars(args), "steps": 5}))
 

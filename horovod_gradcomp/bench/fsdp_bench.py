@@ -51,7 +51,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--np", type=_positive_int, default=None, help=f"ranks K ({FULL['np']})")
     parser.add_argument("--nodes", type=_positive_int, default=None,
                         help=f"HSDP: namespaced nodes the K ranks split into ({FULL['nodes']})")
-    parser.add_argument("--layouts", default=None, help=f"comma-separated from {', '.join(LAYOUTS)} ({FULL['layouts']})")
+    parser.add_argument("--layouts", default=None,
+                        help=f"comma-separated from {', '.join(LAYOUTS)} ({FULL['layouts']})")
     parser.add_argument("--rates", default=None, help=f"comma-separated tc rates ({FULL['rates']})")
     parser.add_argument("--net", choices=("bridge", "loopback", "none"), default=None,
                         help=f"the sharded layout's harness ({FULL['net']}; HSDP always runs on bridge nodes)")
@@ -149,13 +150,15 @@ def report(meta: dict, rows: List[dict], markdown) -> str:
         where.append(f"sharded on the {meta['net']} harness")
     if "hsdp" in meta["layouts"]:
         where.append(f"HSDP as {meta['nodes']} namespaced nodes of {meta['np'] // meta['nodes']} ranks")
-    text = (f"{meta['machine']}\n\nK = {meta['np']}; {', '.join(where)}; {rows[0]['parameters']:,} parameters, {meta['optimizer']}; median of {meta['steps']} "
+    text = (f"{meta['machine']}\n\nK = {meta['np']}; {', '.join(where)}; {rows[0]['parameters']:,} parameters, "
+            f"{meta['optimizer']}; median of {meta['steps']} "
             f"timed steps after {meta['warmup']} warm-up steps, each the slowest rank's. Load average (1 min) at the "
             f"end of each row: {min(loads):.2f} to {max(loads):.2f}.\n\n{table(rows)}\n")
     print(text)
     if markdown:
         with open(markdown, "w") as f:
-            f.write(f"# FSDP2 step time on the slow-network harness (measured)\n\n```\n{meta['command']}\n```\n\n{text}")
+            f.write("# FSDP2 step time on the slow-network harness (measured)\n\n"
+                    f"```\n{meta['command']}\n```\n\n{text}")
     return text
 
 
