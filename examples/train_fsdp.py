@@ -54,9 +54,11 @@ class CharTransformer(nn.Module):
         return self.head(self.norm(h[:, -1]))
 
 
-def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    add_codec_args(p, "none (FSDP2's dense reduce-scatter) or a codec name")
+def training_parser(description: str, codec_help: str) -> argparse.ArgumentParser:
+    """The options of the language model's training run (model size, steps, optimizer, seed,
+    ``--json``, ``--codec``), which examples/train_lm_ddp.py shares."""
+    p = argparse.ArgumentParser(description=description)
+    add_codec_args(p, codec_help)
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=32, help="per rank")
     p.add_argument("--context", type=int, default=32)
@@ -65,15 +67,20 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-3 (adamw), 0.1 (sgd, momentum 0.9)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true")
+    return p
+
+
+def parse_args(argv=None):
+    p = training_parser(__doc__.split("\n\n")[0], "none (FSDP2's dense reduce-scatter) or a codec name")
     p.add_argument("--bf16", action="store_true", help="MixedPrecisionPolicy(bf16 parameters, fp32 reduce)")
     p.add_argument("--hsdp", type=int, default=0, metavar="NODES",
                    help="HSDP over NODES groups of ranks: FSDP2 shards inside each group, the codec between them "
                         "(with --codec none: FSDP2's own HSDP on the 2-D mesh)")
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--ckpt-dir", default=None,
                    help="dcp.save model, optimizer and (sharded mode) compression state there at the end")
     p.add_argument("--resume", default=None, help="dcp.load a --ckpt-dir checkpoint before training (same world size)")
-    p.add_argument("--json", action="store_true")
     return parse_codec_args(p, argv, ["none", *hgc.available_codecs()])
 
 
@@ -109,16 +116,50 @@ def build(args, vocab: int) -> nn.Module:
     return model
 
 
+def make_optimizer(args, params):
+    """AdamW(lr 3e-3) or SGD(lr 0.1, momentum 0.9) unless ``--lr`` says otherwise."""
+    if args.optimizer == "adamw":
+        return torch.optim.AdamW(params, lr=args.lr or 3e-3)
+    return torch.optim.SGD(params, lr=args.lr or 0.1, momentum=0.9)
+
+
+def train(model, opt, args, x_tr, y_tr, rank: int, start: int = 0):
+    """``args.steps`` steps on this rank's minibatches (drawn from a generator seeded by the seed,
+    the rank and ``start``, the steps already trained); returns (the losses, the seconds taken)."""
+    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 7919 * int(start))
+    losses, t0 = [], time.perf_counter()
+    for step in range(args.steps):
+        idx = torch.randint(0, len(x_tr), (args.batch_size,), generator=gen)
+        loss = nn.functional.cross_entropy(model(x_tr[idx]).float(), y_tr[idx])
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses, time.perf_counter() - t0
+
+
+def summarize(args, model, losses, elapsed: float, x_te, y_te, **extra) -> dict:
+    """The run's result on every rank (a collective): the training losses averaged over the ranks
+    (first 10 and last 20 steps), the test loss on 2,048 held-out windows, and ``extra``."""
+    with torch.no_grad():   # every rank the same test windows (FSDP gathers the full-size parameters)
+        test = nn.functional.cross_entropy(model(x_te[:2048]).float(), y_te[:2048]).item()
+    mean = torch.tensor(losses)
+    dist.all_reduce(mean)
+    hgc.ddp.keep_until_exit(mean)
+    mean = (mean / dist.get_world_size()).tolist()
+    return {"codec": args.codec, "options": args.options, "world_size": dist.get_world_size(), **extra,
+            "optimizer": args.optimizer, "steps": args.steps, "first_loss": sum(mean[:10]) / 10,
+            "last_loss": sum(mean[-20:]) / 20, "test_loss": test, "seconds": elapsed,
+            "finite": all(map(math.isfinite, mean)), "parameters": sum(p.numel() for p in model.parameters())}
+
+
 def main(argv=None):
     args = parse_args(argv)
     dist.init_process_group("gloo")
-    rank, size = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     x_tr, y_tr, x_te, y_te, vocab = load_text(args.context)
     model = build(args, vocab)
-    if args.optimizer == "adamw":
-        opt = torch.optim.AdamW(model.parameters(), lr=args.lr or 3e-3)
-    else:
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr or 0.1, momentum=0.9)
+    opt = make_optimizer(args, model.parameters())
     state = None
     if args.codec != "none":
         state = hgc.fsdp.register(model, args.codec, optimizer=opt, **args.options)
@@ -130,37 +171,18 @@ def main(argv=None):
         everything["compression"] = state
     if args.resume:
         dcp.load(everything, checkpoint_id=args.resume)
-    gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 7919 * int(start))
-    losses, t0 = [], time.perf_counter()
-    for step in range(args.steps):
-        idx = torch.randint(0, len(x_tr), (args.batch_size,), generator=gen)
-        loss = nn.functional.cross_entropy(model(x_tr[idx]).float(), y_tr[idx])
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        losses.append(loss.item())
-    elapsed = time.perf_counter() - t0
+    losses, elapsed = train(model, opt, args, x_tr, y_tr, rank, int(start))
     if args.ckpt_dir:
         start += args.steps
         dcp.save(everything, checkpoint_id=args.ckpt_dir)
-    with torch.no_grad():   # every rank the same test windows; the full-size parameters are gathered by FSDP
-        test = nn.functional.cross_entropy(model(x_te[:2048]).float(), y_te[:2048]).item()
-    mean = torch.tensor(losses)
-    dist.all_reduce(mean)
-    hgc.ddp.keep_until_exit(mean)
-    mean = (mean / size).tolist()
-    result = {"codec": args.codec, "options": args.options, "world_size": size, "hsdp": args.hsdp,
-              "optimizer": args.optimizer,
-              "steps": args.steps, "first_loss": sum(mean[:10]) / 10, "last_loss": sum(mean[-20:]) / 20,
-              "test_loss": test, "seconds": elapsed, "finite": all(map(math.isfinite, mean)),
-              "parameters": sum(p.numel() for p in model.parameters()),
-              "stats": None if state is None else state.stats()}
+    result = summarize(args, model, losses, elapsed, x_te, y_te, hsdp=args.hsdp)
+    result["stats"] = None if state is None else state.stats()
     if rank == 0:
         if args.json:
             print(json.dumps(result), flush=True)
         else:
-            print(f"{args.codec}: loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}, test {test:.3f}, "
-                  f"{elapsed:.1f}s", flush=True)
+            print(f"{args.codec}: loss {result['first_loss']:.3f} -> {result['last_loss']:.3f}, "
+                  f"test {result['test_loss']:.3f}, {elapsed:.1f}s", flush=True)
             if state is not None:
                 s = result["stats"]
                 print(f"bytes sent per step {s['bytes_sent_per_step']:.0f} (FSDP2 dense: "

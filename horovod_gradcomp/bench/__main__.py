@@ -24,6 +24,8 @@ COMMAND_MODULES = (
     "horovod_gradcomp.bench.memory_bench",
     "horovod_gradcomp.bench.model_command",
     "horovod_gradcomp.bench.tta_bench",
+    "horovod_gradcomp.bench.fsdp_bench",
+    "horovod_gradcomp.bench.fsdp_accuracy",
 )
 
 
