@@ -26,7 +26,7 @@ ALLOWED: Dict[Tuple[str, str], str] = {
     ("native.py", "_C"): "the compiled extension module itself",
     ("native.py", "_C_twin"): "the compiled twin extension module itself",
     # Python's own: os._exit and sys._getframe are documented, public functions despite the underscore
-    ("ddp/hook.py", "_exit"): "os._exit: end the process at once from the stall watchdog's thread",
+    ("ddp/stall.py", "_exit"): "os._exit: end the process at once from the stall watchdog's thread",
     ("hvd_adapter/options_check.py", "_getframe"): "sys._getframe: the caller's frame for a warning's location",
     # torch: no public API for these
     ("ddp/hook.py", "_execution_engine"): "torch.autograd.Variable._execution_engine.queue_callback: run after "

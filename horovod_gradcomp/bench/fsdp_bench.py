@@ -45,11 +45,11 @@ LAYOUTS = ("sharded", "hsdp")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from .tta_bench import _positive_int
+    from .cost_cluster_args import positive_int
     parser.add_argument("--quick", action="store_true",
                         help="the small check: " + ", ".join(f"{k}={v}" for k, v in QUICK.items()))
-    parser.add_argument("--np", type=_positive_int, default=None, help=f"ranks K ({FULL['np']})")
-    parser.add_argument("--nodes", type=_positive_int, default=None,
+    parser.add_argument("--np", type=positive_int, default=None, help=f"ranks K ({FULL['np']})")
+    parser.add_argument("--nodes", type=positive_int, default=None,
                         help=f"HSDP: namespaced nodes the K ranks split into ({FULL['nodes']})")
     parser.add_argument("--layouts", default=None,
                         help=f"comma-separated from {', '.join(LAYOUTS)} ({FULL['layouts']})")
@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--net", choices=("bridge", "loopback", "none"), default=None,
                         help=f"the sharded layout's harness ({FULL['net']}; HSDP always runs on bridge nodes)")
     parser.add_argument("--codecs", default=None, help="comma-separated codecs (default: every available one)")
-    parser.add_argument("--steps", type=_positive_int, default=None, help=f"timed steps per row ({FULL['steps']})")
+    parser.add_argument("--steps", type=positive_int, default=None, help=f"timed steps per row ({FULL['steps']})")
     parser.add_argument("--warmup", type=int, default=None, help=f"untimed steps per row first ({FULL['warmup']})")
     parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
     parser.add_argument("--model", default="", help="extra options of examples/train_fsdp.py, e.g. '--width 128'")
