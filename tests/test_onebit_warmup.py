@@ -14,7 +14,8 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.codecs.base import Payload
 from horovod_gradcomp.exchange.bucket import Bucket
-from horovod_gradcomp.exchange.dense import DensePattern, _slices
+from horovod_gradcomp.exchange.dense import DensePattern
+from horovod_gradcomp.exchange.stripes import balanced_ranges
 from horovod_gradcomp.exchange.stats import ExchangeStats
 from horovod_gradcomp.state.compression_state import CompressionState
 from horovod_gradcomp.state.error_feedback import ErrorFeedback
@@ -37,7 +38,7 @@ def test_option_is_validated_and_named_in_the_agreement_key():
 @pytest.mark.parametrize("n", [0, 1, 5, 12, 13])
 def test_slices_cover_the_vector(n):
     for k in (1, 2, 3, 4):
-        parts = _slices(n, k)
+        parts = balanced_ranges(n, k)
         assert len(parts) == k and parts[0][0] == 0 and parts[-1][1] == n
         assert all(a <= b for a, b in parts) and all(parts[j][1] == parts[j + 1][0] for j in range(k - 1))
         assert max(b - a for a, b in parts) - min(b - a for a, b in parts) <= 1
