@@ -211,9 +211,9 @@ def report(meta: dict, rows: List[dict], args: argparse.Namespace) -> str:
             f.write("# Time to accuracy (measured)\n\n" + text)
     if args.readme:
         with open(args.readme) as f:
-            page = f.read()
+            page = replace_block(f.read(), readme_block(meta, rows))  # raises before the page is touched
         with open(args.readme, "w") as f:
-            f.write(replace_block(page, readme_block(meta, rows)))
+            f.write(page)
         print(f"[tta] table written into {args.readme}", file=sys.stderr)
     if args.plot:
         for rate in dict.fromkeys(r["rate"] for r in rows):
