@@ -161,20 +161,25 @@ def save(args: argparse.Namespace, rows: List[dict], path: str) -> dict:
     ``meta["rates"]`` names the rates whose rows are there."""
     meta = {k: getattr(args, k) for k in META_KEYS}
     meta.update(rates=",".join(dict.fromkeys(r["rate"] for r in rows)), params=rows[0]["params"],
-                machine=machine_line())
+                machine=machine_line(getattr(args, "commit", None)))
     add_targets(rows)
     with open(path, "w") as f:
         json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return meta
 
 
-def machine_line(args: Optional[argparse.Namespace] = None) -> str:
-    """Commit, date and machine in one line."""
+def head_commit() -> str:
+    """The checkout's short commit hash ("unknown" outside a git checkout)."""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.TimeoutExpired):
-        commit = "unknown"
+        return "unknown"
+
+
+def machine_line(commit: Optional[str] = None) -> str:
+    """Commit (``commit``, else the checkout's now), date, machine and load average in one line."""
+    commit = commit or head_commit()
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -231,6 +236,7 @@ def run(args: argparse.Namespace) -> int:
             report(data["meta"], data["rows"], args)
             return 0
         resolve(args)
+        args.commit = head_commit()   # the code the run starts from, whatever is committed while it runs
         rows = launch(args)
     except (ValueError, RuntimeError, OSError, KeyError, slownet.SlownetUnavailable) as exc:
         print(f"[tta] error: {exc}", file=sys.stderr)
@@ -239,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
         meta = save(args, rows, args.json)
     else:
         meta = {k: getattr(args, k) for k in META_KEYS}
-        meta.update(params=rows[0]["params"], machine=machine_line())
+        meta.update(params=rows[0]["params"], machine=machine_line(getattr(args, "commit", None)))
     try:
         report(meta, rows, args)
     except (ValueError, OSError) as exc:
