@@ -10,7 +10,8 @@ import torch
 from horovod_gradcomp.bench import slownet
 from horovod_gradcomp.bench.__main__ import main
 from horovod_gradcomp.bench.tta_model import SIZES, CharTransformer, lm_loss, parameter_count
-from horovod_gradcomp.bench.tta_report import add_targets, first_at_or_below, table
+from horovod_gradcomp.bench.tta_report import (README_BEGIN, README_END, add_targets, compact_table,
+                                               first_at_or_below, replace_block, table)
 from horovod_gradcomp.bench.tta_rows import REFERENCE, all_rows, check_rows
 
 
@@ -61,6 +62,53 @@ def test_targets_and_table():
     assert first_at_or_below([{"loss": float("nan")}, {"loss": 1.0}], 2.0) == {"loss": 1.0}
     with pytest.raises(ValueError, match="no hvd:fp32 row at 100mbit"):
         add_targets([_row("hvd:onebit", [1.0], [0], rate="100mbit")])
+
+
+def test_compact_table_has_a_column_per_optimizer_and_rate():
+    """One line per row; each (optimizer, rate) a column of seconds to target and speed-up, or
+    "not reached" with the final loss; a row missing at a rate shows "-"; the targets last."""
+    rows = [_row("hvd:fp32", [4.0, 2.5, 2.0], [0, 10, 20]),
+            _row("hvd:onebit", [4.0, 2.03, 1.9], [0, 4, 8]),
+            _row("hvd:fp32", [4.0, 3.0, 3.0], [0, 30, 60], rate="100mbit", opt="adamw"),
+            _row("hvd:onebit", [4.0, 3.5, 3.5], [0, 5, 10], rate="100mbit", opt="adamw")]
+    add_targets(rows)
+    lines = compact_table(rows).splitlines()
+    assert lines[0] == "| row | sgd, 1gbit | adamw, 100mbit |"
+    assert lines[2] == "| Horovod fp32 | 20 s (1.00x) | 30 s (1.00x) |"
+    assert lines[3] == "| Horovod onebit | 4 s (5.00x) | not reached (3.50) |"
+    assert lines[4] == "| *target loss* | *2.040* | *3.060* |"
+    rows.append(_row("ddp:allreduce", [4.0, 2.0], [0, 12]))
+    add_targets(rows)
+    assert "| DDP allreduce | 12 s (1.67x) | - |" in compact_table(rows)
+
+
+def test_replace_block_keeps_the_rest_of_the_page():
+    page = f"# Title\n\ntext\n{README_BEGIN}\nold table\n{README_END}\nafter\n"
+    assert replace_block(page, "new") == f"# Title\n\ntext\n{README_BEGIN}\nnew\n{README_END}\nafter\n"
+    for bad in ("no markers\n", f"{README_END}\n{README_BEGIN}\n", f"{README_BEGIN}\nx\n"):
+        with pytest.raises(ValueError, match="needs one line"):
+            replace_block(bad, "new")
+
+
+def test_readme_from_json(tmp_path, capsys):
+    """--from-json --readme rewrites the page's block with the run's line and the table; a page
+    without the markers is an error that names them, and the page is left as it was."""
+    rows = [_row("hvd:fp32", [4.0, 2.5, 2.0], [0, 10, 20]), _row("hvd:onebit", [4.0, 2.03, 1.9], [0, 4, 8])]
+    meta = {"np": 4, "net": "bridge", "size": "small", "params": 1_220_455, "steps": 20, "batch": 16,
+            "eval_every": 10, "sgd_lr": 0.1, "momentum": 0.9, "adamw_lr": 3e-3, "weight_decay": 0.01,
+            "machine": "commit abc1234, 2026-11-28, a CPU (2 cores), torch x, load average 3.00"}
+    data = tmp_path / "tta.json"
+    data.write_text(json.dumps({"meta": meta, "rows": rows}))
+    page = tmp_path / "README.md"
+    page.write_text(f"intro\n{README_BEGIN}\nold\n{README_END}\nend\n")
+    assert main(["tta", "--from-json", str(data), "--readme", str(page)]) == 0
+    text = page.read_text()
+    assert text.startswith(f"intro\n{README_BEGIN}\ncommit abc1234, 2026-11-28") and text.endswith(f"{README_END}\nend\n")
+    assert "| Horovod onebit | 4 s (5.00x) |" in text and "old" not in text
+    page.write_text("no markers here\n")
+    capsys.readouterr()
+    assert main(["tta", "--from-json", str(data), "--readme", str(page)]) == 2
+    assert "needs one line" in capsys.readouterr().err and page.read_text() == "no markers here\n"
 
 
 def test_bad_options_name_the_problem(capsys):

@@ -155,8 +155,8 @@ def test_the_adam_density_and_the_warm_up_scale_too():
 def test_onebit_takes_the_residual_cap_under_sgd_only():
     model = _model()
     sgd = _make("onebit", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5, momentum=0.9))
-    assert sgd.codec.residual_cap == 1.0 and sgd.codec.warmup_steps == 0
-    assert sgd.adapted_options == {"residual_cap": 1.0} and "residual_cap=1.0" in repr(sgd.codec)
+    assert sgd.codec.residual_cap == 0.05 and sgd.codec.warmup_steps == 0
+    assert sgd.adapted_options == {"residual_cap": 0.05} and "residual_cap=0.05" in repr(sgd.codec)
     adam = _make("onebit", model, optimizer=torch.optim.Adam(model.parameters()))
     assert adam.codec.residual_cap == 0.0 and adam.adapted_options == {"warmup_steps": 100}
     plain = _make("onebit", model)   # no optimizer known (yet): the constructor's defaults
@@ -176,12 +176,44 @@ def test_onebit_sgd_default_round_trips_a_checkpoint():
     model = _model()
     comp = _make("onebit", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     state = comp.state_dict()
-    assert state["adapted_options"] == {"residual_cap": 1.0}
+    assert state["adapted_options"] == {"residual_cap": 0.05}
     fresh = _make("onebit", model)
     fresh.load_state_dict(state)
-    assert fresh.codec.residual_cap == 1.0 and repr(fresh.codec) == repr(comp.codec)
+    assert fresh.codec.residual_cap == 0.05 and repr(fresh.codec) == repr(comp.codec)
     with pytest.raises(ValueError, match="checkpoint was written by"):
         _make("onebit", model, residual_cap=0.0).load_state_dict(state)
+
+
+def test_a_checkpoint_of_the_former_sgd_cap_resumes_as_it_ran():
+    """A checkpoint written under SGD when the default cap was 1.0 names it in its adapted options:
+    a compression built under SGD today (cap 0.05) takes 1.0 back on load, as the run had it."""
+    model = _model()
+    old = _make("onebit", model, residual_cap=1.0)
+    state = old.state_dict()
+    state["adapted_options"] = {"residual_cap": 1.0}      # as the former default recorded it
+    today = _make("onebit", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert today.codec.residual_cap == 0.05
+    today.load_state_dict(state)
+    assert today.codec.residual_cap == 1.0 and today.adapted_options == {"residual_cap": 1.0}
+
+
+def test_the_sgd_cap_bounds_each_rows_residual_after_the_encode():
+    """What the SGD default does to the state: after an encode every row's residual is at most
+    0.05 times that row's gradient norm, and the payload is the uncapped encode's."""
+    model = _model()
+    comp = _make("onebit", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    torch.manual_seed(1)
+    grad = torch.randn(40, 30) * torch.logspace(-2, 1, 40)[:, None]   # rows of very different scale
+    residual = torch.randn(40, 30)                                      # far larger than 0.05 x the gradient
+    uncapped = hgc.get_codec("onebit", impl="reference", scales="rows")
+    r0 = residual.clone()
+    expect = uncapped.encode(grad, r0)
+    got = comp.codec.encode(grad, residual)
+    assert torch.equal(got.buffers["bits"], expect.buffers["bits"])
+    assert torch.allclose(got.buffers["scales"], expect.buffers["scales"], rtol=1e-6)
+    limit = 0.05 * grad.norm(dim=1)
+    assert (residual.norm(dim=1) <= limit * (1 + 1e-5)).all()
+    assert (r0.norm(dim=1) > 2 * limit).all()           # every row was over the cap: the cap did it
 
 
 def test_the_other_codecs_have_no_sgd_table():

@@ -11,8 +11,10 @@ against training seconds and steps; each gets the time to reach Horovod fp32's f
 Output: a table on stdout; ``--json PATH`` (``{"meta": ..., "rows": [...]}``, each row with its
 loss points, ``final_loss``, ``time_to_target_s`` and ``speedup``); ``--plot PREFIX`` (one PNG
 per rate, ``PREFIX_<rate>.png``: loss against log seconds and against steps); ``--markdown
-PATH`` (the table with the commit, date and machine in one line). ``--from-json PATH`` makes
-the table and plots again from a JSON written earlier, without training.
+PATH`` (the table with the commit, date and machine in one line); ``--readme PAGE`` (the
+compact table, one line per row and a column per optimizer and rate, written between the page's
+two marker lines: how README.md's results table is made). ``--from-json PATH`` makes the
+tables and plots again from a JSON written earlier, without training.
 
 ``--quick``: the tiny model, 20 steps, one rate (1 Gbit/s), K=2, SGD, six rows: a check that the
 whole path runs (tests/test_bench_tta.py), not a measurement. Options given explicitly override
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from . import slownet
-from .tta_report import add_targets, plot, table
+from .tta_report import add_targets, compact_table, plot, replace_block, table
 from .tta_rows import OPTIMIZERS, check_rows
 
 COMMAND = "tta"
@@ -97,6 +99,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="PREFIX", help="write PREFIX_<rate>.png per rate")
     parser.add_argument("--markdown", default=None, metavar="PATH")
     parser.add_argument("--from-json", default=None, metavar="PATH", help="report a JSON written earlier; no training")
+    parser.add_argument("--readme", default=None, metavar="PAGE",
+                        help="rewrite PAGE's generated block (between its two bench tta marker lines) with the "
+                             "run's line and the compact table: seconds to the target and speed-up per optimizer "
+                             "and rate")
 
 
 def resolve(args: argparse.Namespace) -> argparse.Namespace:
@@ -140,16 +146,40 @@ def launch(args: argparse.Namespace) -> List[dict]:
         rows += slownet.run_rows(args.net, args.np, lambda out: worker_argv(args, rate, out),
                                  None if args.net == "none" else rate, label=rate, timeout=args.timeout, env=env,
                                  hint="; its output is above")
+        if args.json:  # the rates done so far, so that a later rate's failure loses no finished one
+            save(args, rows, args.json)
     return rows
 
 
-def machine_line(args: Optional[argparse.Namespace] = None) -> str:
-    """Commit, date and machine in one line."""
+#: The options a run's JSON records in its ``meta``.
+META_KEYS = ("np", "net", "rates", "rows", "optimizers", "size", "steps", "eval_every", "batch", "seed", "sgd_lr",
+             "momentum", "adamw_lr", "weight_decay", "powersgd_start", "warmup_steps", "quick")
+
+
+def save(args: argparse.Namespace, rows: List[dict], path: str) -> dict:
+    """Write ``{"meta", "rows"}`` to ``path`` (the rows given targets first); return the meta.
+    ``meta["rates"]`` names the rates whose rows are there."""
+    meta = {k: getattr(args, k) for k in META_KEYS}
+    meta.update(rates=",".join(dict.fromkeys(r["rate"] for r in rows)), params=rows[0]["params"],
+                machine=machine_line(getattr(args, "commit", None)))
+    add_targets(rows)
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    return meta
+
+
+def head_commit() -> str:
+    """The checkout's short commit hash ("unknown" outside a git checkout)."""
     try:
-        commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True, timeout=10).stdout.strip() or "unknown"
+        return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, timeout=10).stdout.strip() or "unknown"
     except (OSError, subprocess.TimeoutExpired):
-        commit = "unknown"
+        return "unknown"
+
+
+def machine_line(commit: Optional[str] = None) -> str:
+    """Commit (``commit``, else the checkout's now), date, machine and load average in one line."""
+    commit = commit or head_commit()
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -169,6 +199,13 @@ def describe(meta: dict) -> str:
             f"{meta['weight_decay']}.")
 
 
+def readme_block(meta: dict, rows: List[dict]) -> str:
+    """What ``--readme`` writes: the run's machine line, its settings, the compact table."""
+    return (f"{meta['machine']}. {describe(meta)} Each cell: seconds of training until the held-out loss "
+            f"first reached the target (Horovod fp32's final loss + 2%, last line), and the speed-up against "
+            f"fp32 in brackets.\n\n{compact_table(rows)}")
+
+
 def report(meta: dict, rows: List[dict], args: argparse.Namespace) -> str:
     """Targets, the table (stdout and ``--markdown``), the plots (``--plot``); the text."""
     add_targets(rows)
@@ -177,6 +214,12 @@ def report(meta: dict, rows: List[dict], args: argparse.Namespace) -> str:
     if args.markdown:
         with open(args.markdown, "w") as f:
             f.write("# Time to accuracy (measured)\n\n" + text)
+    if args.readme:
+        with open(args.readme) as f:
+            page = replace_block(f.read(), readme_block(meta, rows))  # raises before the page is touched
+        with open(args.readme, "w") as f:
+            f.write(page)
+        print(f"[tta] table written into {args.readme}", file=sys.stderr)
     if args.plot:
         for rate in dict.fromkeys(r["rate"] for r in rows):
             path = f"{args.plot}_{rate}.png"
@@ -193,16 +236,19 @@ def run(args: argparse.Namespace) -> int:
             report(data["meta"], data["rows"], args)
             return 0
         resolve(args)
+        args.commit = head_commit()   # the code the run starts from, whatever is committed while it runs
         rows = launch(args)
     except (ValueError, RuntimeError, OSError, KeyError, slownet.SlownetUnavailable) as exc:
         print(f"[tta] error: {exc}", file=sys.stderr)
         return 4 if isinstance(exc, slownet.SlownetUnavailable) else 2
-    keys = ("np", "net", "rates", "rows", "optimizers", "size", "steps", "eval_every", "batch", "seed", "sgd_lr",
-            "momentum", "adamw_lr", "weight_decay", "powersgd_start", "warmup_steps", "quick")
-    meta = {k: getattr(args, k) for k in keys}
-    meta.update(params=rows[0]["params"], machine=machine_line())
-    report(meta, rows, args)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        meta = save(args, rows, args.json)
+    else:
+        meta = {k: getattr(args, k) for k in META_KEYS}
+        meta.update(params=rows[0]["params"], machine=machine_line(getattr(args, "commit", None)))
+    try:
+        report(meta, rows, args)
+    except (ValueError, OSError) as exc:
+        print(f"[tta] error: {exc}", file=sys.stderr)
+        return 2
     return 0

@@ -98,3 +98,44 @@ def plot(rows: Sequence[dict], path: str, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=90)
     plt.close(fig)
+
+
+#: The lines between which ``bench tta --readme`` writes its table in a Markdown page.
+README_BEGIN = "<!-- bench tta --readme: generated from the JSON, do not edit by hand -->"
+README_END = "<!-- end of bench tta --readme -->"
+
+
+def _short(r: Optional[dict]) -> str:
+    """One cell: seconds to the target and the speed-up, "not reached" (with the final loss), or "-"."""
+    if r is None:
+        return "-"
+    if r["time_to_target_s"] is None:
+        return f"not reached ({r['final_loss']:.2f})"
+    return f"{r['time_to_target_s']:.0f} s ({r['speedup']:.2f}x)"
+
+
+def compact_table(rows: Sequence[dict]) -> str:
+    """Markdown, one line per row and one column per (optimizer, rate): the seconds to the
+    target and the speed-up against Horovod fp32, or "not reached" with the final loss; a last
+    line gives each column's target loss. Rows need :func:`add_targets` first."""
+    keys = list(dict.fromkeys((r["optimizer"], r["rate"]) for r in rows))
+    head = "| row | " + " | ".join(f"{opt}, {rate}" for opt, rate in keys) + " |"
+    out = [head, "|---|" + "---:|" * len(keys)]
+    for name in dict.fromkeys(r["row"] for r in rows):
+        cells = [_short(next((r for r in rows if r["row"] == name and (r["optimizer"], r["rate"]) == k), None))
+                 for k in keys]
+        out.append(f"| {row_label(name)} | " + " | ".join(cells) + " |")
+    targets = [next(r["target_loss"] for r in rows if (r["optimizer"], r["rate"]) == k) for k in keys]
+    out.append("| *target loss* | " + " | ".join(f"*{t:.3f}*" for t in targets) + " |")
+    return "\n".join(out) + "\n"
+
+
+def replace_block(page: str, block: str) -> str:
+    """``page`` with the text between :data:`README_BEGIN` and :data:`README_END` replaced by
+    ``block``; ValueError when the page lacks either marker line or has them out of order."""
+    lines = page.splitlines(keepends=True)
+    marks = [i for i, line in enumerate(lines) if line.strip() in (README_BEGIN, README_END)]
+    if len(marks) != 2 or lines[marks[0]].strip() != README_BEGIN:
+        raise ValueError(f"the page needs one line {README_BEGIN!r} and, after it, one line {README_END!r}")
+    body = block if block.endswith("\n") else block + "\n"
+    return "".join(lines[:marks[0] + 1]) + body + "".join(lines[marks[1]:])

@@ -101,7 +101,7 @@ def onebit_unramped(named_parameters, **options):
     """``hgc.Compression.onebit`` without the opt-in gradient warm-up (``lr_warmup_steps=0``, the
     default, said explicitly): the exchange's own arithmetic, for tests that check it against the
     reference codec step by step (the warm-up is tested on its own in mpi_onebit_warmup.py). No
-    residual cap unless given (``residual_cap=0``, said explicitly: under SGD the default is 1.0,
+    residual cap unless given (``residual_cap=0``, said explicitly: under SGD the default is 0.05,
     and the cap is tested on its own in mpi_onebit_residual_cap.py)."""
     options.setdefault("residual_cap", 0.0)
     return hgc.Compression.onebit(named_parameters, lr_warmup_steps=0, **options)
