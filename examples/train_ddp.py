@@ -29,8 +29,10 @@ from train import parse_args
 BASELINES = ("none", "powersgd")
 
 
-def attach(name, ddp, options, momentum):
-    """Register the exchange for --codec on the DDP model; return the hgc state or None."""
+def attach(name, ddp, options, momentum, optimizer):
+    """Register the exchange for --codec on the DDP model; return the hgc state or None. The
+    optimizer is passed along so that the codec takes its optimizer-aware defaults from the
+    first step on (as hvd.DistributedOptimizer does)."""
     if name == "none":
         return None
     if name == "powersgd":
@@ -40,10 +42,10 @@ def attach(name, ddp, options, momentum):
         ddp.register_comm_hook(state, powersgd.powerSGD_hook)
         return None
     if name == "onebit-noef":
-        return hgc.ddp.register(ddp, "onebit", error_feedback=False, **options)
+        return hgc.ddp.register(ddp, "onebit", error_feedback=False, optimizer=optimizer, **options)
     if name == "dgc":
         options = {"momentum": momentum, "warmup_length": 4, "warmup_unit": "epoch", **options}
-    return hgc.ddp.register(ddp, name, **options)
+    return hgc.ddp.register(ddp, name, optimizer=optimizer, **options)
 
 
 def main(argv=None):
@@ -57,11 +59,12 @@ def main(argv=None):
     model, x_shard, y_shard, steps, x_te, y_te = digits_setup(args.seed, args.hidden, rank, size, args.batch_size)
     # One DDP bucket: DDP's PowerSGD hook on gloo fails across several (see DESIGN.md).
     ddp = nn.parallel.DistributedDataParallel(model, bucket_cap_mb=64 if args.codec == "powersgd" else 25)
-    state = attach(args.codec, ddp, codec_options(args.codec_opt), args.momentum)
+    own_momentum = args.codec == "dgc"   # DGC applies the momentum itself (momentum correction)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.0 if own_momentum else args.momentum)
+    state = attach(args.codec, ddp, codec_options(args.codec_opt), args.momentum, optimizer)
     if state is None:  # DDP's allreduce or one of PyTorch's hooks; hgc.ddp.register does this itself
         hgc.ddp.hold_backward_context(ddp)   # PyTorch 2.13 can abort gloo jobs at exit without it
-    own_momentum = state is not None and isinstance(state.compression.memory, hgc.DGCMemory)
-    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.0 if own_momentum else args.momentum)
+    assert own_momentum == (state is not None and isinstance(state.compression.memory, hgc.DGCMemory))
 
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank)
     t0 = time.perf_counter()
