@@ -93,6 +93,7 @@ PYTHONSAFEPATH=1 "$PYC" -m pytest tests -q --color=no -p no:cacheprovider \
     --ignore=tests/test_cuda_codecs.py --ignore=tests/test_onebit_warmup.py --ignore=tests/test_onebit_ramp.py \
     --ignore=tests/test_examples_onebit_sim.py --ignore=tests/test_wheel_install.py --ignore=tests/test_user_gradient.py --ignore=tests/test_onebit_adam.py \
     --ignore=tests/test_fsdp.py --ignore=tests/test_lightning_fsdp.py --ignore=tests/test_bench_tta.py \
+    --ignore=tests/test_fsdp_runtime.py --ignore=tests/test_bench_fsdp.py \
     --deselect tests/test_memory_bench.py::test_memory_run_under_mpirun \
     --deselect tests/test_staging.py::test_receive_buffers_follow_the_send_buffer \
     --deselect tests/test_schemes_local.py::test_async_scheme_refuses_a_low_thread_level \
