@@ -35,7 +35,7 @@ import math
 from typing import Dict, List
 
 from .cost_model import CODECS, VARIABLE, Inputs, dmean
-from .cost_nodes import predict_nodes
+from .cost_nodes import node_row, predict_nodes
 
 
 def fsdp_methods(nodes: int, per_node: int) -> List[str]:
@@ -48,17 +48,6 @@ def fsdp_methods(nodes: int, per_node: int) -> List[str]:
             inner = ["allgather"] if key in VARIABLE else ["allgather", "two_phase"]
             out += [f"{key}/fsdp2-hsdp-{p}" for p in inner]
     return out
-
-
-def _row(method, nodes, per_node, codec_ms, intra, inter, msgs, *, inter_bits_per_s, intra_bytes_per_s,
-         alpha_s) -> Dict[str, float]:
-    k = nodes * per_node
-    inter_ms = 1e3 * 8 * inter / inter_bits_per_s if k > 1 else 0.0
-    intra_ms = 1e3 * intra / intra_bytes_per_s
-    latency_ms = 1e3 * msgs * alpha_s
-    return {"method": method, "nodes": nodes, "per_node": per_node, "codec_ms": codec_ms, "intra_ms": intra_ms,
-            "inter_ms": inter_ms, "latency_ms": latency_ms, "inter_bytes": inter, "intra_bytes": intra,
-            "exchange_ms": codec_ms + intra_ms + inter_ms + latency_ms}
 
 
 def predict_fsdp(method: str, nodes: int, per_node: int, inputs: Inputs, *, inter_bits_per_s: float,
@@ -78,18 +67,18 @@ def predict_fsdp(method: str, nodes: int, per_node: int, inputs: Inputs, *, inte
     if pattern == "sharded":
         width = 4.0 if key == "fsdp2-fp32" else 2.0
         casts = 0.0 if width == 4.0 else inputs.fp16["encode_ms"] + inputs.fp16["decode_ms"]
-        return _row(method, nodes, per_node, casts, 0.0, (k - 1) / k * width * n, k - 1, **rates)
+        return node_row(method, nodes, per_node, casts, 0.0, (k - 1) / k * width * n, k - 1, **rates)
     if pattern == "fsdp2-sharded":
         c = inputs.codecs[key]
         msgs = (k - 1) + log_k + (k - 1 if key in VARIABLE else 0) + (log_k if key == "terngrad" else 0)
         codec_ms = c["encode_ms"] + dmean(c, k) / k
-        return _row(method, nodes, per_node, codec_ms, 0.0, (k - 1) / k * c["bytes"], msgs, **rates)
+        return node_row(method, nodes, per_node, codec_ms, 0.0, (k - 1) / k * c["bytes"], msgs, **rates)
     # HSDP: the node model's hierarchical row, whose inside-node term is an allreduce (a reduce-scatter
     # and an allgather, 2 (L-1) messages); FSDP2 runs only the reduce-scatter there.
     base = "fp32/hierarchical" if key == "fsdp2-fp32" else f"{key}/hierarchical-{pattern[len('fsdp2-hsdp-'):]}"
     r = predict_nodes(base, nodes, per_node, inputs, **rates)
     msgs = r["latency_ms"] / (1e3 * alpha_s) - (per_node - 1) if alpha_s else 0.0
-    return _row(method, nodes, per_node, r["codec_ms"], r["intra_bytes"] / 2, r["inter_bytes"], msgs, **rates)
+    return node_row(method, nodes, per_node, r["codec_ms"], r["intra_bytes"] / 2, r["inter_bytes"], msgs, **rates)
 
 
 def fsdp_rows(inputs: Inputs, nodes: int, per_node: int, inter_gbit: float, intra_gbyte: float,

@@ -96,7 +96,15 @@ def predict_nodes(method: str, nodes: int, per_node: int, inputs: Inputs, *, int
         flat = predict(method, k, inter_bits_per_s, isolated, alpha_s=alpha_s, pipeline_bytes=None)
         codec_ms, inter = flat["cpu_ms"] - inputs.compute_ms, flat["bytes_per_rank"]
         msgs = flat["latency_ms"] / (1e3 * alpha_s) if alpha_s else 0
-    inter_ms = 1e3 * 8 * inter / inter_bits_per_s if k > 1 else 0.0
+    return node_row(method, nodes, per_node, codec_ms, intra, inter, msgs, inter_bits_per_s=inter_bits_per_s,
+                    intra_bytes_per_s=intra_bytes_per_s, alpha_s=alpha_s)
+
+
+def node_row(method: str, nodes: int, per_node: int, codec_ms: float, intra: float, inter: float, msgs: float, *,
+             inter_bits_per_s: float, intra_bytes_per_s: float, alpha_s: float) -> Dict[str, float]:
+    """One predicted row from its terms: ``codec_ms``, ``intra`` bytes inside the node, ``inter``
+    bytes over the NIC and ``msgs`` message latencies, each turned into ms at the given rates."""
+    inter_ms = 1e3 * 8 * inter / inter_bits_per_s if nodes * per_node > 1 else 0.0
     intra_ms = 1e3 * intra / intra_bytes_per_s
     latency_ms = 1e3 * msgs * alpha_s
     return {"method": method, "nodes": nodes, "per_node": per_node, "codec_ms": codec_ms, "intra_ms": intra_ms,
