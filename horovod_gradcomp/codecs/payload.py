@@ -30,6 +30,15 @@ class Payload:
     dtype: torch.dtype
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
+    def __post_init__(self):
+        # One spelling per device, so that comparing it with a tensor's device is exact: a name or
+        # a bare "cuda" becomes the torch.device with its index (the current CUDA device).
+        if not isinstance(self.device, torch.device) or (self.device.type == "cuda" and self.device.index is None):
+            device = torch.device(self.device)
+            if device.type == "cuda" and device.index is None:
+                device = torch.device("cuda", torch.cuda.current_device())
+            self.device = device
+
     @property
     def nbytes(self) -> int:
         """Exact bytes held by the buffers (K payloads' worth for a stacked payload)."""

@@ -27,18 +27,6 @@ def _fail(codec: str, msg: str) -> None:
     raise MalformedPayloadError(f"{codec}: malformed payload: {msg}")
 
 
-def _resolved(device: torch.device) -> torch.device:
-    """``device`` with its index: a bare "cuda" means the current CUDA device, as torch reads it."""
-    if device.type == "cuda" and device.index is None:
-        return torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def same_device(a: torch.device, b: torch.device) -> bool:
-    """True when ``a`` and ``b`` name one device ("cuda" and "cuda:0" do while cuda:0 is current)."""
-    return a == b or _resolved(torch.device(a)) == _resolved(torch.device(b))
-
-
 def check_buffers(codec: str, payload: Payload, specs: Sequence[BufferSpec], stacked: bool = False) -> int:
     """Check ``payload.buffers`` against ``specs`` ((name, dtype, length) in wire order):
     the same names (in any order: a fused layout cuts them by element size), each buffer a tensor of its dtype on the payload's device,
@@ -58,7 +46,7 @@ def check_buffers(codec: str, payload: Payload, specs: Sequence[BufferSpec], sta
             _fail(codec, f"buffer {name!r} is a {type(b).__name__}, not a tensor")
         if b.dtype != dtype:
             _fail(codec, f"buffer {name!r} must be {dtype}, got {b.dtype}")
-        if not same_device(b.device, payload.device):
+        if b.device != payload.device:
             _fail(codec, f"buffer {name!r} is on {b.device}, the payload on {payload.device}")
         if b.dim() != dims:
             want = f"stacked as [K, {length}]" if stacked else f"flat [{length}]"
@@ -91,7 +79,7 @@ def check_payload_list(codec: str, payloads: Sequence[Payload]) -> Tuple[Payload
     for p in payloads:
         if not isinstance(p, Payload):
             raise MalformedPayloadError(f"{codec}: expected Payload objects, got {type(p).__name__}")
-        if p.shape != first.shape or p.dtype != first.dtype or not same_device(p.device, first.device):
+        if p.shape != first.shape or p.dtype != first.dtype or p.device != first.device:
             raise MalformedPayloadError(f"{codec}: payloads of one shape, dtype and device expected, got "
                                         f"{tuple(first.shape)}/{first.dtype}/{first.device} and "
                                         f"{tuple(p.shape)}/{p.dtype}/{p.device}")
