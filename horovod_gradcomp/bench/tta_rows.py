@@ -141,20 +141,27 @@ class Trainer:
         return value
 
 
-def loss_points(trainer: Trainer, batches, held_out, steps: int, eval_every: int, barrier) -> List[dict]:
-    """Train ``steps`` steps; return ``[{"step", "seconds", "loss"}]``: the held-out loss at step
-    0, every ``eval_every`` steps and at the end, against the training seconds so far (the
-    clock stops while evaluating; ``barrier()`` lines the ranks up before it starts)."""
+def interleaved_points(trainers: Sequence[Trainer], streams, held_out, steps: int, eval_every: int,
+                       barrier) -> List[List[dict]]:
+    """Train every row ``steps`` steps, the rows taking turns one step at a time; return each
+    row's ``[{"step", "seconds", "loss"}]``: the held-out loss at step 0, every ``eval_every``
+    steps and at the end, against that row's training seconds so far.
+
+    Taking turns is what makes the rows' seconds comparable on a machine whose load drifts: a
+    busy minute slows a step of every row alike instead of one row's whole run. ``barrier()``
+    lines the ranks up before each step, so a step's clock holds that row's step and nothing of
+    the row before it; evaluation is off the clock."""
     import time
-    points = [{"step": 0, "seconds": 0.0, "loss": trainer.held_out_loss(held_out)}]
-    barrier()
-    clock = 0.0
+    points = [[{"step": 0, "seconds": 0.0, "loss": t.held_out_loss(held_out)}] for t in trainers]
+    clocks = [0.0] * len(trainers)
     for step in range(1, steps + 1):
-        t0 = time.perf_counter()
-        trainer.step(next(batches))
-        clock += time.perf_counter() - t0
-        if step % eval_every == 0 or step == steps:
-            points.append({"step": step, "seconds": clock, "loss": trainer.held_out_loss(held_out)})
+        for i, (trainer, stream) in enumerate(zip(trainers, streams)):
+            barrier()
+            t0 = time.perf_counter()
+            trainer.step(next(stream))
+            clocks[i] += time.perf_counter() - t0
+            if step % eval_every == 0 or step == steps:
+                points[i].append({"step": step, "seconds": clocks[i], "loss": trainer.held_out_loss(held_out)})
     return points
 
 
@@ -165,5 +172,5 @@ def row_label(row: str, optimizer: Optional[str] = None) -> str:
     return f"{text} ({optimizer})" if optimizer else text
 
 
-__all__ = ["Hyper", "OPTIMIZERS", "REFERENCE", "Trainer", "all_rows", "check_rows", "loss_points", "make_optimizer",
+__all__ = ["Hyper", "OPTIMIZERS", "REFERENCE", "Trainer", "all_rows", "check_rows", "interleaved_points", "make_optimizer",
            "row_label"]

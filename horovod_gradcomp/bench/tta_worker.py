@@ -3,10 +3,11 @@
 Started by ``bench tta`` under mpirun on the slow-network harness
 (``python -m horovod_gradcomp.bench.tta_worker ...``). For each optimizer and row, every rank
 builds the same model from the same seed, reads its own shard of the text in the same seeded
-order, and trains ``--steps`` steps (:func:`~horovod_gradcomp.bench.tta_rows.loss_points`);
-rows run one after the other, never at once. Rank 0 writes the rows to ``--json``: per row its
-name, optimizer, the held-out loss points against steps and training seconds, the final loss,
-the parameter count and what was built. Before any timed row, every row runs
+order, and trains ``--steps`` steps; the rows of one optimizer take turns, one step each
+(:func:`~horovod_gradcomp.bench.tta_rows.interleaved_points`), so that the machine's load
+drifting during the run weighs on every row alike; no two steps ever run at once. Rank 0
+writes the rows to ``--json``: per row its name, optimizer, the held-out loss points against
+steps and training seconds, the final loss, the parameter count and what was built. Before any timed row, every row runs
 ``--warmup-steps`` untimed steps on a throwaway model (the process's one-time costs).
 """
 from __future__ import annotations
@@ -48,7 +49,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from .ddp_rows import close_group
     from .tta_data import batches, load
     from .tta_model import SIZES, CharTransformer, parameter_count
-    from .tta_rows import Hyper, Trainer, loss_points
+    from .tta_rows import Hyper, Trainer, interleaved_points
 
     hvd.init()
     torch.set_num_threads(1)
@@ -75,10 +76,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             barrier()
     out = []
     for optimizer in args.optimizers.split(","):
-        for row in args.rows.split(","):
-            model, trainer = build(row, optimizer)
-            points = loss_points(trainer, batches(data, args.batch, args.seed * 1000 + rank), data.held_out,
-                                 args.steps, args.eval_every, barrier)
+        rows = args.rows.split(",")
+        built = [build(row, optimizer) for row in rows]
+        streams = [batches(data, args.batch, args.seed * 1000 + rank) for _ in rows]
+        all_points = interleaved_points([trainer for _, trainer in built], streams, data.held_out, args.steps,
+                                        args.eval_every, barrier)
+        for row, (model, trainer), points in zip(rows, built, all_points):
             if rank == 0:
                 print(f"[tta] {args.rate} {optimizer} {row}: loss {points[0]['loss']:.3f} -> {points[-1]['loss']:.3f} "
                       f"in {points[-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -88,8 +91,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "seconds": points[-1]["seconds"], "factory": trainer.factory,
                         "lr": hyper.sgd_lr if optimizer == "sgd" else hyper.adamw_lr,
                         "load_average": os.getloadavg()[0]})
-            del trainer, model
-            barrier()
+        del built
+        barrier()
     close_group()
     if rank == 0:
         with open(args.json, "w") as f:
