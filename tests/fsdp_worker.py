@@ -296,7 +296,8 @@ def hsdp(codec_key: str, extra: dict) -> dict:
     if codec_key != "dense":
         name, codec_opts, reg_opts = CODECS[codec_key]
         codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
-        reg_opts = {"momentum": 0.9} if codec_key == "dgc" and not adopt else reg_opts
+        if codec_key == "dgc":
+            reg_opts = {} if adopt else {"momentum": 0.9}
         given = {} if adopt == "step" else {"optimizer": opt}
         state = hgc.fsdp.register(net, name, **given, **{**codec_opts, **reg_opts, **extra})
         assert state.mode == "hsdp", state
