@@ -66,11 +66,11 @@ class Net(torch.nn.Module):
         return self.out(self.mid(self.act(self.inp(x))))
 
 
-def build(seed: int = 0, mp=None, nodes: int = 0) -> Net:
-    """Net sharded by FSDP2 over every rank, or with ``nodes`` over each of ``nodes`` groups of
-    ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout)."""
+def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16) -> Net:
+    """Net (``width`` inputs) sharded by FSDP2 over every rank, or with ``nodes`` over each of
+    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout)."""
     torch.manual_seed(seed)
-    net = Net()
+    net = Net(width)
     kw = {} if mp is None else {"mp_policy": mp}
     if nodes:
         from torch.distributed.device_mesh import init_device_mesh
@@ -163,13 +163,13 @@ def oracle(codec_key: str, extra: dict) -> dict:
     return {"ok": True, "codec": codec_key, "calls": checked, "worst_rel": worst, "stats": state.stats()}
 
 
-def batches(steps: int, batch: int, seed: int):
-    """A fixed regression task: y = tanh(x A) B + noise, the same for every codec."""
+def batches(steps: int, batch: int, seed: int, width: int = 16):
+    """A fixed regression task: y = tanh(x A) B + noise, the same for every codec (x: ``width`` features)."""
     g = torch.Generator().manual_seed(1234)
-    a, b = torch.randn(16, 12, generator=g) / 4, torch.randn(12, 5, generator=g)
+    a, b = torch.randn(width, 12, generator=g) / 4, torch.randn(12, 5, generator=g)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        x = torch.randn(batch, 16, generator=g)
+        x = torch.randn(batch, width, generator=g)
         yield x.to(DEVICE), (torch.tanh(x @ a) @ b + 0.01 * torch.randn(batch, 5, generator=g)).to(DEVICE)
 
 
@@ -341,7 +341,8 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     k, me = dist.get_world_size(), dist.get_rank()
     first, more = int(extra.pop("n", 4)), int(extra.pop("m", 4))
     nodes = int(extra.pop("hsdp", 0))   # HSDP mode: FSDP2 over each of `nodes` groups, the codec across them
-    net = build(nodes=nodes)
+    width = int(extra.pop("width", 16))   # wide inputs: buckets large enough for the two-phase pattern
+    net = build(nodes=nodes, width=width)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
     name, codec_opts, reg_opts = CODECS[codec_key]
     codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
@@ -349,7 +350,7 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
     assert state.mode == ("hsdp" if nodes else "sharded"), state
     everything = {"training": _Training(net, opt), "compression": state}
-    data = list(batches(first + more, 32, seed=77 + me))
+    data = list(batches(first + more, 32, seed=77 + me, width=width))
 
     def run(steps):
         out = []
@@ -395,7 +396,8 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     hgc.ddp.keep_until_exit(mine, *every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
     return {"ok": True, "losses": [e[:len(losses)].tolist() for e in every],
             "digests": [bytes(e[len(losses):].to(torch.uint8).tolist()).hex() for e in every],
-            "memory_bytes": state.stats()["memory_bytes"], "step": compressions[0].state.step}
+            "memory_bytes": state.stats()["memory_bytes"], "step": compressions[0].state.step,
+            "owner_residuals": sum(len(c.state.owner_memory.residuals) for c in compressions)}
 
 
 def errors() -> dict:

@@ -169,6 +169,18 @@ def test_hsdp_dcp_resume_is_bitwise(codec, options, tmp_path):
     assert again["digests"] == first["digests"]
 
 
+def test_hsdp_dcp_resume_keeps_the_two_phase_owner_residuals(tmp_path):
+    """3 nodes of 1 rank with a 9 x 32768 layer: the replicas' exchange of that module takes the
+    two-phase pattern, so each rank also holds owner residuals (its stripes' second quantization);
+    they are saved and restored with the rest: the resumed run is bitwise the first."""
+    where = str(tmp_path / "ckpt")
+    first = launch(3, "checkpoint", "onebit", where, "save", "hsdp=3", "width=32768")
+    again = launch(3, "checkpoint", "onebit", where, "resume", "hsdp=3", "width=32768")
+    assert first["owner_residuals"] >= 1 and again["owner_residuals"] == first["owner_residuals"], (first, again)
+    assert again["losses"] == first["losses"]
+    assert again["digests"] == first["digests"]
+
+
 def test_hsdp_dcp_load_at_another_world_size_is_refused_naming_both(tmp_path):
     """Saved by 2 nodes of 2 ranks, loaded by 2 nodes of 1: every rank raises, naming 4 and 2."""
     where = str(tmp_path / "ckpt")
