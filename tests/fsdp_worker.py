@@ -66,12 +66,16 @@ class Net(torch.nn.Module):
         return self.out(self.mid(self.act(self.inp(x))))
 
 
-def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16) -> Net:
+def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False) -> Net:
     """Net (``width`` inputs) sharded by FSDP2 over every rank, or with ``nodes`` over each of
-    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout)."""
+    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout); with
+    ``offload`` FSDP2's ``CPUOffloadPolicy`` (unpinned: pinning needs an accelerator)."""
     torch.manual_seed(seed)
     net = Net(width)
     kw = {} if mp is None else {"mp_policy": mp}
+    if offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
     if nodes:
         from torch.distributed.device_mesh import init_device_mesh
         k = dist.get_world_size()

@@ -96,20 +96,30 @@ class HSDPCompressionState:
 
     Fields: codec (the first module's; every module's has the same options), hooks (the modules'
     :class:`ReplicaAverage`, in model order), node_size (L, the ranks FSDP2 shards over),
-    replicas (the number of nodes), world_size and rank (in the job), mesh (a 1-D ``DeviceMesh``
-    of every rank of the job: the checkpoint's rows), per_rank (:class:`PerRankState`)."""
+    replicas (the number of nodes), world_size and rank (in the job), device_type (the modules'
+    mesh's), per_rank (:class:`PerRankState`)."""
 
     mode = "hsdp"
 
-    def __init__(self, hooks: List[ReplicaAverage], node_size: int, replicas: int, mesh=None):
+    def __init__(self, hooks: List[ReplicaAverage], node_size: int, replicas: int, device_type: str = "cpu"):
         self.hooks = hooks
         self.codec = hooks[0].compression.codec
         self.node_size, self.replicas = node_size, replicas
         self.world_size, self.rank = node_size * replicas, dist.get_rank()
-        self.mesh = mesh
+        self.device_type = device_type
+        self._mesh = None
         self.per_rank = PerRankState(hooks)
         self.bytes_reduce_scatter = 0.0
         self.calls = 0
+
+    @property
+    def mesh(self):
+        """A 1-D ``DeviceMesh`` over the job's default process group (every rank): the checkpoint's
+        rows. Made at its first use, from the existing group (no new group, no collective)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh
+            self._mesh = DeviceMesh.from_group(dist.group.WORLD, self.device_type)
+        return self._mesh
 
     def count_reduce_scatter(self, hook: ReplicaAverage, output: torch.Tensor) -> None:
         """Count FSDP2's dense reduce-scatter inside the node that produced ``output``."""

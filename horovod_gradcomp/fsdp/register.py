@@ -257,7 +257,6 @@ def _low_precision_memory(codec, dtype, mode, options, owner) -> None:
 
 def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement, replicas, options):
     """HSDP mode (:mod:`horovod_gradcomp.fsdp.hsdp`): one compression per module over the replicas."""
-    from torch.distributed.device_mesh import init_device_mesh
     group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
     communicator = TorchDistributedCommunicator(group)
     replicas_global = dist.get_process_group_ranks(group)
@@ -278,8 +277,8 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
     if codec == "dgc" and options.get("momentum") is None:
         share_optimizer_momentum([h.compression for h in hooks], [p for _, p in model.named_parameters()
                                                                   if p.requires_grad], optimizer, owner)
-    mesh = init_device_mesh(layouts[0][3].mesh_info.mesh.device_type, (dist.get_world_size(),))
-    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas, mesh=mesh)
+    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas,
+                                 device_type=layouts[0][3].mesh_info.mesh.device_type)
     for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
         reduce_unused_params(module)
         module.set_all_reduce_hook(CountingHook(state, hook))
