@@ -72,6 +72,10 @@ module has its own compression: with ``momentum=None`` one shared check hands th
 all of them, at ``register`` when ``optimizer=`` is given, else at the optimizer's first ``step()``
 (the SGD then runs with momentum 0); an explicit ``momentum=`` needs an SGD with momentum 0.
 
+CPU offload (``fully_shard(..., offload_policy=CPUOffloadPolicy(...))``) is left as FSDP2 does it:
+the codec works on the gradients where FSDP2 reduces them, and FSDP2 moves the reduced shard to the
+CPU afterwards (tested on the CPU with ``pin_memory=False``).
+
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
 needs the whole step's gradient norm before the first module reduces).
 """
