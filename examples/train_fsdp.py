@@ -9,7 +9,7 @@ Run (4 processes on gloo, 1-bit SGD with error feedback):
 ``--codec-opt KEY=VALUE`` passes options to the codec's factory (e.g. ``density=0.01``,
 ``bits=4``). ``--hsdp NODES``: FSDP2 shards over each of NODES groups of ranks and the codec
 averages across the groups (HSDP mode). Every transformer block is its own ``fully_shard`` unit, then the whole model. With
-``--ckpt-dir DIR`` saves model, optimizer and (sharded mode) compression state with
+``--ckpt-dir DIR`` saves model, optimizer and compression state (sharded or HSDP mode) with
 ``torch.distributed.checkpoint`` at the end; ``--resume DIR`` loads them first (same world size). With
 ``--json`` rank 0 prints one JSON object as its last line: the losses, the test loss and, for a
 codec, ``stats()`` (bytes sent per step against FSDP2's dense reduce-scatter of the same inputs).
@@ -79,7 +79,7 @@ def parse_args(argv=None):
                    help="HSDP over NODES groups of ranks: FSDP2 shards inside each group, the codec between them "
                         "(with --codec none: FSDP2's own HSDP on the 2-D mesh)")
     p.add_argument("--ckpt-dir", default=None,
-                   help="dcp.save model, optimizer and (sharded mode) compression state there at the end")
+                   help="dcp.save model, optimizer and compression state there at the end")
     p.add_argument("--resume", default=None, help="dcp.load a --ckpt-dir checkpoint before training (same world size)")
     return parse_codec_args(p, argv, ["none", *hgc.available_codecs()])
 
@@ -167,7 +167,7 @@ def main(argv=None):
         hgc.ddp.hold_backward_context(model)   # gloo's abort at exit (horovod_gradcomp/ddp/gloo_exit.py)
     start = torch.zeros(1, dtype=torch.int64)   # the steps already trained (the same on every rank)
     everything = {"training": Training(model, opt), "start": start}
-    if state is not None and state.mode == "sharded":   # HSDP's state is not a DCP Stateful yet
+    if state is not None:   # both modes' states are DCP Stateful objects
         everything["compression"] = state
     if args.resume:
         dcp.load(everything, checkpoint_id=args.resume)

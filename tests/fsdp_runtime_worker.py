@@ -5,6 +5,7 @@
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py async CODEC
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py compile CODEC BACKEND
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py accelerate CODEC DIR
+    torchrun --nproc_per_node K tests/fsdp_runtime_worker.py offload CODEC NODES   (NODES 0: sharded mode)
 
 ``stall``: the last rank skips step 1 (it sleeps far longer than the test's timeout); the others
 must end with the watchdog's StallError within TIMEOUT seconds. The other modes print rank 0's
@@ -124,6 +125,41 @@ def compiled(codec_key: str, backend: str) -> dict:
     return {"ok": True, "runs": every}
 
 
+def offloaded(codec_key: str, nodes: int) -> dict:
+    """The same compressed training run (6 SGD steps) without and with FSDP2's ``CPUOffloadPolicy``
+    (sharded mode, or HSDP over ``nodes`` nodes): reports both runs' losses and parameter digests on
+    every rank, the mode, and where the offloaded run keeps its sharded parameters and gradients."""
+    k, me = dist.get_world_size(), dist.get_rank()
+    name, codec_opts, reg_opts = CODECS[codec_key]
+    codec_opts = {key: v for key, v in codec_opts.items() if key != "impl"}
+    runs = {}
+    for offload in (False, True):
+        net = build(nodes=nodes, offload=offload)
+        policies = {type(m._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+                    for m in net.modules() if hasattr(m, "_get_fsdp_state")
+                    and m._get_fsdp_state()._fsdp_param_group is not None}
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts})
+        losses = []
+        for x, y in batches(6, 16, seed=77 + me):
+            loss = torch.nn.functional.mse_loss(net(x), y)
+            loss.backward()
+            grads = sorted({str(p.grad.to_local().device) for p in net.parameters() if p.grad is not None})
+            opt.step()
+            opt.zero_grad()
+            losses.append(loss.item())
+        h = hashlib.sha256()
+        for p in net.parameters():
+            h.update(p.to_local().detach().numpy().tobytes())
+        runs["offload" if offload else "plain"] = {
+            "losses": losses, "digest": h.hexdigest(), "mode": state.mode, "steps": state.stats()["steps"],
+            "policies": sorted(policies), "grad_devices": grads,
+            "param_devices": sorted({str(p.to_local().device) for p in net.parameters()})}
+    every = [None] * k
+    dist.all_gather_object(every, runs)
+    return {"ok": True, "runs": every}
+
+
 def _memory_digest(state) -> str:
     h = hashlib.sha256()
     for store, tensors in state.memory.stores().items():
@@ -184,6 +220,8 @@ def main() -> None:
         result = compiled(sys.argv[2], sys.argv[3])
     elif mode == "accelerate":
         result = accelerated(sys.argv[2], sys.argv[3])
+    elif mode == "offload":
+        result = offloaded(sys.argv[2], int(sys.argv[3]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if dist.get_rank() == 0:

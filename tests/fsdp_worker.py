@@ -8,6 +8,7 @@
     torchrun --nproc_per_node K tests/fsdp_worker.py errors
     torchrun --nproc_per_node 4 tests/fsdp_worker.py hsdp CODEC [key=value ...]   (CODEC "dense": FSDP2's HSDP)
     torchrun --nproc_per_node K tests/fsdp_worker.py checkpoint CODEC DIR save|resume|load [key=value ...]
+        (hsdp=NODES: HSDP mode, FSDP2 over each of NODES groups of ranks)
 
 Rank 0 prints one JSON line at the end. ``oracle`` calls every registered module's reduce-scatter
 with known inputs (every rank can rebuild every rank's input from the seeds) and compares the
@@ -65,11 +66,21 @@ class Net(torch.nn.Module):
         return self.out(self.mid(self.act(self.inp(x))))
 
 
-def build(seed: int = 0, mp=None) -> Net:
+def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False) -> Net:
+    """Net (``width`` inputs) sharded by FSDP2 over every rank, or with ``nodes`` over each of
+    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout); with
+    ``offload`` FSDP2's ``CPUOffloadPolicy`` (unpinned: pinning needs an accelerator)."""
     torch.manual_seed(seed)
-    net = Net()
+    net = Net(width)
     kw = {} if mp is None else {"mp_policy": mp}
-    if DEVICE.type != "cpu":
+    if offload:
+        from torch.distributed.fsdp import CPUOffloadPolicy
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
+    if nodes:
+        from torch.distributed.device_mesh import init_device_mesh
+        k = dist.get_world_size()
+        kw["mesh"] = init_device_mesh(DEVICE.type, (nodes, k // nodes), mesh_dim_names=("replicate", "shard"))["shard"]
+    elif DEVICE.type != "cpu":
         from torch.distributed.device_mesh import init_device_mesh
         kw["mesh"] = init_device_mesh(DEVICE.type, (dist.get_world_size(),))
     fully_shard(net.inp, **kw)
@@ -156,13 +167,13 @@ def oracle(codec_key: str, extra: dict) -> dict:
     return {"ok": True, "codec": codec_key, "calls": checked, "worst_rel": worst, "stats": state.stats()}
 
 
-def batches(steps: int, batch: int, seed: int):
-    """A fixed regression task: y = tanh(x A) B + noise, the same for every codec."""
+def batches(steps: int, batch: int, seed: int, width: int = 16):
+    """A fixed regression task: y = tanh(x A) B + noise, the same for every codec (x: ``width`` features)."""
     g = torch.Generator().manual_seed(1234)
-    a, b = torch.randn(16, 12, generator=g) / 4, torch.randn(12, 5, generator=g)
+    a, b = torch.randn(width, 12, generator=g) / 4, torch.randn(12, 5, generator=g)
     g = torch.Generator().manual_seed(seed)
     for _ in range(steps):
-        x = torch.randn(batch, 16, generator=g)
+        x = torch.randn(batch, width, generator=g)
         yield x.to(DEVICE), (torch.tanh(x @ a) @ b + 0.01 * torch.randn(batch, 5, generator=g)).to(DEVICE)
 
 
@@ -282,21 +293,29 @@ def hsdp(codec_key: str, extra: dict) -> dict:
     else:
         for m in (net.inp, net.mid, net):
             fully_shard(m, mesh=mesh["shard"])
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
+    # adopt="register"/"step": DGC takes the SGD's momentum (optimizer= given / not given) instead of momentum=
+    adopt = extra.pop("adopt", None)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" and not adopt else 0.9)
     state = None
     if codec_key != "dense":
         name, codec_opts, reg_opts = CODECS[codec_key]
         codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
-        reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
-        state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
+        if codec_key == "dgc":
+            reg_opts = {} if adopt else {"momentum": 0.9}
+        given = {} if adopt == "step" else {"optimizer": opt}
+        state = hgc.fsdp.register(net, name, **given, **{**codec_opts, **reg_opts, **extra})
         assert state.mode == "hsdp", state
     losses = mean_losses(net, opt, 40)
+    momenta = sorted({(h.compression.memory.momentum, h.compression.memory.nesterov) for h in state.hooks}) \
+        if codec_key == "dgc" else None
+    sgd_momenta = sorted({g["momentum"] for g in opt.param_groups})
     flat = torch.cat([p.to_local().detach().reshape(-1) for p in net.parameters()])
     digests = [None] * k
     dist.all_gather_object(digests, hashlib.sha256(flat.numpy().tobytes()).hexdigest())
     half = k // 2
     same = all(digests[r] == digests[r + half] for r in range(half))
     return {"ok": True, "codec": codec_key, "first": sum(losses[:5]) / 5, "last": sum(losses[-5:]) / 5,
+            "losses": losses, "momenta": momenta, "sgd_momenta": sgd_momenta,
             "replicas_equal": same, "stats": None if state is None else
             {key: v for key, v in state.stats().items() if key != "modules"}}
 
@@ -325,14 +344,17 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     import torch.distributed.checkpoint as dcp
     k, me = dist.get_world_size(), dist.get_rank()
     first, more = int(extra.pop("n", 4)), int(extra.pop("m", 4))
-    net = build()
+    nodes = int(extra.pop("hsdp", 0))   # HSDP mode: FSDP2 over each of `nodes` groups, the codec across them
+    width = int(extra.pop("width", 16))   # wide inputs: buckets large enough for the two-phase pattern
+    net = build(nodes=nodes, width=width)
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
     name, codec_opts, reg_opts = CODECS[codec_key]
     codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
     reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
     state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
+    assert state.mode == ("hsdp" if nodes else "sharded"), state
     everything = {"training": _Training(net, opt), "compression": state}
-    data = list(batches(first + more, 32, seed=77 + me))
+    data = list(batches(first + more, 32, seed=77 + me, width=width))
 
     def run(steps):
         out = []
@@ -364,10 +386,13 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     h = hashlib.sha256()
     for p in net.parameters():
         h.update(p.to_local().detach().numpy().tobytes())
-    for store in ("residuals", "velocities", "accumulations"):
-        for key, t in sorted(getattr(state.memory, store, {}).items()):
-            h.update(key.encode())
-            h.update(t.float().numpy().tobytes())
+    compressions = [hook.compression for hook in state.hooks] if nodes else [state.compression]
+    for c in compressions:
+        memories = [(store, getattr(c.memory, store, {})) for store in ("residuals", "velocities", "accumulations")]
+        for store, tensors in [*memories, ("owner", c.state.owner_memory.residuals)]:
+            for key, t in sorted(tensors.items()):
+                h.update(f"{store}:{key}".encode())
+                h.update(t.float().numpy().tobytes())
     mine = torch.cat([torch.tensor(losses, dtype=torch.float64),
                       torch.frombuffer(bytearray(h.digest()), dtype=torch.uint8).double()])
     every = [torch.empty_like(mine) for _ in range(k)]
@@ -375,7 +400,8 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     hgc.ddp.keep_until_exit(mine, *every)   # gloo's abort at exit: see horovod_gradcomp/ddp/gloo_exit.py
     return {"ok": True, "losses": [e[:len(losses)].tolist() for e in every],
             "digests": [bytes(e[len(losses):].to(torch.uint8).tolist()).hex() for e in every],
-            "memory_bytes": state.memory_bytes(), "step": state.step}
+            "memory_bytes": state.stats()["memory_bytes"], "step": compressions[0].state.step,
+            "owner_residuals": sum(len(c.state.owner_memory.residuals) for c in compressions)}
 
 
 def errors() -> dict:

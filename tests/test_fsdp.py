@@ -156,6 +156,54 @@ def test_dcp_load_at_another_world_size_is_refused_naming_both(saved, loaded, tm
             in result["message"]), result["message"]
 
 
+@pytest.mark.parametrize("codec,options", [("onebit", ()), ("dgc", ())])
+def test_hsdp_dcp_resume_is_bitwise(codec, options, tmp_path):
+    """HSDP mode, 2 x 2 at K=4: as the sharded test above, every rank's losses, parameters and
+    compression state (each module's residuals, owner residuals; DGC: velocities and
+    accumulations) bitwise equal after dcp.load in fresh processes."""
+    where = str(tmp_path / "ckpt")
+    first = launch(4, "checkpoint", codec, where, "save", "hsdp=2", *options)
+    again = launch(4, "checkpoint", codec, where, "resume", "hsdp=2", *options)
+    assert first["memory_bytes"] > 0 and first["step"] == again["step"] == 8
+    assert again["losses"] == first["losses"]
+    assert again["digests"] == first["digests"]
+
+
+def test_hsdp_dcp_resume_keeps_the_two_phase_owner_residuals(tmp_path):
+    """3 nodes of 1 rank with a 9 x 32768 layer: the replicas' exchange of that module takes the
+    two-phase pattern, so each rank also holds owner residuals (its stripes' second quantization);
+    they are saved and restored with the rest: the resumed run is bitwise the first."""
+    where = str(tmp_path / "ckpt")
+    first = launch(3, "checkpoint", "onebit", where, "save", "hsdp=3", "width=32768")
+    again = launch(3, "checkpoint", "onebit", where, "resume", "hsdp=3", "width=32768")
+    assert first["owner_residuals"] >= 1 and again["owner_residuals"] == first["owner_residuals"], (first, again)
+    assert again["losses"] == first["losses"]
+    assert again["digests"] == first["digests"]
+
+
+def test_hsdp_dcp_load_at_another_world_size_is_refused_naming_both(tmp_path):
+    """Saved by 2 nodes of 2 ranks, loaded by 2 nodes of 1: every rank raises, naming 4 and 2."""
+    where = str(tmp_path / "ckpt")
+    launch(4, "checkpoint", "onebit", where, "save", "hsdp=2", "m=0")
+    result = launch(2, "checkpoint", "onebit", where, "load", "hsdp=2")
+    assert result["raised_on"] == 2
+    assert "saved torch.Size([4]) and current: torch.Size([2]) for compression.world_size" in result["message"], \
+        result["message"]
+
+
+def test_hsdp_dgc_takes_the_momentum_of_the_optimizer():
+    """HSDP mode, DGC without momentum=: given optimizer=SGD(momentum=0.9), every module's compression
+    takes 0.9 at register (the SGD then runs with momentum 0) and trains bitwise as momentum=0.9 with
+    SGD(momentum=0) does; without optimizer= they take it at the first step()."""
+    explicit = launch(4, "hsdp", "dgc")
+    adopted = launch(4, "hsdp", "dgc", "adopt=register")
+    assert adopted["momenta"] == [[0.9, False]] and adopted["sgd_momenta"] == [0.0], adopted
+    assert adopted["losses"] == explicit["losses"]
+    at_step = launch(4, "hsdp", "dgc", "adopt=step")
+    assert at_step["momenta"] == [[0.9, False]] and at_step["sgd_momenta"] == [0.0], at_step
+    assert at_step["replicas_equal"] and at_step["last"] < 0.9 * at_step["first"], at_step
+
+
 def test_example_trains_and_reports_bytes():
     """examples/train_fsdp.py: a few steps of the character transformer under onebit, its JSON line
     with stats() (fewer bytes per step than FSDP2's own reduce-scatter)."""

@@ -73,3 +73,19 @@ def test_accelerate_register_takes_an_fsdp2_model_and_checkpoints_its_state(tmp_
     assert (tmp_path / "ckpt" / "custom_checkpoint_0.pkl").exists()
     for rank in result["digests"]:
         assert rank["moved"] != rank["saved"] and rank["restored"] == rank["saved"], rank
+
+
+@pytest.mark.parametrize("codec,k,nodes", [("onebit", 2, 0), ("qsgd", 4, 2)])
+def test_cpu_offload_trains_bitwise_like_without_it(codec, k, nodes):
+    """fully_shard(..., offload_policy=CPUOffloadPolicy(pin_memory=False)) with the codec registered,
+    sharded at K=2 and HSDP at 2 x 2: FSDP2 keeps the sharded parameters and gradients on the CPU as
+    it does without a codec, and the 6 losses and final parameters equal the run without offload
+    bitwise on every rank (on the CPU the offload moves nothing: what is checked is that register()
+    and the codec's exchanges take the offloaded parameter groups as they are)."""
+    result = last_json(run(torchrun(k, WORKER, "offload", codec, str(nodes)), timeout=TIMEOUT))
+    for rank in result["runs"]:
+        plain, offload = rank["plain"], rank["offload"]
+        assert offload["policies"] == ["CPUOffloadPolicy"] and plain["policies"] == ["OffloadPolicy"], rank
+        assert plain["mode"] == offload["mode"] == ("hsdp" if nodes else "sharded"), rank
+        assert offload["steps"] == 6 and offload["grad_devices"] == ["cpu"] == offload["param_devices"], rank
+        assert offload["losses"] == plain["losses"] and offload["digest"] == plain["digest"], rank

@@ -46,11 +46,11 @@ class _MPIRanks:
 
 
 def hsdp_dgc_options(row: str, args: argparse.Namespace) -> dict:
-    """The options a row passes to ``hgc.fsdp.register``: none, except DGC in HSDP mode, which needs
-    its momentum given (each module has its own compression there, so none can take over the
-    optimizer's): SGD's 0.9 (the optimizer then steps with momentum 0, what the sharded and DDP
-    paths do by themselves) or 0.0 under AdamW (DGC runs without momentum correction under Adam on
-    every path)."""
+    """The options a row passes to ``hgc.fsdp.register``: none, except DGC in HSDP mode, whose
+    momentum is given as the recorded runs (docs/results/fsdp_step_time.md) gave it, from before HSDP
+    mode took it over from the optimizer itself: SGD's 0.9 (the optimizer then steps with momentum
+    0; ``register(..., optimizer=opt)`` without it now trains bitwise the same) or 0.0 under AdamW
+    (DGC runs without momentum correction under Adam on every path)."""
     if row != "dgc" or not args.hsdp:
         return {}
     return {"momentum": 0.9 if args.optimizer == "sgd" else 0.0}

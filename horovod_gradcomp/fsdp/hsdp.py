@@ -10,6 +10,10 @@ Horovod path (``CodecCompression.exchange``), so every NIC carries 1/L of the no
 every replica decodes the same payloads in the same order (bitwise the same shard).
 
 The memory here is the size of the rank's shard (the residuals of its own segments only).
+
+Checkpoints: :class:`HSDPCompressionState` is a ``torch.distributed.checkpoint`` ``Stateful``
+(:mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`: same world size and layout only); the per-rank dict
+of the Horovod path (every module's ``compression.state_dict()``) is ``state.per_rank.state_dict()``.
 """
 from __future__ import annotations
 
@@ -42,6 +46,30 @@ def replica_group(shard_group, owner: str):
     return chosen
 
 
+def share_optimizer_momentum(compressions, params, optimizer, owner: str) -> None:
+    """DGC with ``momentum=None`` in HSDP mode: the modules' compressions take the SGD's momentum
+    together. Each compression's own check would hand it to one of them only (the first sets the
+    SGD's momentum to 0, the others would read 0), so their checks are replaced by one
+    :class:`~horovod_gradcomp.hvd_adapter.optimizer_check.PlainSGDGuard` over every parameter
+    whose adoption sets every compression's momentum. With ``optimizer`` it runs at once (the
+    momentum is in place for the first backward, and a checkpoint loaded afterwards keeps its
+    own); otherwise before the first ``step()`` of an optimizer holding the parameters. Under a
+    non-SGD optimizer DGC runs without momentum (one warning), as under Horovod and DDP."""
+    from ..hvd_adapter.optimizer_check import PlainSGDGuard
+
+    def adopt(momentum: float, nesterov: bool) -> None:
+        for c in compressions:
+            c.memory.adopt_momentum(momentum, nesterov)
+
+    for c in compressions:
+        c.optimizer_guard.remove()
+    guard = PlainSGDGuard(params, owner=owner, adopt_momentum=adopt)
+    for c in compressions:
+        c.optimizer_guard = guard
+    if optimizer is not None:
+        guard.check(optimizer)
+
+
 class ReplicaAverage:
     """The all-reduce hook of one module: its shard's segments averaged across the replicas by
     ``compression.exchange`` (results written back into the shard). Fields: compression, layout,
@@ -68,16 +96,30 @@ class HSDPCompressionState:
 
     Fields: codec (the first module's; every module's has the same options), hooks (the modules'
     :class:`ReplicaAverage`, in model order), node_size (L, the ranks FSDP2 shards over),
-    replicas (the number of nodes)."""
+    replicas (the number of nodes), world_size and rank (in the job), device_type (the modules'
+    mesh's), per_rank (:class:`PerRankState`)."""
 
     mode = "hsdp"
 
-    def __init__(self, hooks: List[ReplicaAverage], node_size: int, replicas: int):
+    def __init__(self, hooks: List[ReplicaAverage], node_size: int, replicas: int, device_type: str = "cpu"):
         self.hooks = hooks
         self.codec = hooks[0].compression.codec
         self.node_size, self.replicas = node_size, replicas
+        self.world_size, self.rank = node_size * replicas, dist.get_rank()
+        self.device_type = device_type
+        self._mesh = None
+        self.per_rank = PerRankState(hooks)
         self.bytes_reduce_scatter = 0.0
         self.calls = 0
+
+    @property
+    def mesh(self):
+        """A 1-D ``DeviceMesh`` over the job's default process group (every rank): the checkpoint's
+        rows. Made at its first use, from the existing group (no new group, no collective)."""
+        if self._mesh is None:
+            from torch.distributed.device_mesh import DeviceMesh
+            self._mesh = DeviceMesh.from_group(dist.group.WORLD, self.device_type)
+        return self._mesh
 
     def count_reduce_scatter(self, hook: ReplicaAverage, output: torch.Tensor) -> None:
         """Count FSDP2's dense reduce-scatter inside the node that produced ``output``."""
@@ -108,14 +150,40 @@ class HSDPCompressionState:
                 "modules": {h.module: s for h, s in zip(self.hooks, each)}}
 
     def state_dict(self) -> dict:
-        return {h.module: h.compression.state_dict() for h in self.hooks}
+        """This rank's compression state as DTensors over :attr:`mesh`, for ``dcp.save`` /
+        ``dcp.load`` (a ``Stateful``; see :mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`)."""
+        from .hsdp_checkpoint import hsdp_state_dict
+        return hsdp_state_dict(self)
 
     def load_state_dict(self, state: dict) -> None:
-        for h in self.hooks:
-            h.compression.load_state_dict(state[h.module])
+        """Restore :meth:`state_dict` (at the same world size and layout; ``ValueError`` naming both
+        otherwise)."""
+        from .hsdp_checkpoint import load_hsdp_state_dict
+        load_hsdp_state_dict(self, state)
 
     def __repr__(self) -> str:
         return f"HSDPCompressionState({self.codec!r}, modules={len(self.hooks)}, {self.replicas} x {self.node_size})"
+
+
+class PerRankState:
+    """The per-rank form of HSDP mode's state (the Horovod path's: no DTensors), for checkpoints that
+    hold one pickled object per rank (Accelerate's ``register_for_checkpointing``): ``state_dict()``
+    is every module's ``compression.state_dict()`` by module name."""
+
+    def __init__(self, hooks: List[ReplicaAverage]):
+        self.hooks = hooks
+
+    def state_dict(self) -> dict:
+        return {h.module: h.compression.state_dict() for h in self.hooks}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`; ``ValueError`` naming the modules when they differ."""
+        missing = [h.module for h in self.hooks if h.module not in state]
+        if missing:
+            raise ValueError(f"hgc.fsdp HSDP: the checkpoint has no state for the modules {missing} (it holds "
+                             f"{sorted(state)})")
+        for h in self.hooks:
+            h.compression.load_state_dict(state[h.module])
 
 
 class CountingHook:

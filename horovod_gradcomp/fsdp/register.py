@@ -60,11 +60,24 @@ is the process group's ``timeout``.
 ``async_op=True`` (a caller of the reduce-scatter that asks for a work handle): the reduce-scatter
 runs to its end inside the call and a completed ``Work`` is returned (:mod:`horovod_gradcomp.fsdp.comm`).
 
+Checkpoints: both modes' states are ``torch.distributed.checkpoint`` ``Stateful`` objects, saved and
+loaded by ``dcp.save`` / ``dcp.load`` with the model and the optimizer and resumed bitwise at the
+same world size; another world size (or, in HSDP mode, another split into nodes) is refused on every
+rank with a message naming both (sharded: :mod:`horovod_gradcomp.fsdp.checkpoint`; HSDP:
+:mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`). Nothing is unpickled.
+
+DGC's momentum. In sharded mode one compression holds every parameter and takes an SGD's momentum
+as under Horovod and DDP (``momentum=None``: at the optimizer's first ``step()``). In HSDP mode each
+module has its own compression: with ``momentum=None`` one shared check hands the SGD's momentum to
+all of them, at ``register`` when ``optimizer=`` is given, else at the optimizer's first ``step()``
+(the SGD then runs with momentum 0); an explicit ``momentum=`` needs an SGD with momentum 0.
+
+CPU offload (``fully_shard(..., offload_policy=CPUOffloadPolicy(...))``) is left as FSDP2 does it:
+the codec works on the gradients where FSDP2 reduces them, and FSDP2 moves the reduced shard to the
+CPU afterwards (tested on the CPU with ``pin_memory=False``).
+
 Not yet: ``Shard(1)`` placements (refused with a message), DGC's ``clip_norm`` (it
-needs the whole step's gradient norm before the first module reduces). Checkpoints: the sharded
-state is a ``torch.distributed.checkpoint`` ``Stateful``
-(:mod:`horovod_gradcomp.fsdp.checkpoint`: same world size only); HSDP mode's ``state_dict`` is
-still the per-rank dict of the Horovod path (``torch.save`` per rank, not ``dcp``).
+needs the whole step's gradient norm before the first module reduces).
 """
 from __future__ import annotations
 
@@ -83,7 +96,7 @@ from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
 from ..transports.torch_dist import TorchDistributedCommunicator
 from ..state.low_precision_feedback import LowPrecisionErrorFeedback
-from .hsdp import CountingHook, HSDPCompressionState, ReplicaAverage, replica_group
+from .hsdp import CountingHook, HSDPCompressionState, ReplicaAverage, replica_group, share_optimizer_momentum
 from .state import FSDPCompressionState
 
 #: Options of the Horovod/DDP factories that mean nothing here (FSDP2 decides the buckets: its
@@ -153,7 +166,8 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
     (``hgc.Compression.<codec>``, e.g. ``error_feedback=``, ``bits=``, ``density=``, ``scales=``,
     ``warmup_steps=``). ``optimizer``: the optimizer that steps the parameters (the Adam family
     gets the codec's Adam defaults from the first step; without it, from its first ``step()``;
-    DGC with ``momentum=None`` takes an SGD's momentum at its first ``step()``).
+    DGC with ``momentum=None`` takes an SGD's momentum: at its first ``step()``; in HSDP mode at
+    ``register`` when ``optimizer`` is given, see the module doc).
     ``residual_dtype`` (sharded mode, codecs with error feedback): store the error-feedback residual
     in ``torch.bfloat16`` or ``torch.float16`` (half of fp32's memory; the carried residual is
     rounded to it, :mod:`horovod_gradcomp.state.low_precision_feedback`); ``torch.float32``: the default.
@@ -247,9 +261,6 @@ def _low_precision_memory(codec, dtype, mode, options, owner) -> None:
 
 def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement, replicas, options):
     """HSDP mode (:mod:`horovod_gradcomp.fsdp.hsdp`): one compression per module over the replicas."""
-    if codec == "dgc" and options.get("momentum") is None:
-        raise ValueError(f"{owner}: in HSDP mode pass DGC's momentum= explicitly (and step with SGD momentum 0): "
-                         "each module has its own compression, and only one could take over the optimizer's")
     group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
     communicator = TorchDistributedCommunicator(group)
     replicas_global = dist.get_process_group_ranks(group)
@@ -267,7 +278,11 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
         compression.engine.owner = (f"hgc.fsdp HSDP ({codec}, module {name or '<root>'!r}, replica group of global "
                                     f"ranks {replicas_global})")
         hooks.append(ReplicaAverage(compression, layout, name))
-    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas)
+    if codec == "dgc" and options.get("momentum") is None:
+        share_optimizer_momentum([h.compression for h in hooks], [p for _, p in model.named_parameters()
+                                                                  if p.requires_grad], optimizer, owner)
+    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas,
+                                 device_type=layouts[0][3].mesh_info.mesh.device_type)
     for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
         reduce_unused_params(module)
         module.set_all_reduce_hook(CountingHook(state, hook))

@@ -74,12 +74,12 @@ def register(accelerator, model, codec: str = "onebit", *, checkpoint: bool = Tr
 
 def _register_fsdp2(accelerator, model, codec: str, checkpoint: bool, options: dict):
     """:func:`register` for a model FSDP2 shards: :func:`horovod_gradcomp.fsdp.register`, and the
-    job's per-rank compression state for Accelerate's checkpoints (sharded mode: the compression's
-    own ``state_dict``, not the DCP form of ``FSDPCompressionState.state_dict``, which Accelerate's
-    pickled custom objects cannot hold)."""
+    job's per-rank compression state for Accelerate's checkpoints (the compression's own
+    ``state_dict``, HSDP mode's ``state.per_rank``: not the DCP form of the states' ``state_dict``,
+    which Accelerate's pickled custom objects cannot hold)."""
     from ..fsdp import register as fsdp_register
     state = fsdp_register(model, codec, **options)
     if checkpoint:
-        per_rank = state.compression if state.mode == "sharded" else state
+        per_rank = state.compression if state.mode == "sharded" else state.per_rank
         accelerator.register_for_checkpointing(JobCompressionState(per_rank))
     return state

@@ -18,9 +18,9 @@ After Lightning's own setup (``configure_model``, the optimizers) the strategy c
 modules are sharded over every rank (``tensor_parallel_size=1``), HSDP mode when over a smaller
 1-D mesh. Checkpoints (``save_distributed_checkpoint=True``, the default and the only one taken):
 Lightning writes its distributed checkpoint directory, and the strategy writes the compression state
-beside it with ``torch.distributed.checkpoint`` into ``<dir>/hgc_compression`` (sharded mode: its
-``Stateful``, :mod:`horovod_gradcomp.fsdp.checkpoint`); ``Trainer.fit(ckpt_path=...)`` loads it back
-after the model and optimizers (same world size; another is refused naming both sizes). A checkpoint
+beside it with ``torch.distributed.checkpoint`` into ``<dir>/hgc_compression`` (either mode's
+``Stateful``: :mod:`horovod_gradcomp.fsdp.checkpoint`, :mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`);
+``Trainer.fit(ckpt_path=...)`` loads it back after the model and optimizers (same world size; another is refused naming both sizes). A checkpoint
 without it starts the compression state fresh, with a warning.
 """
 from __future__ import annotations

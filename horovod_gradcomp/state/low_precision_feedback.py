@@ -9,8 +9,11 @@ step is still computed in the gradient's dtype,
 
 so the only change is that the residual carried to the next step is rounded to ``dtype`` (bf16
 keeps 8 bits of mantissa: about 0.4% relative error on what is carried over, never on what is
-sent this step). The update is always done by the memory with torch ops, tensor by tensor (a
-codec's fused feedback writes the residual in the gradient's dtype, so it is not used here).
+sent this step). Each tensor's step goes through
+:func:`~horovod_gradcomp.state.error_feedback.encode_with_residual` on a copy of its residual in
+the gradient's dtype (a codec's fused feedback, and so its own rules such as onebit's
+``residual_cap``, apply as with fp32 residuals), tensor by tensor; the copy is then rounded into
+the stored residual.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from ..codecs.base import Codec, Payload
-from .error_feedback import ErrorFeedback, encode_each
+from .error_feedback import ErrorFeedback, encode_each, encode_with_residual
 
 #: The dtypes a residual may be stored in (float32 is the default ErrorFeedback).
 LOW_PRECISION = (torch.bfloat16, torch.float16)
@@ -62,9 +65,11 @@ class LowPrecisionErrorFeedback(ErrorFeedback):
         if not self.enabled:
             return codec.encode(grad, **encode_options)
         r = self.residual(name, grad)
-        v = grad + r.to(grad.dtype)
-        payload = codec.encode(v, **encode_options)
-        r.copy_(v - codec.decode(payload).to(v.dtype))
+        # the step in the gradient's dtype through the package's one error-feedback encode, so that a
+        # codec's own feedback rules (onebit's residual_cap) hold here too; then rounded to self.dtype
+        wide = r.to(grad.dtype, copy=True)
+        payload = encode_with_residual(codec, grad, wide, **encode_options)
+        r.copy_(wide)
         return payload
 
     def encode_many(self, codec: Codec, names: Sequence[str], grads: Sequence[torch.Tensor],
