@@ -289,3 +289,29 @@ def test_native_and_reference_memories_agree_at_density_one(dtype, nesterov):
             mem.end_step()
         assert torch.equal(outs[0], outs[1])
         assert torch.equal(mems[0].velocities["w"], mems[1].velocities["w"])
+
+
+def test_momentum_taken_from_the_optimizer_survives_a_resume():
+    """A resumed run keeps the momentum its checkpoint recorded: the optimizer's saved groups
+    hold momentum 0 (DGC took it over), so taking it again at the first step would turn DGC's
+    momentum correction off."""
+    def run(saved=None):
+        params = make_params()
+        memory = DGCMemory(DensitySchedule(0.01), momentum_from_optimizer=True)
+        guard = PlainSGDGuard(params, owner="Compression.dgc", adopt_momentum=memory.adopt_momentum)
+        opt = torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True)
+        if saved is not None:
+            opt.load_state_dict(saved[0])
+            memory.load_state_dict(saved[1])
+        for p in params:
+            p.grad = torch.ones_like(p)
+        opt.step()
+        guard.remove()
+        return opt, memory
+
+    opt, memory = run()
+    assert (memory.momentum, memory.nesterov) == (0.9, True)
+    assert (opt.param_groups[0]["momentum"], opt.param_groups[0]["nesterov"]) == (0.0, False)
+    opt2, resumed = run((opt.state_dict(), memory.state_dict()))
+    assert (resumed.momentum, resumed.nesterov) == (0.9, True)
+    assert opt2.param_groups[0]["momentum"] == 0.0

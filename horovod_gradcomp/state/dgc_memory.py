@@ -113,6 +113,8 @@ class DGCMemory(Memory):
         momentum_from_optimizer: ``momentum``/``nesterov`` are taken from the wrapped optimizer
             (:meth:`adopt_momentum`) rather than given; they are then saved in checkpoints and
             left out of the options compared on load.
+        momentum_restored: a checkpoint set ``momentum``/``nesterov`` (taken in the run that wrote
+            it); the optimizer's momentum is not taken again.
         density_given: the user passed the density (``Compression.dgc(density=...)``); when
             False, encodes of node means (:meth:`set_mean_of`) select at ``L`` times it.
         mean_of: L, the ranks each encoded value is a mean of (1 on the flat exchange).
@@ -135,6 +137,7 @@ class DGCMemory(Memory):
         self.nesterov = bool(nesterov)
         self.momentum_masking = bool(momentum_masking)
         self.momentum_from_optimizer = bool(momentum_from_optimizer)
+        self.momentum_restored = False
         self.density_given = bool(density_given)
         self.mean_of = 1
         self.clip_norm = None if clip_norm is None else float(clip_norm)
@@ -194,10 +197,13 @@ class DGCMemory(Memory):
         self.step_nonfinite = False
 
     def adopt_momentum(self, momentum: float, nesterov: bool) -> None:
-        """Take the wrapped optimizer's momentum (``Compression.dgc(momentum=None)``)."""
+        """Take the wrapped optimizer's momentum (``Compression.dgc(momentum=None)``). After a
+        checkpoint restored the momentum taken in the run that wrote it, nothing more is taken:
+        that run's optimizer was left at momentum 0, so a resumed optimizer holds 0 too."""
         if isinstance(momentum, bool) or not 0.0 <= float(momentum) < 1.0:
             raise ValueError(f"dgc: the optimizer's momentum must be in [0, 1), got {momentum!r}")
-        self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        if not self.momentum_restored:
+            self.momentum, self.nesterov = float(momentum), bool(nesterov)
 
     def set_option(self, name: str, value) -> None:
         """A codec option set after construction (:meth:`CodecCompression.set_options`): ``density``
@@ -315,7 +321,9 @@ class DGCMemory(Memory):
         self.accumulations = {k: t.clone() for k, t in dict(state["accumulations"]).items()}
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         if self.momentum_from_optimizer and "momentum" in state:
+            self.momentum_restored = False
             self.adopt_momentum(state["momentum"], state["nesterov"])
+            self.momentum_restored = True
 
     def __repr__(self) -> str:
         if self.momentum_from_optimizer:
