@@ -33,7 +33,7 @@ def agree_scales(codec: Codec, comm, keys: Sequence[str], compensated: Callable[
     count = len(keys)
     options: List[dict] = [{} for _ in range(count)]
     if codec.shared_scale and count:
-        local = measured.local_for(keys) if measured is not None else None
+        local = [measured.local[k] for k in keys] if measured is not None and measured.local else None
         if local is None:
             with stats.timed("encode_s"):
                 local = codec.local_scales_many(list(compensated()))
@@ -46,7 +46,7 @@ def agree_scales(codec: Codec, comm, keys: Sequence[str], compensated: Callable[
         options = [{"scale": float(s)} for s in local]
     if measured is None or not measured.options:
         return options
-    return [dict(o, **m) for o, m in zip(options, measured.options_for(keys))]
+    return [dict(o, **measured.options.get(key, {})) for o, key in zip(options, keys)]
 
 
 __all__ = ["agree_scales"]
