@@ -17,7 +17,6 @@ writes the rows to ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -78,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch.nn.functional as F
 
     import horovod_gradcomp as hgc
-    from .ddp_rows import close_group, ensure_group
+    from .ddp_rows import close_worker, ensure_group
 
     sys.path.insert(0, str(EXAMPLES))
     import train_fsdp
@@ -153,11 +152,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[fsdp] {args.rate} {'hsdp' if args.hsdp else 'sharded'} {row}: median {entry['median_ms']:.1f} ms",
                   file=sys.stderr, flush=True)
     del built
-    close_group()
-    if rank == 0:
-        with open(args.json, "w") as f:
-            json.dump(out, f)
-    return 0
+    return close_worker(rank, args.json, out)
 
 
 if __name__ == "__main__":

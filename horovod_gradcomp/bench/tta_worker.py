@@ -12,7 +12,6 @@ the parameter count and what was built. Before any timed row, every row runs
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import List, Optional
@@ -45,7 +44,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     import torch
     import horovod.torch as hvd
-    from .ddp_rows import close_group
+    from .ddp_rows import close_worker
     from .tta_data import batches, load
     from .tta_model import SIZES, CharTransformer, parameter_count
     from .tta_rows import Hyper, Trainer, loss_points
@@ -90,11 +89,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "load_average": os.getloadavg()[0]})
             del trainer, model
             barrier()
-    close_group()
-    if rank == 0:
-        with open(args.json, "w") as f:
-            json.dump(out, f)
-    return 0
+    return close_worker(rank, args.json, out)
 
 
 if __name__ == "__main__":
