@@ -98,6 +98,15 @@ def close_group() -> None:
         dist.destroy_process_group()
 
 
+def add_worker_arguments(parser, net_use: str) -> None:
+    """The options every harness worker gets from its bench: ``--net`` (the harness layout,
+    ``net_use`` saying what the worker needs it for), ``--rate`` (a label for the rows) and
+    ``--json`` (where rank 0 writes them, :func:`close_worker`)."""
+    parser.add_argument("--net", required=True, help=f"the harness layout (for {net_use})")
+    parser.add_argument("--rate", required=True, help="the link rate, a label for the rows")
+    parser.add_argument("--json", required=True)
+
+
 def close_worker(rank: int, path: str, rows: list) -> int:
     """A harness worker's end: :func:`close_group`, then rank 0 writes ``rows`` to ``path`` as
     JSON; the worker's exit status (0)."""

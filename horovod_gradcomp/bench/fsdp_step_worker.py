@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from .ddp_rows import add_worker_arguments
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
@@ -64,9 +66,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, required=True, help="untimed rounds first")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), required=True)
     p.add_argument("--model", default="", help="extra options of examples/train_fsdp.py, e.g. '--width 128'")
-    p.add_argument("--net", required=True, help="the harness layout (for gloo's interface)")
-    p.add_argument("--rate", required=True, help="the link rate, a label for the rows")
-    p.add_argument("--json", required=True)
+    add_worker_arguments(p, "gloo's interface")
     return p.parse_args(argv)
 
 

@@ -16,6 +16,8 @@ import os
 import sys
 from typing import List, Optional
 
+from .ddp_rows import add_worker_arguments
+
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m horovod_gradcomp.bench.tta_worker", description=__doc__.split("\n")[0])
@@ -34,9 +36,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--adamw-lr", type=float, required=True)
     p.add_argument("--weight-decay", type=float, required=True)
     p.add_argument("--powersgd-start", type=int, required=True)
-    p.add_argument("--net", required=True, help="the harness layout (for DDP's gloo group)")
-    p.add_argument("--rate", required=True, help="the link rate, a label for the rows")
-    p.add_argument("--json", required=True)
+    add_worker_arguments(p, "DDP's gloo group")
     return p.parse_args(argv)
 
 
