@@ -14,7 +14,7 @@ from horovod_gradcomp.transports import interface, mpi_lifetime
 from horovod_gradcomp.transports.checks import group_of
 from horovod_gradcomp.transports.horovod_ops import HorovodCommunicator
 from horovod_gradcomp.transports.mpi import MPICommunicator
-from horovod_gradcomp.transports.mpi_poll_loop import PollingComm
+from horovod_gradcomp.transports.mpi import PollingComm
 from horovod_gradcomp.transports.mpi_polling import PollingCommunicator
 from horovod_gradcomp.transports.torch_dist import Pending, TorchDistributedCommunicator
 

@@ -38,6 +38,7 @@ row says so (``bytes_computed``).
 """
 from __future__ import annotations
 
+import json
 import socket
 from typing import Sequence
 
@@ -95,6 +96,25 @@ def close_group() -> None:
     if dist.is_initialized():
         gc.collect()          # the DDP models of the rows hold the group
         dist.destroy_process_group()
+
+
+def add_worker_arguments(parser, net_use: str) -> None:
+    """The options every harness worker gets from its bench: ``--net`` (the harness layout,
+    ``net_use`` saying what the worker needs it for), ``--rate`` (a label for the rows) and
+    ``--json`` (where rank 0 writes them, :func:`close_worker`)."""
+    parser.add_argument("--net", required=True, help=f"the harness layout (for {net_use})")
+    parser.add_argument("--rate", required=True, help="the link rate, a label for the rows")
+    parser.add_argument("--json", required=True)
+
+
+def close_worker(rank: int, path: str, rows: list) -> int:
+    """A harness worker's end: :func:`close_group`, then rank 0 writes ``rows`` to ``path`` as
+    JSON; the worker's exit status (0)."""
+    close_group()
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(rows, f)
+    return 0
 
 
 def _module(backward: str, shapes: Sequence, grads, inject, batch: int, image: int):

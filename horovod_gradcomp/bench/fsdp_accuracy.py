@@ -135,26 +135,21 @@ def table(rows: List[dict]) -> str:
 
 
 def report(meta: dict, rows: List[dict], markdown: Optional[str]) -> str:
+    from .tta_bench import print_report
     text = (f"{meta['machine']}\n\nK = {meta['np']} processes (torchrun, gloo), {meta['steps']} steps of 32 windows "
             f"per rank, seed {meta['seed']}; {rows[0]['parameters']:,} parameters. Load average during the runs: "
             f"{min(r['load_average'] for r in rows):.2f} to {max(r['load_average'] for r in rows):.2f}.\n\n"
             f"{table(rows)}\n")
-    print(text)
-    if markdown:
-        with open(markdown, "w") as f:
-            f.write(f"# FSDP2 accuracy at K = {meta['np']} (measured)\n\n```\n{meta['command']}\n```\n\n{text}")
-    return text
+    return print_report(text, markdown, f"FSDP2 accuracy at K = {meta['np']} (measured)", meta["command"])
 
 
 def run(args: argparse.Namespace) -> int:
     """Train every row (a row that fails is recorded with its error and the others still run; the
     JSON is rewritten after each row), then report. Exit status 1 when a row failed."""
-    from .tta_bench import machine_line
+    from .tta_bench import machine_line, saved_run
     try:
         if args.from_json:
-            with open(args.from_json) as f:
-                data = json.load(f)
-            report(data["meta"], data["rows"], args.markdown)
+            report(*saved_run(args.from_json), args.markdown)
             return 0
         runs = plan(args)
     except (ValueError, OSError, KeyError) as exc:

@@ -144,6 +144,7 @@ def table(rows: List[dict]) -> str:
 
 
 def report(meta: dict, rows: List[dict], markdown) -> str:
+    from .tta_bench import print_report
     loads = [r["load_average"] for r in rows]
     where = []
     if "sharded" in meta["layouts"]:
@@ -154,27 +155,19 @@ def report(meta: dict, rows: List[dict], markdown) -> str:
             f"{meta['optimizer']}; median of {meta['steps']} "
             f"timed steps after {meta['warmup']} warm-up steps, each the slowest rank's. Load average (1 min) at the "
             f"end of each row: {min(loads):.2f} to {max(loads):.2f}.\n\n{table(rows)}\n")
-    print(text)
-    if markdown:
-        with open(markdown, "w") as f:
-            f.write("# FSDP2 step time on the slow-network harness (measured)\n\n"
-                    f"```\n{meta['command']}\n```\n\n{text}")
-    return text
+    return print_report(text, markdown, "FSDP2 step time on the slow-network harness (measured)", meta["command"])
 
 
 def run(args: argparse.Namespace) -> int:
-    from .tta_bench import machine_line
+    from .tta_bench import machine_line, saved_run
     try:
         if args.from_json:
-            with open(args.from_json) as f:
-                data = json.load(f)
-            report(data["meta"], data["rows"], args.markdown)
+            report(*saved_run(args.from_json), args.markdown)
             return 0
         resolve(args)
         rows = launch(args)
-    except (ValueError, RuntimeError, OSError, KeyError, slownet.SlownetUnavailable) as exc:
-        print(f"[fsdp] error: {exc}", file=sys.stderr)
-        return 4 if isinstance(exc, slownet.SlownetUnavailable) else 2
+    except slownet.HARNESS_ERRORS as exc:
+        return slownet.error_status("fsdp", exc)
     keys = ("np", "nodes", "layouts", "rates", "net", "rows", "steps", "warmup", "optimizer", "model", "quick")
     meta = {k: getattr(args, k) for k in keys}
     meta.update(machine=machine_line(), command="python -m horovod_gradcomp.bench " + " ".join(sys.argv[1:]))

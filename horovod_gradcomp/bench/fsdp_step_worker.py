@@ -17,13 +17,14 @@ writes the rows to ``--json``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
 from typing import List, Optional
+
+from .ddp_rows import add_worker_arguments
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -65,9 +66,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, required=True, help="untimed rounds first")
     p.add_argument("--optimizer", choices=("sgd", "adamw"), required=True)
     p.add_argument("--model", default="", help="extra options of examples/train_fsdp.py, e.g. '--width 128'")
-    p.add_argument("--net", required=True, help="the harness layout (for gloo's interface)")
-    p.add_argument("--rate", required=True, help="the link rate, a label for the rows")
-    p.add_argument("--json", required=True)
+    add_worker_arguments(p, "gloo's interface")
     return p.parse_args(argv)
 
 
@@ -78,7 +77,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     import torch.nn.functional as F
 
     import horovod_gradcomp as hgc
-    from .ddp_rows import close_group, ensure_group
+    from .ddp_rows import close_worker, ensure_group
 
     sys.path.insert(0, str(EXAMPLES))
     import train_fsdp
@@ -153,11 +152,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"[fsdp] {args.rate} {'hsdp' if args.hsdp else 'sharded'} {row}: median {entry['median_ms']:.1f} ms",
                   file=sys.stderr, flush=True)
     del built
-    close_group()
-    if rank == 0:
-        with open(args.json, "w") as f:
-            json.dump(out, f)
-    return 0
+    return close_worker(rank, args.json, out)
 
 
 if __name__ == "__main__":

@@ -403,6 +403,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     return args
 
 
+#: What a bench on the harness reports as its own error (exit status :func:`error_status`), not a crash.
+HARNESS_ERRORS = (ValueError, RuntimeError, OSError, KeyError, SlownetUnavailable)
+
+
+def error_status(tag: str, exc: BaseException) -> int:
+    """Print ``exc`` as the ``[tag]`` command's error; the exit status: 4 when the harness is
+    unavailable, 2 for anything else (bad options, a failed run)."""
+    print(f"[{tag}] error: {exc}", file=sys.stderr)
+    return 4 if isinstance(exc, SlownetUnavailable) else 2
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; the exit status is mpirun's (3 for a failed network setup,
     4 when the harness is unavailable, 124 on timeout)."""
@@ -416,8 +427,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         res = run(args.mode, args.np, args.program, args.rate, timeout=args.timeout, burst=args.burst,
                   latency=args.latency, capture=False, per_node=args.per_node)
     except (SlownetUnavailable, ValueError) as exc:
-        print(f"[slownet] error: {exc}", file=sys.stderr)
-        return 4 if isinstance(exc, SlownetUnavailable) else 2
+        return error_status("slownet", exc)
     except subprocess.TimeoutExpired:
         print(f"[slownet] stopped after {args.timeout:g} s (--timeout)", file=sys.stderr)
         return 124

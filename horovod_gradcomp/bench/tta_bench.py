@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from . import slownet
 from .tta_report import add_targets, compact_table, plot, replace_block, table
@@ -191,6 +191,23 @@ def machine_line(commit: Optional[str] = None) -> str:
             f"torch {torch.__version__}, load average {os.getloadavg()[0]:.2f}")
 
 
+def saved_run(path: str) -> Tuple[dict, List[dict]]:
+    """``(meta, rows)`` of a run written by a bench's ``--json`` (what ``--from-json`` reports again)."""
+    with open(path) as f:
+        data = json.load(f)
+    return data["meta"], data["rows"]
+
+
+def print_report(text: str, markdown: Optional[str], heading: str, command: Optional[str] = None) -> str:
+    """Print a bench's report ``text`` and, with ``--markdown``, write it there under ``# heading``
+    (after the ``command`` that measured it, in a code block, when given); returns ``text``."""
+    print(text)
+    if markdown:
+        with open(markdown, "w") as f:
+            f.write(f"# {heading}\n\n" + (f"```\n{command}\n```\n\n" if command else "") + text)
+    return text
+
+
 def describe(meta: dict) -> str:
     """The run's settings in one sentence."""
     return (f"K={meta['np']} ranks on the {meta['net']} harness, {meta['size']} model ({meta['params']:,} parameters), "
@@ -209,11 +226,8 @@ def readme_block(meta: dict, rows: List[dict]) -> str:
 def report(meta: dict, rows: List[dict], args: argparse.Namespace) -> str:
     """Targets, the table (stdout and ``--markdown``), the plots (``--plot``); the text."""
     add_targets(rows)
-    text = f"{meta['machine']}\n\n{describe(meta)}\n\n{table(rows)}"
-    print(text)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write("# Time to accuracy (measured)\n\n" + text)
+    text = print_report(f"{meta['machine']}\n\n{describe(meta)}\n\n{table(rows)}", args.markdown,
+                        "Time to accuracy (measured)")
     if args.readme:
         with open(args.readme) as f:
             page = replace_block(f.read(), readme_block(meta, rows))  # raises before the page is touched
@@ -231,16 +245,13 @@ def report(meta: dict, rows: List[dict], args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     try:
         if args.from_json:
-            with open(args.from_json) as f:
-                data = json.load(f)
-            report(data["meta"], data["rows"], args)
+            report(*saved_run(args.from_json), args)
             return 0
         resolve(args)
         args.commit = head_commit()   # the code the run starts from, whatever is committed while it runs
         rows = launch(args)
-    except (ValueError, RuntimeError, OSError, KeyError, slownet.SlownetUnavailable) as exc:
-        print(f"[tta] error: {exc}", file=sys.stderr)
-        return 4 if isinstance(exc, slownet.SlownetUnavailable) else 2
+    except slownet.HARNESS_ERRORS as exc:
+        return slownet.error_status("tta", exc)
     if args.json:
         meta = save(args, rows, args.json)
     else:

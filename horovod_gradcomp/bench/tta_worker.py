@@ -13,10 +13,11 @@ steps and training seconds, the final loss, the parameter count and what was bui
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import List, Optional
+
+from .ddp_rows import add_worker_arguments
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -36,9 +37,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--adamw-lr", type=float, required=True)
     p.add_argument("--weight-decay", type=float, required=True)
     p.add_argument("--powersgd-start", type=int, required=True)
-    p.add_argument("--net", required=True, help="the harness layout (for DDP's gloo group)")
-    p.add_argument("--rate", required=True, help="the link rate, a label for the rows")
-    p.add_argument("--json", required=True)
+    add_worker_arguments(p, "DDP's gloo group")
     return p.parse_args(argv)
 
 
@@ -46,7 +45,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     import torch
     import horovod.torch as hvd
-    from .ddp_rows import close_group
+    from .ddp_rows import close_worker
     from .tta_data import batches, load
     from .tta_model import SIZES, CharTransformer, parameter_count
     from .tta_rows import Hyper, Trainer, interleaved_points
@@ -93,11 +92,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                         "load_average": os.getloadavg()[0]})
         del built
         barrier()
-    close_group()
-    if rank == 0:
-        with open(args.json, "w") as f:
-            json.dump(out, f)
-    return 0
+    return close_worker(rank, args.json, out)
 
 
 if __name__ == "__main__":

@@ -20,17 +20,14 @@ Order. Collectives pair across ranks by the order in which each rank issues them
 completions that resume a bucket arrive in an order that differs between ranks. So one thread
 at a time runs bucket steps (the sequencer ``hgc-ddp``, which takes DDP's buckets in order, or
 the waiter whose collective just completed; each holds the state's turn lock), and one bucket
-at a time may issue collectives: bucket
-j+1 starts once bucket j has issued its last collective (buckets in DDP's order, which is the
-same on every rank; bucket j's last bytes may still be on the wire). Chaining collectives
+at a time may issue collectives: bucket j+1 starts once bucket j has issued its last collective
+(buckets in DDP's order, the same on every rank; bucket j's last bytes may still be on the wire). Chaining collectives
 directly in the callbacks, as PyTorch's PowerSGD hook does, pairs different buckets' collectives
 on gloo when a model spans several buckets; this hook does not.
 
-Threads. No Python runs on the backend's threads (:mod:`horovod_gradcomp.transports.torch_dist`):
-each bucket's future is completed by the hook's thread that closes the step, so DDP chains only
-its own C++ callbacks on it. At the interpreter's exit the hook waits (bounded) until its threads
-are idle, so that none of them is inside torch while Python shuts down
-(:mod:`horovod_gradcomp.ddp.daemon_threads`).
+Threads. No Python runs on the backend's threads (why: :mod:`horovod_gradcomp.transports.torch_dist`):
+each bucket's future is completed by the hook's thread that closes the step; at exit the hook
+waits (bounded) until its threads are idle (:mod:`horovod_gradcomp.ddp.daemon_threads`).
 
 Streams (CUDA). Every hand-over between threads (``grad``, ``resume``, ``result``) goes through
 the engine's :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff`; the thread that
@@ -40,50 +37,27 @@ not yet run on a GPU.
 
 Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
 exchange is done: then the engine closes the step exactly as on the Horovod path
-(:meth:`StepEngine.close_step`: if any rank flagged a NaN or Inf in any bucket, the memory is
-rolled back and every result of the step is NaN on every rank), and every bucket's future
-completes. DDP waits for all of them at the end of backward anyway, so this costs nothing. The
-stream positions, residuals and results are those of the Horovod path's engine given the same
-buckets, ``compression.engine.exchange(grads, partition=state.last_partition)``, over any
-transport: the tests check them bitwise.
+(:meth:`StepEngine.close_step`: a NaN or Inf on any rank rolls the memory back and makes every
+result NaN), and every bucket's future completes. The stream positions, residuals and results
+are those of ``compression.engine.exchange(grads, partition=state.last_partition)``, over any
+transport: the tests check them bitwise. The user's side of what follows (one exchange per step
+for DGC's ``clip_norm`` or ``per_bucket=False``, sparse buckets, the errors ``backward()``
+raises) is docs/guide/ddp.md.
 
-DGC with ``clip_norm`` (any memory whose ``needs_all_grads``: the clipping coefficient comes
-from the whole step's gradient norm) cannot start a bucket before the last one is in: it
-exchanges once per step, when DDP hands over the last bucket (a RuntimeWarning says so once
-per process). DGC without clipping goes per bucket. ``per_bucket=False`` asks for the same
-one-exchange-per-step schedule with any codec (for comparison).
+Errors. DDP casts each future's value to a tensor, so a future cannot carry a Python exception
+to ``backward()``: every future of a failed step completes with its bucket's buffer, and at the
+step's first bucket the hook queues a callback on the autograd engine that queues a second one,
+which runs after DDP's own end-of-backward callback (DDP has waited for every future, its state
+stays consistent) and raises the step's :class:`DDPExchangeError`. Outside a backward pass
+(DDP's ``Join``) the futures raise it from ``wait()`` instead. Per bucket, the memory is rolled
+back to where the step began (each bucket's memory is kept before it is encoded); with one
+exchange per step nothing is kept. A rank that stops taking part is ended by the stall watchdog
+(``timeout=``, :mod:`horovod_gradcomp.ddp.stall`).
 
-Sparse gradients. A sparse gradient's own DDP bucket is exchanged uncompressed, in its turn
-among the buckets (:mod:`horovod_gradcomp.ddp.sparse_exchange`); its values do not enter DGC's
-clipping norm. ``sparse_as_dense=True`` (Horovod's option of that name) compresses the dense copy
-instead, as one more bucket of the codec, and writes the mean back into the parameter's sparse
-gradient (every row then holds values).
-
-Errors. An exception in any bucket (a collective that fails, ranks that disagree, a codec
-error) fails the step with a :class:`DDPExchangeError` naming the step, the bucket and the rank
-(its message ends with the cause's type and message; the cause is ``__cause__``), and
-``backward()`` raises that very exception. How: DDP casts each future's value to a tensor, so a
-future cannot carry a Python exception to ``backward()`` (DDP would raise "Unable to cast ... to
-Tensor"); so every future of the step completes with its bucket's buffer, and at the step's
-first bucket the hook queues a callback on the autograd engine that queues a second one, which
-runs after DDP's own end-of-backward callback (after DDP has waited for every future, so DDP's
-state stays consistent and the next step can run) and raises the step's error. A hook called
-outside a backward pass (DDP's ``Join`` on a rank that has run out of inputs) makes its futures
-raise the error from ``wait()`` instead. Per
-bucket, the memory is rolled back to where the step began (each bucket's memory is kept before
-it is encoded, as the engine does for a step of several buckets); with one exchange per step
-nothing is kept, and a failure inside the encode may leave part of the step's memory updated.
-A rank that stops taking part leaves the others waiting in a collective: the stall watchdog
-(``timeout=``, :mod:`horovod_gradcomp.exchange.watchdog`) ends this process with a message
-after the deadline, and the launcher ends the job.
-
-Process group. DDP's own (``ddp_model.process_group``) unless ``group=`` is given: gloo moves
-the byte buffers from the CPU; NCCL moves them on the current CUDA device, and the results are
-decoded there (the NCCL path is written but has not been run: no GPU here; the fused layouts
-still pack payloads through host memory, :class:`~horovod_gradcomp.exchange.fusion.FusedLayout`). With ``find_unused_parameters=True`` DDP issues a
-collective of its own after the last bucket, on its group, while the hook's may still be
-issued; the hook then uses a new group with the same ranks and backend (created in
-``register``, on every rank).
+Process group. DDP's own unless ``group=`` is given (gloo moves the bytes from the CPU, NCCL
+from the current CUDA device: written, not run). With ``find_unused_parameters=True`` DDP issues
+a collective of its own after the last bucket while the hook's may still be issued, so the hook
+then uses a new group with the same ranks and backend (created in ``register``, on every rank).
 """
 from __future__ import annotations
 
@@ -539,7 +513,7 @@ def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = 
     the whole step's gradient norm); False: once per step.
     ``sparse_as_dense``: a sparse gradient's bucket is exchanged uncompressed as DDP's default does
     (False, the default) or its dense copy compressed by the codec (True, as Horovod's option of
-    that name). The buckets are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/
+    that name; the mean is written back into the sparse gradient, every row then holding values). The buckets are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/
     ``process_set`` are not taken. DGC's momentum lives in the compression, as under Horovod: with
     ``momentum=None`` (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps
     the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum

@@ -18,7 +18,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..codecs.base import Codec, Payload
 from .bucket import BoundedCache, Bucket, BucketOutcome
-from .scale_agreement import agree_scales, with_measured
+from .scale_agreement import agree_scales
 from .stream_positions import StepPositions
 from .nonfinite_check import EncodesWholeTensors, nonfinite_payloads
 from .fusion import FusedLayout, pack_variable, unpack_variable
@@ -51,7 +51,10 @@ class AllgatherPattern(EncodesWholeTensors):
         rank runs it with the same names). ``overlap``: the driver can keep a collective in flight
         while this one encodes: a bucket of several chunks is then pipelined (chunk i's allgather
         issued, chunk i+1 encoded meanwhile, each chunk decoded as soon as its bytes are in)."""
-        options = yield from self.agree(comm, bucket, stats, totals)
+        memory, grads = bucket.state.memory, bucket.grads
+        options = dict(zip(bucket.names, (yield from agree_scales(
+            self.codec, comm, bucket.names, lambda: [memory.compensated(n, grads[n]) for n in bucket.names], stats,
+            totals, bucket.measured))))
         if self.codec.variable_size:
             return (yield from self._variable(comm, bucket, options, stats))
         chunks = self.chunker.chunks([(n, bucket.grads[n].shape, bucket.grads[n].dtype) for n in bucket.names],
@@ -115,17 +118,6 @@ class AllgatherPattern(EncodesWholeTensors):
                                                  outs=[bucket.outs.get(n) for n in names])
         results.update(zip(names, means))
         return nonfinite
-
-    def agree(self, comm, bucket: Bucket, stats: ExchangeStats, totals: StepTotals) -> Steps:
-        """name -> encode options (a request sequence): the shared scales agreed over ranks when
-        the codec has them (one collective for the whole bucket; the local scales measured before
-        the preamble where they were), ``{}`` otherwise; plus what the bucket's check measured
-        (onebit's scales)."""
-        memory, names, grads, measured = bucket.state.memory, bucket.names, bucket.grads, bucket.measured
-        options = yield from agree_scales(
-            self.codec, comm, len(names), lambda: [memory.compensated(n, grads[n]) for n in names], stats, totals,
-            local=measured.local_for(names) if measured is not None else None)
-        return dict(zip(names, with_measured(options, names, measured)))
 
     def encode_names(self, bucket: Bucket, names: Sequence[str], options: Mapping[str, dict],
                      stats: ExchangeStats) -> Dict[str, Payload]:

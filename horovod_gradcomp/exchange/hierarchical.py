@@ -34,7 +34,7 @@ options that need the whole of one rank's gradient are refused: DGC's ``clip_nor
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import torch
@@ -66,16 +66,14 @@ class NodeWork:
 
     Fields: names; shards (name -> its L stripes); mine (this rank's non-empty stripes, in name
     order, as (name, stripe)); send, send_counts, recv_counts (the node scatter's alltoallv);
-    inner (the bucket of node means handed to the inner pattern); outcome (what it returned)."""
+    outcome (what the inner pattern returned for the node means)."""
     names: List[str]
     shards: Dict[str, List[Stripe]]
     mine: List[Tuple[str, Stripe]]
     send: torch.Tensor
     send_counts: List[int]
     recv_counts: List[int]
-    inner: Optional[Bucket] = None
     outcome: Optional[BucketOutcome] = None
-    gather_counts: List[int] = field(default_factory=list)
 
 
 class HierarchicalPattern:
@@ -173,9 +171,7 @@ class HierarchicalPattern:
                                             for j in range(L)])   # local-rank order: the same on every peer
                 means[shard_key(n, local)] = total.to(grads[n].dtype).view(st.shape).to(grads[n].device)
                 offset += nbytes
-        keys = list(means)
-        work.inner = Bucket(keys, means, bucket.state, self.order(bucket.order), {}, None)
-        return work.inner
+        return Bucket(list(means), means, bucket.state, self.order(bucket.order), {}, None)
 
     def inner_pattern(self, inner: Bucket) -> object:
         """The flat pattern object that exchanges ``inner`` among the N peers (the same on every

@@ -75,14 +75,6 @@ class Measured:
         """True when the pattern must look at the payloads it receives (kind ``"payloads"``)."""
         return self.kind == "payloads"
 
-    def options_for(self, keys: Sequence[str]) -> List[dict]:
-        """The measured encode options of ``keys`` (``{}`` where none)."""
-        return [self.options.get(k, {}) for k in keys]
-
-    def local_for(self, keys: Sequence[str]) -> Optional[List[float]]:
-        """The local scales of ``keys`` in order, or None when none were measured."""
-        return [self.local[k] for k in keys] if self.local else None
-
 
 class Unit(NamedTuple):
     """One encode of a bucket: ``key``, the values (``tensor``, ``residual`` or None) as the
@@ -183,5 +175,7 @@ def nonfinite_payloads(codec: Codec, payloads) -> bool:
     """True when any of ``payloads`` (single or stacked) shows non-finite input
     (``codec.payload_nonfinite``: QSGD's norms)."""
     return any(codec.payload_nonfinite(p) for p in payloads)
+
+
 __all__ = ["KINDS", "EncodesWholeTensors", "Measured", "Unit", "check_kind", "measure_bucket", "nonfinite_payloads",
            "peek_residual"]

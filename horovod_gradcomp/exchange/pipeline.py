@@ -148,17 +148,8 @@ class WireFuture:
         self._handoff.wait(mark, tensors_in(value))
         return value
 
-    def done(self) -> bool:
-        return self._inner.done()
-
-    def cancel(self) -> bool:
-        return self._inner.cancel()
-
-    def cancelled(self) -> bool:
-        return self._inner.cancelled()
-
-    def exception(self, timeout: Optional[float] = None):
-        return self._inner.exception(timeout)
+    def __getattr__(self, name):   # done, cancel, cancelled, exception: the inner future's
+        return getattr(self._inner, name)
 
 
 def wire_poll_s() -> float:

@@ -150,7 +150,7 @@ def reduce_scatter_job(codec: Codec, memory, comm, layout: ShardLayout, input_te
 
     keys = [key for j in range(k) for key in layout.keys(j)]
     grads = [v for j in range(k) for v in layout.views(input_tensor, j)]
-    options = yield from agree_scales(codec, comm, len(keys),
+    options = yield from agree_scales(codec, comm, keys,
                                       lambda: [memory.compensated(n, g) for n, g in zip(keys, grads)], stats, totals)
     positions = StepPositions(step, order)
     with stats.timed("encode_s"):

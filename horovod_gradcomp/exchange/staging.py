@@ -170,18 +170,6 @@ class CudaStaging(_Counted):
         return f"CudaStaging({str(self.device)!r})"
 
 
-def host_staging_forced() -> bool:
-    """True when ``HOROVOD_GRADCOMP_HOST_STAGING=1`` (a value other than 0/1 raises ValueError)."""
-    return flag_from_env(HOST_STAGING_ENV)
-
-
-def takes_device_buffers(comm, device: torch.device) -> bool:
-    """Whether ``comm`` declares that its collectives take buffers on ``device`` (False for a
-    communicator that is no :class:`~horovod_gradcomp.transports.interface.DeviceBufferCommunicator`,
-    and for None)."""
-    return isinstance(comm, DeviceBufferCommunicator) and bool(comm.takes_device_buffers(device))
-
-
 def staging_for(device, comm=None):
     """The staging of payloads encoded on ``device`` and sent through ``comm``: the host staging
     for the CPU; for a CUDA device :class:`DirectStaging` when ``comm`` takes buffers on it and
@@ -190,7 +178,8 @@ def staging_for(device, comm=None):
     device = _payload_device(device)
     if device.type == "cpu":
         return _HOST
-    if not host_staging_forced() and takes_device_buffers(comm, device):
+    if (not flag_from_env(HOST_STAGING_ENV) and isinstance(comm, DeviceBufferCommunicator)
+            and comm.takes_device_buffers(device)):
         return _shared(DirectStaging, device)
     return _shared(CudaStaging, device)
 
@@ -232,5 +221,4 @@ def _shared(kind: type, device: torch.device):
 
 _HOST = HostStaging()
 
-__all__ = ["CudaStaging", "DirectStaging", "HOST_STAGING_ENV", "HostStaging", "host_staging_forced", "staging_for",
-           "staging_into", "takes_device_buffers"]
+__all__ = ["CudaStaging", "DirectStaging", "HOST_STAGING_ENV", "HostStaging", "staging_for", "staging_into"]

@@ -61,20 +61,16 @@ class ExchangeStats:
             if self.timeline is not None:
                 self.timeline.add(phase or field[:-2], t0, t1)
 
-    def record(self, *, tensors: int, payload: int, numel: int, sent: float, k: int, intra: float = 0.0) -> None:
-        self.steps += 1
-        self.bytes_sent_intra_node += intra
-        self.bytes_sent_inter_node += sent - intra
-        self.tensors += tensors
-        self.bytes_payload += payload
-        self.bytes_payload_dense += 4 * numel
-        self.bytes_sent += sent
-        self.bytes_dense += allreduce_wire_bytes(4 * numel, k)
-
     def record_step(self, totals: "StepTotals") -> None:
         """Close a step whose buckets added up to ``totals``."""
-        self.record(tensors=totals.tensors, payload=totals.payload, numel=totals.numel, sent=totals.sent,
-                    k=totals.k, intra=totals.intra)
+        self.steps += 1
+        self.bytes_sent_intra_node += totals.intra
+        self.bytes_sent_inter_node += totals.sent - totals.intra
+        self.tensors += totals.tensors
+        self.bytes_payload += totals.payload
+        self.bytes_payload_dense += 4 * totals.numel
+        self.bytes_sent += totals.sent
+        self.bytes_dense += allreduce_wire_bytes(4 * totals.numel, totals.k)
 
     def as_dict(self) -> dict:
         d = asdict(self)

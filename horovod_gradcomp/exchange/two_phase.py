@@ -62,7 +62,7 @@ from ..codecs.base import Codec, Payload
 from ..state.error_feedback import encode_with_residual
 from ..state.memory import Memory
 from .bucket import BoundedCache, Bucket, BucketOutcome, result_tensor
-from .scale_agreement import agree_scales, with_measured
+from .scale_agreement import agree_scales
 from .stream_positions import StepPositions
 from .fusion import FusedLayout
 from .nonfinite_check import Unit, nonfinite_payloads, peek_residual
@@ -251,7 +251,10 @@ class TwoPhasePattern:
         positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
         jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
         flat = [job for chunk_jobs in jobs for job in chunk_jobs]
-        options = iter((yield from self.job_options(comm, bucket, flat, stats, totals)))
+        options = iter((yield from agree_scales(   # the stripes' shared scales in one collective
+            self.codec, comm, [stripe_key(j.name, j.stripe.owner) for j in flat],
+            lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part for j in flat],
+            stats, totals, bucket.measured)))
         chunk_options = [[next(options) for _ in chunk_jobs] for chunk_jobs in jobs]
         results = {n: result_tensor(grads[n], bucket.outs.get(n)) for n in names}
         devices = {n: grads[n].device for n in names}
@@ -274,19 +277,6 @@ class TwoPhasePattern:
         info = {"k": k, "payload_bytes_phase1": phase1, "payload_bytes_phase2": phase2, "sent_bytes": sent,
                 "chunks": len(plans)}
         return BucketOutcome(results, phase1, sent, info, nonfinite=any(w.nonfinite for w in work))
-
-    def job_options(self, comm, bucket: Bucket, jobs: Sequence["_StripeJob"], stats: ExchangeStats,
-                    totals: StepTotals) -> Steps:
-        """Each stripe job's encode options (a request sequence): the shared scales agreed over
-        ranks (one collective for all; the local scales measured before the preamble where they
-        were) and what the bucket's check measured (onebit's scales of each stripe)."""
-        measured = bucket.measured
-        keys = [stripe_key(j.name, j.stripe.owner) for j in jobs]
-        options = yield from agree_scales(
-            self.codec, comm, len(jobs),
-            lambda: [j.grad_part if j.residual_part is None else j.grad_part + j.residual_part for j in jobs],
-            stats, totals, local=measured.local_for(keys) if measured is not None else None)
-        return with_measured(options, keys, measured)
 
     def units(self, memory: Memory, names: Sequence[str], grads, k: int) -> List[Unit]:
         """The stripe encodes of a bucket, as :mod:`horovod_gradcomp.exchange.nonfinite_check` reads them

@@ -55,36 +55,22 @@ class StallWatchdog:
     def guard(self, timeout: float, what: str):
         """Run the ``with`` block under a deadline of ``timeout`` seconds (0: none). ``what``
         names the wait in the messages (step, bucket, ranks waited for)."""
+        key = next(self._ids)
         with self._cv:
             self._active += 1
+            if timeout:
+                now = time.monotonic()
+                self._open[key] = [now + timeout, now + timeout / 2, timeout, what, False]
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._watch, name="hgc-watchdog", daemon=True)
+                    self._thread.start()
+                self._cv.notify_all()
         try:
-            with self._deadline(timeout, what):
-                yield
+            yield
         finally:
             with self._cv:
                 self._active -= 1
-
-    @contextmanager
-    def _deadline(self, timeout: float, what: str):
-        if not timeout:
-            yield
-            return
-        now = time.monotonic()
-        key = next(self._ids)
-        with self._cv:
-            self._open[key] = [now + timeout, now + timeout / 2, timeout, what, False]
-            self._start()
-            self._cv.notify_all()
-        try:
-            yield
-        finally:
-            with self._cv:
                 self._open.pop(key, None)
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._watch, name="hgc-watchdog", daemon=True)
-            self._thread.start()
 
     def _watch(self) -> None:
         while True:

@@ -13,7 +13,7 @@ from typing import Optional
 
 import torch
 
-from ..exchange.stats import ExchangeStats, allreduce_wire_bytes
+from ..exchange.stats import ExchangeStats, StepTotals, allreduce_wire_bytes
 from ..exchange.watchdog import default_watchdog, resolve_timeout
 
 
@@ -46,8 +46,8 @@ class DenseCompression:
     def decompress(self, tensor: torch.Tensor, ctx):
         if self._step_open:
             k = self._size()
-            self._stats.record(tensors=self._step_tensors, payload=self._step_bytes, numel=self._step_numel,
-                               sent=allreduce_wire_bytes(self._step_bytes, k), k=k)
+            self._stats.record_step(StepTotals(self._step_tensors, self._step_bytes, self._step_numel,
+                                               allreduce_wire_bytes(self._step_bytes, k), k))
             self._step_open = False
             self._step_numel = self._step_bytes = self._step_tensors = 0
         if ctx is None:  # a sparse gradient Horovod allgathered itself: never compressed here

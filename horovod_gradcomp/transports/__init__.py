@@ -5,8 +5,7 @@ Every transport implements :class:`~.interface.Communicator` (``rank``, ``size``
 pattern and every codec runs unchanged on each:
 
 * mpi4py: :class:`~.mpi.MPICommunicator` (:mod:`.mpi`), its waiting-by-polling variant
-  :class:`~.mpi_polling.PollingCommunicator` (:mod:`.mpi_polling`, its wait loop in
-  :mod:`.mpi_poll_loop`), and who initializes and finalizes MPI (:mod:`.mpi_lifetime`);
+  :class:`~.mpi_polling.PollingCommunicator` (:mod:`.mpi_polling`), and who initializes and finalizes MPI (:mod:`.mpi_lifetime`);
 * Horovod's own collectives: :class:`~.horovod_ops.HorovodCommunicator` (:mod:`.horovod_ops`);
 * torch.distributed: :class:`~.torch_dist.TorchDistributedCommunicator` (:mod:`.torch_dist`, for
   the DDP hook; also an :class:`~.interface.AsyncCommunicator`).

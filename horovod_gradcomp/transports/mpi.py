@@ -14,6 +14,7 @@ memory only once the work queued on the current stream has completed (:func:`rea
 from __future__ import annotations
 
 import threading
+import time
 from typing import Optional, Sequence
 
 import numpy as np
@@ -22,7 +23,6 @@ import torch
 from .checks import alltoallv_counts, check_bytes, displacements, group_of, known_counts, split_parts
 from .interface import Communicator, DeviceBufferCommunicator, SplittableCommunicator
 from .mpi_lifetime import register_exit_check
-from .mpi_poll_loop import PollingComm
 
 
 class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunicator):
@@ -100,7 +100,7 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         """This communicator (the same MPI communicator: collectives keep their order) with
         collectives that wait by ``Test`` + ``sleep(interval_s)`` instead of spinning, for a
         thread that waits while another thread of the rank computes
-        (:mod:`horovod_gradcomp.transports.mpi_poll_loop`); ``self`` when it already polls."""
+        (:class:`PollingComm`); ``self`` when it already polls."""
         if not interval_s > 0:
             raise ValueError(f"interval_s must be positive, got {interval_s!r}")
         inner = self.connect()  # inside an exchange: the duplicate exists already (the preamble made it)
@@ -198,6 +198,49 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         return out
 
 
+class PollingComm:
+    """The mpi4py calls :class:`MPICommunicator` makes, on ``comm``, done as nonblocking requests
+    completed by ``Test`` every ``interval_s`` seconds (why: :mod:`.mpi_polling`); ``Split``
+    returns communicators that wait the same way."""
+
+    def __init__(self, comm, interval_s: float):
+        self._c = comm
+        self._interval = interval_s
+
+    def Get_rank(self) -> int:  # noqa: N802 - mpi4py's names
+        return self._c.Get_rank()
+
+    def Get_size(self) -> int:  # noqa: N802
+        return self._c.Get_size()
+
+    def Split(self, color: int, key: int) -> "PollingComm":  # noqa: N802
+        """``MPI_Comm_split`` of ``comm`` (a blocking collective: MPI has no nonblocking split),
+        its result waiting by ``Test`` + ``sleep`` as this one does."""
+        return PollingComm(self._c.Split(color, key), self._interval)
+
+    def Split_type(self, split_type: int, key: int):  # noqa: N802
+        """``MPI_Comm_split_type`` of ``comm``: a plain mpi4py communicator (what it is used for,
+        finding the node, waits once; nothing to poll)."""
+        return self._c.Split_type(split_type, key=key)
+
+    def Allgather(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Iallgather(send, recv))
+
+    def Allgatherv(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Iallgatherv(send, recv))
+
+    def Alltoallv(self, send, recv) -> None:  # noqa: N802
+        self._wait(self._c.Ialltoallv(send, recv))
+
+    def Allreduce(self, send, recv, op=None) -> None:  # noqa: N802
+        from mpi4py import MPI
+        self._wait(self._c.Iallreduce(send, recv, op=MPI.SUM if op is None else op))
+
+    def _wait(self, request) -> None:
+        while not request.Test():
+            time.sleep(self._interval)
+
+
 def _mpi_buffer(t: torch.Tensor):
     """What mpi4py reads or writes for ``t``: a numpy view of host memory, the CUDA tensor itself
     (mpi4py takes its ``__cuda_array_interface__``; only a CUDA-aware MPI gets one)."""
@@ -242,4 +285,4 @@ def default_communicator() -> MPICommunicator:
     return _DEFAULT
 
 
-__all__ = ["MPICommunicator", "cuda_aware_mpi", "default_communicator", "ready_for_mpi"]
+__all__ = ["MPICommunicator", "PollingComm", "cuda_aware_mpi", "default_communicator", "ready_for_mpi"]

@@ -16,8 +16,7 @@ Pass it as ``communicator=`` to a codec's ``hgc.Compression`` factory.
 """
 from __future__ import annotations
 
-from .mpi import MPICommunicator
-from .mpi_poll_loop import PollingComm
+from .mpi import MPICommunicator, PollingComm
 
 __all__ = ["PollingCommunicator"]
 

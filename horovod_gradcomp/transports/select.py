@@ -15,18 +15,11 @@ import os
 import sys
 
 from .mpi import default_communicator
+from .mpi_lifetime import horovod_initialized
 
 TRANSPORTS = ("auto", "mpi", "horovod")
 #: Set by horovodrun --gloo (and elastic) in every worker's environment.
 _GLOO_LAUNCH_ENV = ("HOROVOD_GLOO_RENDEZVOUS_ADDR", "HOROVOD_HOSTNAME")
-
-
-def _horovod_state():
-    """(hvd module or None, initialized?) without importing Horovod when the caller has not."""
-    hvd = sys.modules.get("horovod.torch")
-    if hvd is None:
-        return None, False
-    return hvd, bool(hvd.is_initialized())
 
 
 def _is_global(hvd, process_set) -> bool:
@@ -40,7 +33,7 @@ def select_communicator(transport: str = "auto", process_set=None, owner: str = 
     the process-wide :func:`~horovod_gradcomp.transports.mpi.default_communicator`."""
     if transport not in TRANSPORTS:
         raise ValueError(f"{owner}: transport must be one of {TRANSPORTS}, got {transport!r}")
-    hvd, initialized = _horovod_state()
+    hvd, initialized = sys.modules.get("horovod.torch"), horovod_initialized()   # Horovod not imported here
     if transport == "auto":
         if not initialized:
             if process_set is not None:

@@ -6,19 +6,15 @@
 (``*_async``: issued with ``async_op=True``, returning a :class:`Pending` of what the blocking
 one returns). The blocking ones are the asynchronous ones waited for: one code path.
 
-Python's exit. A gloo worker thread frees each work after completing its future, and a work
-holds the tensors it was given; freeing a tensor that Python created takes the GIL. If Python
-has begun to shut down by then (the last step's future completed, the script ended), the C++
-runtime aborts the process ("terminate called without an active exception"; seen with plain DDP
-on gloo too, torch 2.13: a core dump shows ``~AsyncAllgatherWork`` -> ``decref_pyobject`` ->
-``take_gil`` -> ``pthread_exit``). So no Python runs on the backend's threads beyond that: a
+Python's exit. A gloo worker thread that frees a work holding a tensor Python created takes the
+GIL, and the process aborts if Python is shutting down by then (the cause, as measured:
+:mod:`horovod_gradcomp.ddp.gloo_exit`). So no Python runs on the backend's threads: a
 :class:`Pending` finishes its result (slicing, stacking, the copy to numpy) on the thread that
 waits for it, never in a ``Future.then`` callback; and the communicator keeps a reference to
 its most recent works (:data:`KEEP_WORKS`, at most :data:`KEEP_BYTES` of their tensors beyond
-the last :data:`KEEP_WORKS_MIN`), so that a worker thread never frees one of those: it drops
-its own reference only, without the GIL, and the work is freed later by the thread that issues
-a newer collective, or by Python's own teardown, with the GIL. A work that leaves this window
-is many collectives old, long freed by its worker.
+the last :data:`KEEP_WORKS_MIN`), so that a worker thread drops its own reference only, and
+the work is freed later, with the GIL, by the thread that issues a newer collective or by
+Python's teardown. A work that leaves this window is many collectives old, long freed by its worker.
 
 Its group: the one given (``hgc.ddp.register`` passes DDP's own process group, or ``group=``),
 else a new gloo group over all ranks. The backend decides where the bytes live:

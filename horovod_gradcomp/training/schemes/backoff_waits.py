@@ -4,7 +4,7 @@ Open MPI's blocking waits poll the progress engine in a tight loop. The asynchro
 schemes wait often (a service thread per rank, workers waiting for slow peers), on
 machines where ranks may share cores, so they test the requests and sleep between tests,
 with a delay that doubles from 10 us up to ``max_delay`` (a backoff, unlike the fixed
-interval of the exchange's :mod:`horovod_gradcomp.transports.mpi_poll_loop`).
+interval of the exchange's :class:`~horovod_gradcomp.transports.mpi.PollingComm`).
 """
 from __future__ import annotations
 
