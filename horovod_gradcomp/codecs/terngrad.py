@@ -150,8 +150,8 @@ class TernGradCodec(CounterStream, Codec):
     adam_defaults = {"clip": 1.0}
     #: Under torch.optim.SGD: the paper's clipping at 2.5 sigma. Unclipped, the scale is the
     #: largest |g| of the tensor and the ternary noise ``s*|g_i| - g_i^2`` that SGD's momentum
-    #: integrates grows with it; the FSDP2 transformer at K = 4 ended 5-8% above dense without
-    #: the clip and about 2% with it (docs/results/fsdp_accuracy.md).
+    #: integrates grows with it; the FSDP2 transformer at K = 4 ended 5-8% above dense in three of
+    #: five runs without the clip and 2-3% above in all three seeds with it (docs/results/fsdp_accuracy.md).
     sgd_defaults = {"clip": 2.5}
     default_pattern = "auto"   # two-phase owners send exact sums: TernGrad's math, fewer bytes from K = 4
 
