@@ -13,7 +13,7 @@ from one_rank import OneRank
 
 #: codec factory -> the option its adam_defaults set, its SGD default and its Adam default
 CASES = {
-    "terngrad": ("clip", None, 1.0),
+    "terngrad": ("clip", 2.5, 1.0),   # SGD: the paper's clip at 2.5 sigma (sgd_defaults)
     "dgc": ("density", 0.001, 0.1),
     "onebit": ("warmup_steps", 0, 100),
 }
@@ -165,7 +165,8 @@ def test_the_guard_takes_them_at_the_first_step_of_the_optimizer(opt_cls, caplog
         opt.step()
     lines = [r.getMessage() for r in caplog.records if "Adam defaults" in r.getMessage()]
     if opt_cls is torch.optim.SGD:
-        assert comp.codec.clip is None and comp.adapted_options == {} and not lines
+        # no Adam default under SGD; TernGrad's own SGD table (clip 2.5) instead
+        assert comp.codec.clip == 2.5 and comp.adapted_options == {"clip": 2.5} and not lines
     else:
         assert comp.codec.clip == 1.0 and len(lines) == 1 and "NAdam" in lines[0] and "from step 0 on" in lines[0]
     guard = None   # noqa: F841 (the hook goes with the guard)

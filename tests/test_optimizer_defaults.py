@@ -49,7 +49,7 @@ def test_every_codec_declares_both_tables():
 
 @pytest.fixture
 def terngrad_with_sgd_defaults(monkeypatch):
-    """TernGrad given an SGD table for the test (its own has none): the mechanism, codec-blind."""
+    """TernGrad given another SGD table for the test (its own clips at 2.5): the mechanism, codec-blind."""
     monkeypatch.setattr(TernGradCodec, "sgd_defaults", {"clip": 3.0})
 
 
@@ -216,6 +216,34 @@ def test_the_sgd_cap_bounds_each_rows_residual_after_the_encode():
     assert (r0.norm(dim=1) > 2 * limit).all()           # every row was over the cap: the cap did it
 
 
+def test_terngrad_clips_at_the_papers_2_5_sigma_under_sgd_only():
+    model = _model()
+    sgd = _make("terngrad", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    assert sgd.codec.clip == 2.5 and sgd.adapted_options == {"clip": 2.5} and "clip=2.5" in repr(sgd.codec)
+    adam = _make("terngrad", model, optimizer=torch.optim.AdamW(model.parameters()))
+    assert adam.codec.clip == 1.0 and adam.adapted_options == {"clip": 1.0}
+    for other in (None, torch.optim.Adagrad(model.parameters())):
+        comp = _make("terngrad", model, optimizer=other)
+        assert comp.codec.clip is None and comp.adapted_options == {}
+    mine = _make("terngrad", model, clip=4.0, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert mine.codec.clip == 4.0 and mine.adapted_options == {}
+
+
+def test_a_checkpoint_from_before_the_terngrad_sgd_clip_resumes_unclipped():
+    """A run under SGD before TernGrad's SGD table existed took nothing (adapted options empty,
+    clip None): a compression built today with optimizer=SGD (clip 2.5) goes back to its
+    constructor's clip=None on load, as the run had it; a clip the user passes still wins."""
+    model = _model()
+    state = _make("terngrad", model).state_dict()
+    assert state["adapted_options"] == {} and "clip=None" in state["codec"]
+    today = _make("terngrad", model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+    assert today.codec.clip == 2.5
+    today.load_state_dict(state)
+    assert today.codec.clip is None and today.adapted_options == {}
+    with pytest.raises(ValueError, match="checkpoint was written by"):
+        _make("terngrad", model, clip=2.5, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)).load_state_dict(state)
+
+
 def test_the_other_codecs_have_no_sgd_table():
-    for name in ("dgc", "qsgd", "terngrad"):
+    for name in ("dgc", "qsgd"):
         assert type(hgc.get_codec(name, impl="reference")).sgd_defaults == {}, name

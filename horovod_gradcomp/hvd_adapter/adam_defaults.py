@@ -31,6 +31,7 @@ Rules:
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import weakref
 from typing import Dict, Iterable, Optional, Tuple
@@ -106,6 +107,27 @@ def apply_optimizer_defaults(compression, optimizer: Optional[object], when: str
                      _class_name(optimizer, name), name, name, ", ".join(f"{k}={v}" for k, v in taken.items()),
                      f" {when}" if when else "")
     return taken
+
+
+def constructor_defaults(codec, names: Iterable[str]) -> Dict[str, object]:
+    """The defaults of ``type(codec).__init__`` for ``names`` (the values an option has when
+    neither the user nor an optimizer family set it). ValueError naming an option the
+    constructor does not take (nothing to go back to)."""
+    params = inspect.signature(type(codec).__init__).parameters
+    missing = [n for n in names if n not in params or params[n].default is inspect.Parameter.empty]
+    if missing:
+        raise ValueError(f"{type(codec).__name__}: no constructor default for {missing}")
+    return {n: params[n].default for n in names}
+
+
+def unrecorded_defaults(compression, recorded: Iterable[str]) -> Dict[str, object]:
+    """For a checkpoint whose adapted options are ``recorded``: the options this compression took
+    from a family table that the checkpoint's run did not take (written before that default
+    existed, or with no optimizer known), mapped to the constructor defaults that run had, so that
+    it resumes with the options it ran with; an option the user passed is never among them."""
+    recorded = set(recorded)
+    names = [k for k in compression.adapted_options if k not in recorded and k not in compression.explicit_options]
+    return constructor_defaults(compression.codec, names)
 
 
 #: The name the adapters call (the Adam family was the first with defaults of its own).

@@ -32,7 +32,7 @@ from ..exchange.engine import StepEngine
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.compression_state import CompressionState
 from ..state.error_feedback import ErrorFeedback
-from .adam_defaults import apply_adam_defaults
+from .adam_defaults import apply_adam_defaults, unrecorded_defaults
 from .options_check import calling_optimizer, calling_parameter, check_dense, check_horovod_options, reduction_of
 from .param_index import ParamIndex
 
@@ -180,8 +180,13 @@ class CodecCompression:
             raise ValueError(f"Compression.{self.codec.name}: this checkpoint holds rank {state['rank']}'s state; this "
                              f"is rank {comm.rank}. The state is per rank: load each rank's own file, or use "
                              "hgc.save_job_state / hgc.load_job_state for one file per job")
-        adapted = {k: v for k, v in dict(state.get("adapted_options") or {}).items()
-                   if k not in self.explicit_options}
+        recorded = dict(state.get("adapted_options") or {})
+        untaken = unrecorded_defaults(self, recorded)
+        if untaken:   # taken here (optimizer=) but not by the run that wrote it: its constructor defaults
+            self.set_options(untaken)
+            for k in untaken:
+                del self.adapted_options[k]
+        adapted = {k: v for k, v in recorded.items() if k not in self.explicit_options}
         if adapted:   # the Adam defaults the run had taken: the same options again, before comparing
             self.set_options(adapted)
         saved = saved_codec_repr(state.get("codec"))

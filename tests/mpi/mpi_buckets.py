@@ -15,6 +15,7 @@ import torch
 
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.two_phase import TwoPhasePattern
+from horovod_gradcomp.hvd_adapter.adam_defaults import apply_optimizer_defaults
 
 from .mpi_helpers import (LocalGradients, assert_identical_across_ranks, fresh_state, init, needs_peers,
                           onebit_unramped, two_phase_exchange)
@@ -141,7 +142,9 @@ def test_two_phase_through_horovod_is_the_engine(codec):
     model = Branches()
     named = list(model.named_parameters())
     comp = CODECS[codec](named, pattern="two_phase")
-    engine = TwoPhasePattern(CODECS[codec](named).codec)
+    # the engine's codec with the options the adapter takes from the SGD it learns at the first
+    # compress (TernGrad's sgd_defaults: clip at 2.5 sigma)
+    engine = TwoPhasePattern(CODECS[codec](named, optimizer=torch.optim.SGD(model.parameters(), lr=0.1)).codec)
     state = fresh_state(comp.memory.enabled)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), compression=comp)
@@ -192,6 +195,8 @@ def test_exchange_without_hooks_equals_the_hook_path(kind):
     hooked, direct = make(named), make(named)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                    named_parameters=model.named_parameters(), compression=hooked)
+    if kind != "none":   # the SGD defaults the hooked one takes at its first compress
+        apply_optimizer_defaults(direct, opt)
     for step in range(3):
         opt.zero_grad()
         loss = model(torch.randn(8, 24, generator=torch.Generator().manual_seed(step + 10 * RANK)), True).sum()

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
+from horovod_gradcomp.codecs.terngrad import TernGradCodec
 
 from .mpi_helpers import LocalGradients, assert_identical_across_ranks, gather_tensors, init, needs_peers
 
@@ -43,7 +44,8 @@ def run_steps(compression, check, steps=4):
 
 @needs_peers
 def test_terngrad_scale_is_shared_and_grads_are_the_mean():
-    ref = hgc.get_codec("terngrad", impl="reference", rank_stream=RANK)
+    # under torch.optim.SGD the compression takes TernGrad's SGD default (clip at 2.5 sigma)
+    ref = hgc.get_codec("terngrad", impl="reference", rank_stream=RANK, **TernGradCodec.sgd_defaults)
 
     def check(model, local, step):
         params = dict(model.named_parameters())
@@ -58,6 +60,7 @@ def test_terngrad_scale_is_shared_and_grads_are_the_mean():
 
     comp = run_steps(hgc.Compression.terngrad, check)
     assert comp.stats()["payload_ratio"] > 10
+    assert comp.adapted_options == TernGradCodec.sgd_defaults == {"clip": 2.5}
 
 
 @needs_peers

@@ -22,6 +22,7 @@ from mpi4py import MPI
 import horovod_gradcomp as hgc
 from horovod_gradcomp.errors import ExchangeMismatchError
 from horovod_gradcomp.exchange.hierarchical import shard_key
+from horovod_gradcomp.hvd_adapter.adam_defaults import apply_optimizer_defaults
 
 from .mpi_helpers import LocalGradients
 from .stripe_reference import part_of, put_part, ranges, ref_codec, ref_encode
@@ -381,6 +382,7 @@ def test_stock_distributed_optimizer(codec, options):
     twin = compression_for(codec, named, options)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), named_parameters=named,
                                    compression=comp)
+    apply_optimizer_defaults(twin, opt)   # the SGD defaults comp takes at its first compress (TernGrad's clip)
     grads = LocalGradients(named)
     for step in range(3):
         opt.zero_grad()
