@@ -18,8 +18,9 @@ tables and plots again from a JSON written earlier, without training.
 
 ``--quick``: the tiny model, 20 steps, one rate (1 Gbit/s), K=2, SGD, six rows: a check that the
 whole path runs (tests/test_bench_tta.py), not a measurement. Options given explicitly override
-the preset. The full run (defaults) trains 2 rates x 2 optimizers x 14 rows; its length depends
-on the machine (every row's steps are the same; the rates change the seconds).
+the preset. The full run (defaults) trains 2 rates x 2 optimizers x 13 rows (4 codecs) for 25
+steps: about an hour on a shared 2-core machine (:data:`FULL`); give ``--steps`` more on a larger
+one, since 25 steps end well before training does.
 """
 from __future__ import annotations
 
@@ -40,8 +41,10 @@ from .tta_rows import OPTIMIZERS, check_rows
 COMMAND = "tta"
 HELP = "time to a target loss of a small transformer LM per exchange, on the slow-network harness"
 
-FULL = dict(rates="100mbit,1gbit", np=4, net="bridge", rows=None, optimizers="sgd,adamw", size="small", steps=150,
-            eval_every=10, batch=16)
+#: The full run, sized to this project's 2-core development machine: 25 steps of every row at both
+#: rates took 74 minutes there at a load average of 12 to 34 (docs/guide/time_to_accuracy.md).
+FULL = dict(rates="100mbit,1gbit", np=4, net="bridge", rows=None, optimizers="sgd,adamw", size="small", steps=25,
+            eval_every=5, batch=16)
 QUICK = dict(rates="1gbit", np=2, net="loopback",
              rows="hvd:fp32,hvd:fp16,hvd:onebit,ddp:allreduce,ddp:powersgd1,ddp:onebit", optimizers="sgd",
              size="tiny", steps=20, eval_every=5, batch=16)
