@@ -7,10 +7,17 @@ each with its own error-feedback residual through the package's codec
 the allgather pattern does and steps SGD (lr 0.1, momentum 0.9: ``bench tta``'s). ``--codec
 none`` averages the exact gradients; ``--warmup N`` averages the first N steps exactly (onebit's
 ``warmup_steps``). Its dense held-out losses equal the harness's Horovod fp32 row to the printed
-digits (2.2017, 1.9496, 1.7446 at steps 10, 20, 40). Prints the held-out loss every ``--eval``
+digits (2.2017, 1.9496, 1.7446 at steps 10, 20, 40). ``--optimizer adamw`` steps AdamW (lr 3e-3,
+weight decay 0.01: ``bench tta``'s) instead; ``--horovod-start`` first does what
+``hvd.broadcast_optimizer_state`` does to an optimizer without state (every gradient zero, one
+``step()``: AdamW's step count then starts at 1 and its weight decay is applied once), which
+the DDP rows never do: with ``--codec none`` it ends at the Horovod fp32 row's loss and without it
+at DDP's allreduce row's (guide/time_to_accuracy.md). Prints the held-out loss every ``--eval``
 steps, then one JSON line.
 
     PYTHONPATH=. .venv/bin/python docs/results/defaults_check_runs/tta_sim.py --cap 0.05 --steps 150 --eval 25
+    PYTHONPATH=. .venv/bin/python docs/results/defaults_check_runs/tta_sim.py --codec none --optimizer adamw \
+        --steps 25 --eval 5 [--horovod-start]
 """
 import argparse
 import json
@@ -33,6 +40,8 @@ p.add_argument("--lr", type=float, default=0.1)
 p.add_argument("--mom", type=float, default=0.9)
 p.add_argument("--eval", type=int, default=10)
 p.add_argument("--batch", type=int, default=16)
+p.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd")
+p.add_argument("--horovod-start", action="store_true", help="one zero-gradient step first")
 a = p.parse_args()
 torch.set_num_threads(1)
 shape = SIZES["small"]
@@ -40,7 +49,14 @@ datas = [load(shape.context, r, a.k) for r in range(a.k)]
 torch.manual_seed(0)
 model = CharTransformer(datas[0].vocab, shape)
 params = list(model.parameters())
-opt = torch.optim.SGD(params, lr=a.lr, momentum=a.mom)
+if a.optimizer == "sgd":
+    opt = torch.optim.SGD(params, lr=a.lr, momentum=a.mom)
+else:
+    opt = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
+if a.horovod_start:
+    for q in params:
+        q.grad = torch.zeros_like(q)
+    opt.step()
 codec = None if a.codec == "none" else hgc.get_codec("onebit", scales=a.scales, residual_cap=a.cap)
 res = [[torch.zeros_like(q) for q in params] for _ in range(a.k)]
 streams = [batches(datas[r], a.batch, r) for r in range(a.k)]   # bench tta's seeds: seed 0 * 1000 + rank
