@@ -115,10 +115,7 @@ def compiled(codec_key: str, backend: str) -> dict:
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        h = hashlib.sha256()
-        for p in net.parameters():
-            h.update(p.to_local().detach().numpy().tobytes())
-        runs[mode] = {"losses": losses, "digest": h.hexdigest(), "calls": state.stats()["calls"],
+        runs[mode] = {"losses": losses, "digest": shard_digest(net), "calls": state.stats()["calls"],
                       "steps": state.stats()["steps"], "graphs": len(graphs)}
     every = [None] * k
     dist.all_gather_object(every, runs)
@@ -148,16 +145,21 @@ def offloaded(codec_key: str, nodes: int) -> dict:
             opt.step()
             opt.zero_grad()
             losses.append(loss.item())
-        h = hashlib.sha256()
-        for p in net.parameters():
-            h.update(p.to_local().detach().numpy().tobytes())
         runs["offload" if offload else "plain"] = {
-            "losses": losses, "digest": h.hexdigest(), "mode": state.mode, "steps": state.stats()["steps"],
+            "losses": losses, "digest": shard_digest(net), "mode": state.mode, "steps": state.stats()["steps"],
             "policies": sorted(policies), "grad_devices": grads,
             "param_devices": sorted({str(p.to_local().device) for p in net.parameters()})}
     every = [None] * k
     dist.all_gather_object(every, runs)
     return {"ok": True, "runs": every}
+
+
+def shard_digest(net) -> str:
+    """sha256 of this rank's parameter shards, in the model's order."""
+    h = hashlib.sha256()
+    for p in net.parameters():
+        h.update(p.to_local().detach().numpy().tobytes())
+    return h.hexdigest()
 
 
 def _memory_digest(state) -> str:
