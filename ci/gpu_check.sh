@@ -28,7 +28,9 @@
 #   fsdp      FSDP2 with hgc.fsdp.register on CUDA (2 ranks on cuda:0, gloo collectives):
 #             every codec's compressed reduce-scatter of CUDA buffers against the pure-torch
 #             oracle (tests/fsdp_worker.py oracle, HGC_FSDP_DEVICE=cuda), then training steps
-#             (dense FSDP2, onebit, terngrad) with the final and first losses printed;
+#             (dense FSDP2, onebit, terngrad) with the final and first losses printed; with two
+#             GPUs or more also on NCCL, one GPU per rank (HGC_FSDP_BACKEND=nccl; never run yet:
+#             the GPUs lent so far had one, where it says SKIPPED);
 #   ddp_nccl  the DDP hook on NCCL: needs one GPU per process (says so and passes with one GPU);
 #   bench     python -m horovod_gradcomp.bench codecs --device cuda (figures in the JSON);
 #   devtime   python -m horovod_gradcomp.bench devtime --device cuda: per codec, each bucket op's
@@ -179,6 +181,18 @@ fsdp() {
     done
     for c in dense onebit terngrad; do
         echo "-- train $c"; HGC_FSDP_DEVICE=cuda "${run[@]}" train "$c" steps=30 || { echo "train $c FAILED"; rc=1; }
+    done
+    local n
+    n=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+    if [ "$n" -lt 2 ]; then
+        echo "NCCL: SKIPPED (FSDP2 on NCCL needs one GPU per process; this machine has $n)"
+        return $rc
+    fi
+    for c in onebit dgc; do
+        echo "-- nccl oracle $c"; HGC_FSDP_BACKEND=nccl "${run[@]}" oracle "$c" || { echo "nccl oracle $c FAILED"; rc=1; }
+    done
+    for c in dense onebit; do
+        echo "-- nccl train $c"; HGC_FSDP_BACKEND=nccl "${run[@]}" train "$c" steps=30 || { echo "nccl train $c FAILED"; rc=1; }
     done
     return $rc
 }

@@ -35,8 +35,13 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 import horovod_gradcomp as hgc
 from horovod_gradcomp.exchange.stream_positions import stream_position
 
-#: Where the model, the reduce-scatter buffers and the batches live ("cpu", or "cuda": cuda:0).
-DEVICE = torch.device(os.environ.get("HGC_FSDP_DEVICE", "cpu"))
+#: The collectives' backend: "gloo" (the default), or "nccl" (``HGC_FSDP_BACKEND=nccl``: one GPU
+#: per rank, cuda:LOCAL_RANK, which ci/gpu_check.sh's fsdp step runs where it has two GPUs or more).
+BACKEND = os.environ.get("HGC_FSDP_BACKEND", "gloo")
+#: Where the model, the reduce-scatter buffers and the batches live ("cpu", or "cuda": cuda:0;
+#: under NCCL the rank's own GPU).
+DEVICE = (torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if BACKEND == "nccl"
+          else torch.device(os.environ.get("HGC_FSDP_DEVICE", "cpu")))
 
 #: The options the oracle and the registered compression share, per codec name given on the
 #: command line (qsgd-elias: QSGD's variable-size coding; dgc: exact top-k, so impl="reference"
@@ -445,9 +450,9 @@ def errors() -> dict:
 
 
 def main() -> None:
-    dist.init_process_group("gloo")
     if DEVICE.type == "cuda":
-        torch.cuda.set_device(0)
+        torch.cuda.set_device(DEVICE.index or 0)
+    dist.init_process_group(BACKEND)
     mode = sys.argv[1]
     if mode == "oracle":
         result = oracle(sys.argv[2], options(sys.argv[3:]))
