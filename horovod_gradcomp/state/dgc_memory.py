@@ -200,10 +200,13 @@ class DGCMemory(Memory):
         """Take the wrapped optimizer's momentum (``Compression.dgc(momentum=None)``). After a
         checkpoint restored the momentum taken in the run that wrote it, nothing more is taken:
         that run's optimizer was left at momentum 0, so a resumed optimizer holds 0 too."""
+        if not self.momentum_restored:
+            self._set_momentum(momentum, nesterov)
+
+    def _set_momentum(self, momentum: float, nesterov: bool) -> None:
         if isinstance(momentum, bool) or not 0.0 <= float(momentum) < 1.0:
             raise ValueError(f"dgc: the optimizer's momentum must be in [0, 1), got {momentum!r}")
-        if not self.momentum_restored:
-            self.momentum, self.nesterov = float(momentum), bool(nesterov)
+        self.momentum, self.nesterov = float(momentum), bool(nesterov)
 
     def set_option(self, name: str, value) -> None:
         """A codec option set after construction (:meth:`CodecCompression.set_options`): ``density``
@@ -321,8 +324,7 @@ class DGCMemory(Memory):
         self.accumulations = {k: t.clone() for k, t in dict(state["accumulations"]).items()}
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
         if self.momentum_from_optimizer and "momentum" in state:
-            self.momentum_restored = False
-            self.adopt_momentum(state["momentum"], state["nesterov"])
+            self._set_momentum(state["momentum"], state["nesterov"])
             self.momentum_restored = True
 
     def __repr__(self) -> str:
