@@ -25,7 +25,7 @@ import time
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m horovod_gradcomp.bench.ddp_ab", description=__doc__.split("\n")[0])
     parser.add_argument("--codec", default="onebit",
-                        help="a codec name with options, as bench exchange's configs (onebit:residual_cap=0.0)")
+                        help="a codec with options, as a bench exchange config (onebit:residual_cap=0.0)")
     parser.add_argument("--pairs", type=int, default=4, help="ABBA pairs timed (each: 2 steps of each schedule)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps of each schedule first (2)")
     parser.add_argument("--batch", type=int, default=8)
@@ -52,9 +52,9 @@ def main(argv=None) -> int:
     DDP = torch.nn.parallel.DistributedDataParallel
     no_sync = "forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DDP).parameters else "broadcast_buffers"
     ddp = DDP(resnet50(), bucket_cap_mb=25, **{no_sync: False})
-    from .codecs_bench import parse_codec_spec
-    name, options = parse_codec_spec(args.codec)
-    state = hgc.ddp.register(ddp, name, **options)
+    from .exchange_bench import parse_config
+    config = parse_config(args.codec)
+    state = hgc.ddp.register(ddp, config.name, **config.options)
     if not state.per_bucket:
         raise SystemExit(f"{args.codec}: this codec exchanges once per step (nothing to compare)")
     opt = torch.optim.SGD(ddp.parameters(), lr=1e-9)

@@ -28,6 +28,7 @@ import torch
 import horovod_gradcomp as hgc
 from horovod_gradcomp.bench.tta_data import batches, load
 from horovod_gradcomp.bench.tta_model import SIZES, CharTransformer, lm_loss
+from horovod_gradcomp.bench.tta_rows import Hyper, make_optimizer
 
 p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
 p.add_argument("--k", type=int, default=4)
@@ -49,10 +50,7 @@ datas = [load(shape.context, r, a.k) for r in range(a.k)]
 torch.manual_seed(0)
 model = CharTransformer(datas[0].vocab, shape)
 params = list(model.parameters())
-if a.optimizer == "sgd":
-    opt = torch.optim.SGD(params, lr=a.lr, momentum=a.mom)
-else:
-    opt = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.01)
+opt = make_optimizer(a.optimizer, params, Hyper(sgd_lr=a.lr, momentum=a.mom))   # AdamW: bench tta's settings
 if a.horovod_start:
     for q in params:
         q.grad = torch.zeros_like(q)
