@@ -52,6 +52,11 @@ def _owner(state) -> str:
     return f"hgc.fsdp HSDP ({state.codec.name}) checkpoint"
 
 
+def _meta_capacity(state, slots: Slots) -> int:
+    """The ``meta`` row's size, the same when saving and loading."""
+    return meta_capacity(len(state.hooks), 2 * len(slots))
+
+
 def _job(state) -> Dict[str, int]:
     return {"world_size": state.world_size, "node_size": state.node_size, "replicas": state.replicas}
 
@@ -63,6 +68,7 @@ def hsdp_state_dict(state) -> dict:
     device = mesh_device(state.mesh)
     flats = {p: torch.zeros(total, dtype=torch.float32, device=device) for p in _pieces(state)}
     owner_slots: Slots = {}
+    owner_offset = 0
     modules = {}
     for hook in state.hooks:
         full = hook.compression.state_dict()
@@ -74,26 +80,24 @@ def hsdp_state_dict(state) -> dict:
         owner_state = dict(full["owner_memory"])
         owned = dict(owner_state.get("residuals") or {})
         if owned:
-            offset = sum(shape.numel() for _, shape in owner_slots.values())
             for key, tensor in owned.items():
-                if offset + tensor.numel() > total:
+                if owner_offset + tensor.numel() > total:
                     raise ValueError(f"{owner}: the owner residuals take more than the {total} values of the shard")
-                owner_slots[key] = (offset, tensor.shape)
-                offset += tensor.numel()
+                owner_slots[key] = (owner_offset, tensor.shape)
+                owner_offset += tensor.numel()
             stores[OWNER] = pack(flats[OWNER], owned, owner_slots, owner, OWNER)
         owner_state["residuals"] = {}
         modules[hook.module] = {**full, "memory_state": memory_state, "owner_memory": owner_state, "stores": stores}
     meta = {**_job(state), "modules": modules,
             "owner_slots": {key: [offset, list(shape)] for key, (offset, shape) in owner_slots.items()}}
-    return write_rows(state.mesh, state.rank, meta, meta_capacity(len(state.hooks), 2 * len(slots)), flats, owner)
+    return write_rows(state.mesh, state.rank, meta, _meta_capacity(state, slots), flats, owner)
 
 
 def load_hsdp_state_dict(state, saved: dict) -> None:
     """Restore this rank's row of :func:`hsdp_state_dict`'s pieces (as ``dcp.load`` filled them)."""
     owner = _owner(state)
     slots, total = _slots(state)
-    meta, local = read_rows(saved, _pieces(state), state.rank, state.world_size,
-                            meta_capacity(len(state.hooks), 2 * len(slots)), owner,
+    meta, local = read_rows(saved, _pieces(state), state.rank, state.world_size, _meta_capacity(state, slots), owner,
                             "an HSDPCompressionState of this codec")
     saved_job, job = {k: meta.get(k) for k in _job(state)}, _job(state)
     if saved_job != job:
