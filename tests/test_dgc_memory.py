@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import horovod_gradcomp as hgc
+from horovod_gradcomp.codecs.dgc import density_floor
 from horovod_gradcomp.state.dgc_memory import DensitySchedule, DGCMemory
 from horovod_gradcomp.hvd_adapter.optimizer_check import OptimizerMismatchError, PlainSGDGuard
 
@@ -315,3 +316,55 @@ def test_momentum_taken_from_the_optimizer_survives_a_resume():
     opt2, resumed = run((opt.state_dict(), memory.state_dict()))
     assert (resumed.momentum, resumed.nesterov) == (0.9, True)
     assert opt2.param_groups[0]["momentum"] == 0.0
+
+
+@pytest.mark.parametrize("values, floor", [(0, 0.0), (1, 1.0), (1024, 1.0), (2048, 0.5), (115_431, 1024 / 115_431),
+                                           (1_024_000, 0.001), (25_557_032, 1024 / 25_557_032)])
+def test_density_floor_is_min_values_over_values(values, floor):
+    assert density_floor(values) == floor
+    with pytest.raises(ValueError, match="values per step"):
+        density_floor(-1)
+
+
+def test_default_density_sends_at_least_1024_values_per_step():
+    """No density given: max(0.001, 1024 / n) for n trainable values; a density given is kept, as
+    is the paper's 0.001 on a model of over a million values. The floor counts the trainable
+    parameters only (a frozen one is not exchanged)."""
+    small = [("w", torch.nn.Parameter(torch.zeros(300, 200))), ("b", torch.nn.Parameter(torch.zeros(200)))]
+    frozen = ("f", torch.nn.Parameter(torch.zeros(100_000), requires_grad=False))
+    comp = hgc.Compression.dgc(small + [frozen], check_optimizer=False, momentum=0.9, impl="reference")
+    assert comp.memory.current_density() == pytest.approx(1024 / 60_200)
+    g = torch.randn(300, 200, generator=torch.Generator().manual_seed(0))
+    payload = comp.memory.encode(comp.codec, "w", g)
+    assert len(comp.codec.indices_of(payload)) == math.ceil(1024 / 60_200 * 60_000)   # exact top-k; 60 at 0.001
+    assert hgc.Compression.dgc(small, density=0.001, check_optimizer=False, momentum=0.9).memory.current_density() \
+        == 0.001
+    big = [("w", torch.nn.Parameter(torch.zeros(1000, 2000)))]
+    assert hgc.Compression.dgc(big, check_optimizer=False, momentum=0.9).memory.current_density() == 0.001
+
+
+def test_density_floor_travels_with_the_checkpoint():
+    """A resumed run selects at the floor it was written with; a checkpoint from before the floor
+    (no ``density_floor`` entry) resumes without one, as it ran."""
+    memory = DGCMemory(DensitySchedule(0.001), density_given=False)
+    memory.set_density_floor(0.01)
+    resumed = DGCMemory(DensitySchedule(0.001), density_given=False)
+    resumed.load_state_dict(memory.state_dict())
+    assert resumed.current_density() == 0.01
+    old = memory.state_dict()
+    del old["density_floor"]
+    resumed.load_state_dict(old)
+    assert resumed.current_density() == 0.001
+    with pytest.raises(ValueError, match="density floor"):
+        memory.set_density_floor(1.5)
+
+
+def test_density_floor_comes_before_the_node_mean_factor():
+    """Hierarchical exchange (node means of L ranks): the floor, then L times it, at most 1."""
+    memory = DGCMemory(DensitySchedule(0.001), density_given=False)
+    memory.set_density_floor(0.01)
+    memory.set_mean_of(4)
+    assert memory.current_density() == pytest.approx(0.04)
+    given = DGCMemory(DensitySchedule(0.001), density_given=True)
+    given.set_density_floor(0.01)
+    assert given.current_density() == 0.001

@@ -88,6 +88,7 @@ import torch
 import torch.distributed as dist
 
 from ..codecs import available_codecs
+from ..codecs.dgc import density_floor
 from ..codecs.registry import codec_class
 from ..ddp.gloo_exit import hold_backward_context
 from ..ddp.stall import process_watchdog
@@ -278,6 +279,13 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
         compression.engine.owner = (f"hgc.fsdp HSDP ({codec}, module {name or '<root>'!r}, replica group of global "
                                     f"ranks {replicas_global})")
         hooks.append(ReplicaAverage(compression, layout, name))
+    if codec == "dgc":
+        # each module's compression encodes its shard: the floor counts the values one rank encodes
+        # per step over all modules (the model over the node's ranks), not each module's own
+        values = sum(p.numel() for _, p in model.named_parameters() if p.requires_grad)
+        per_rank = -(-values // layouts[0][2].world_size)
+        for hook in hooks:
+            hook.compression.memory.set_density_floor(density_floor(per_rank))
     if codec == "dgc" and options.get("momentum") is None:
         share_optimizer_momentum([h.compression for h in hooks], [p for _, p in model.named_parameters()
                                                                   if p.requires_grad], optimizer, owner)

@@ -33,7 +33,7 @@ from ..codecs.registry import codec_class
 from ..transports.mpi import MPICommunicator
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.dgc_memory import DensitySchedule, DGCMemory
-from ..codecs.dgc import DGCCodec
+from ..codecs.dgc import DGCCodec, density_floor
 from .adam_defaults import apply_adam_defaults
 from .compression import CodecCompression
 from .dense import DenseCompression
@@ -208,7 +208,10 @@ class Compression:
         (fraction of values sampled for the threshold estimate), ``seed``.
 
         ``density``: None (the default) is 0.001, the paper's, under SGD and 0.1 under the Adam
-        family (``DGCCodec.adam_defaults``; ``optimizer=`` as :meth:`codec`)."""
+        family (``DGCCodec.adam_defaults``; ``optimizer=`` as :meth:`codec`), and in both cases at
+        least enough for 1,024 values per rank and step (``codecs.dgc.density_floor`` of the
+        trainable parameters' count: a model under about a million parameters sends more than
+        0.001 of its gradient). A density given is used as given."""
         named = list(named_parameters)
         given = {"density"} if density is not None else set()
         density = DGCCodec.DEFAULT_DENSITY if density is None else density
@@ -220,6 +223,7 @@ class Compression:
         memory = DGCMemory(schedule, momentum=0.0 if adopt else momentum, nesterov=bool(nesterov),
                            momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt,
                            density_given=bool(given))
+        memory.set_density_floor(density_floor(sum(p.numel() for _, p in named if p.requires_grad)))
         comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)
         comp.explicit_options = frozenset(options) | given

@@ -116,7 +116,13 @@ class DGCMemory(Memory):
         momentum_restored: a checkpoint set ``momentum``/``nesterov`` (taken in the run that wrote
             it); the optimizer's momentum is not taken again.
         density_given: the user passed the density (``Compression.dgc(density=...)``); when
-            False, encodes of node means (:meth:`set_mean_of`) select at ``L`` times it.
+            False, the density is at least :attr:`density_floor` and encodes of node means
+            (:meth:`set_mean_of`) select at ``L`` times it.
+        density_floor: with no density given, the smallest density of an encode
+            (:func:`~horovod_gradcomp.codecs.dgc.density_floor` of the values one rank encodes per
+            step: a small model still sends ``DEFAULT_MIN_VALUES`` values); 0: none. Saved in
+            checkpoints: a run resumes with the floor it was written with (0 for a checkpoint
+            written before the floor existed).
         mean_of: L, the ranks each encoded value is a mean of (1 on the flat exchange).
     """
 
@@ -139,6 +145,7 @@ class DGCMemory(Memory):
         self.momentum_from_optimizer = bool(momentum_from_optimizer)
         self.momentum_restored = False
         self.density_given = bool(density_given)
+        self.density_floor = 0.0
         self.mean_of = 1
         self.clip_norm = None if clip_norm is None else float(clip_norm)
         self.velocities: Dict[str, torch.Tensor] = {}
@@ -230,15 +237,25 @@ class DGCMemory(Memory):
         density_for_mean(self.schedule.final, ranks)   # refuses a bad count
         self.mean_of = ranks
 
+    def set_density_floor(self, floor: float) -> None:
+        """:attr:`density_floor` (a number in [0, 1]); used only when the user gave no density."""
+        if isinstance(floor, bool) or not isinstance(floor, (int, float)) or not 0.0 <= floor <= 1.0:
+            raise ValueError(f"dgc: the density floor must be a number in [0, 1], got {floor!r}")
+        self.density_floor = float(floor)
+
     def scheduled_density(self) -> float:
         """The density warm-up's density at this epoch or step (:class:`DensitySchedule`)."""
         return self.schedule.density(self.epoch if self.schedule.unit == "epoch" else self.step)
 
     def current_density(self) -> float:
-        """The density of this step's encodes: :meth:`scheduled_density`, times L for node means
-        when the user gave no density (:meth:`set_mean_of`), at most 1."""
+        """The density of this step's encodes: :meth:`scheduled_density`; when the user gave no
+        density, at least :attr:`density_floor`, then times L for node means (:meth:`set_mean_of`),
+        at most 1."""
         d = self.scheduled_density()
-        return d if self.density_given or self.mean_of == 1 else density_for_mean(d, self.mean_of)
+        if self.density_given:
+            return d
+        d = max(d, self.density_floor)
+        return d if self.mean_of == 1 else density_for_mean(d, self.mean_of)
 
     def _buffer(self, store: Dict[str, torch.Tensor], name: str, like: torch.Tensor) -> torch.Tensor:
         buf = store.get(name)
@@ -317,12 +334,14 @@ class DGCMemory(Memory):
     def state_dict(self) -> dict:
         return {"velocities": {k: t.detach().clone() for k, t in self.velocities.items()},
                 "accumulations": {k: t.detach().clone() for k, t in self.accumulations.items()},
-                "epoch": self.epoch, "step": self.step, "momentum": self.momentum, "nesterov": self.nesterov}
+                "epoch": self.epoch, "step": self.step, "momentum": self.momentum, "nesterov": self.nesterov,
+                "density_floor": self.density_floor}
 
     def load_state_dict(self, state: dict) -> None:
         self.velocities = {k: t.clone() for k, t in dict(state["velocities"]).items()}
         self.accumulations = {k: t.clone() for k, t in dict(state["accumulations"]).items()}
         self.epoch, self.step = int(state["epoch"]), int(state["step"])
+        self.set_density_floor(state.get("density_floor", 0.0))
         if self.momentum_from_optimizer and "momentum" in state:
             self._set_momentum(state["momentum"], state["nesterov"])
             self.momentum_restored = True
