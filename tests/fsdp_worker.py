@@ -7,6 +7,7 @@
     torchrun --nproc_per_node K tests/fsdp_worker.py accumulate
     torchrun --nproc_per_node K tests/fsdp_worker.py errors
     torchrun --nproc_per_node 4 tests/fsdp_worker.py hsdp CODEC [key=value ...]   (CODEC "dense": FSDP2's HSDP)
+    torchrun --nproc_per_node K tests/fsdp_worker.py memory CODEC hsdp=NODES [key=value ...]
     torchrun --nproc_per_node K tests/fsdp_worker.py checkpoint CODEC DIR save|resume|load [key=value ...]
         (hsdp=NODES: HSDP mode, FSDP2 over each of NODES groups of ranks)
 
@@ -325,6 +326,32 @@ def hsdp(codec_key: str, extra: dict) -> dict:
             {key: v for key, v in state.stats().items() if key != "modules"}}
 
 
+def memory(codec_key: str, extra: dict) -> dict:
+    """HSDP mode over ``hsdp`` nodes (``width`` inputs): 3 training steps, then every rank's
+    ``stats()["memory_bytes"]`` and ``owner_memory_bytes``, by rank (the test computes what they
+    must be from the parameters' shapes)."""
+    nodes, width = int(extra.pop("hsdp")), int(extra.pop("width", 16))
+    net = build(nodes=nodes, width=width)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
+    name, codec_opts, reg_opts = CODECS[codec_key]
+    codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
+    reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
+    state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
+    assert state.mode == "hsdp", state
+    losses = []
+    for x, y in batches(3, 32, seed=77 + dist.get_rank(), width=width):
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    stats = state.stats()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, [stats["memory_bytes"], stats["owner_memory_bytes"]])
+    return {"ok": True, "finite": all(map(math.isfinite, losses)), "steps": stats["steps"],
+            "memory_bytes": [m for m, _ in every], "owner_memory_bytes": [o for _, o in every]}
+
+
 class _Training:
     """Model and optimizer as one DCP ``Stateful`` (torch.distributed.checkpoint.state_dict's helpers)."""
 
@@ -470,6 +497,8 @@ def main() -> None:
         result = checkpoint(sys.argv[2], sys.argv[3], sys.argv[4], options(sys.argv[5:]))
     elif mode == "hsdp":
         result = hsdp(sys.argv[2], options(sys.argv[3:]))
+    elif mode == "memory":
+        result = memory(sys.argv[2], options(sys.argv[3:]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if dist.get_rank() == 0:

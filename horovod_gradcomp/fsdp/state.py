@@ -126,8 +126,9 @@ class FSDPCompressionState(CompressionHolder):
         return d
 
     def memory_bytes(self) -> int:
-        """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations)."""
-        return sum(t.numel() * t.element_size() for store in self.memory.stores().values() for t in store.values())
+        """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations;
+        owner residuals, which the compressed reduce-scatter never makes: it decodes once)."""
+        return self.compression.state.nbytes()
 
     def state_dict(self) -> dict:
         """This rank's compression state as DTensors over the modules' mesh, for ``dcp.save`` /
