@@ -72,9 +72,11 @@ class Net(torch.nn.Module):
         return self.out(self.mid(self.act(self.inp(x))))
 
 
-def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False) -> Net:
+def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False,
+          interleave: bool = False) -> Net:
     """Net (``width`` inputs) sharded by FSDP2 over every rank, or with ``nodes`` over each of
-    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout); with
+    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout; node n holds
+    the ranks ``n * L ...``, or with ``interleave`` the ranks ``n, n + nodes, ...``); with
     ``offload`` FSDP2's ``CPUOffloadPolicy`` (unpinned: pinning needs an accelerator)."""
     torch.manual_seed(seed)
     net = Net(width)
@@ -82,7 +84,12 @@ def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool
     if offload:
         from torch.distributed.fsdp import CPUOffloadPolicy
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    if nodes:
+    if nodes and interleave:
+        from torch.distributed.device_mesh import DeviceMesh
+        k = dist.get_world_size()
+        ranks = torch.arange(k).view(k // nodes, nodes).T   # row n: the ranks n, n + nodes, ...
+        kw["mesh"] = DeviceMesh(DEVICE.type, ranks, mesh_dim_names=("replicate", "shard"))["shard"]
+    elif nodes:
         from torch.distributed.device_mesh import init_device_mesh
         k = dist.get_world_size()
         kw["mesh"] = init_device_mesh(DEVICE.type, (nodes, k // nodes), mesh_dim_names=("replicate", "shard"))["shard"]
@@ -378,7 +385,7 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     first, more = int(extra.pop("n", 4)), int(extra.pop("m", 4))
     nodes = int(extra.pop("hsdp", 0))   # HSDP mode: FSDP2 over each of `nodes` groups, the codec across them
     width = int(extra.pop("width", 16))   # wide inputs: buckets large enough for the two-phase pattern
-    net = build(nodes=nodes, width=width)
+    net = build(nodes=nodes, width=width, interleave=bool(extra.pop("interleave", 0)))
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
     name, codec_opts, reg_opts = CODECS[codec_key]
     codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}

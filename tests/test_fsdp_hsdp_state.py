@@ -12,6 +12,10 @@ threshold takes the two-phase pattern: ``inp`` with 32768 or 65536 inputs does, 
 modules do not. Its owner residuals are then onebit's row stripes of the rank's ``inp.weight``
 shard: the rank on node n owns stripe n of R, ``rows // R + (n < rows % R)`` rows of ``width``
 values.
+
+Checkpoints: a job loading a compression state saved with another split into nodes at the same
+world size (or saved in sharded mode: one "node" of all ranks) is refused on every rank, naming
+both layouts.
 """
 from __future__ import annotations
 
@@ -74,3 +78,33 @@ def test_memory_bytes_at_two_nodes_of_two(codec, width, per_value):
     expected = per_value * sum(shard_values(s, 2) for s in trainable_shapes(width))
     assert result["memory_bytes"] == [expected] * 4, (expected, result)
     assert result["owner_memory_bytes"] == [0] * 4, result
+
+
+LAYOUT_KEY = "compression.layout_nodes_x_ranks_per_node"
+
+
+@pytest.mark.parametrize("saved,loaded,saved_shape,loaded_shape", [
+    (("hsdp=2",), ("hsdp=4",), "[2, 2]", "[4, 1]"),   # 2 nodes x 2 ranks -> 4 nodes x 1 rank
+    ((), ("hsdp=2",), "[1, 4]", "[2, 2]"),            # sharded over all 4 ranks -> HSDP 2 x 2
+])
+def test_dcp_load_at_another_split_into_nodes_is_refused_naming_both(saved, loaded, saved_shape, loaded_shape,
+                                                                     tmp_path):
+    """Same world size (4), another split into nodes: dcp.load raises on every rank (no hang), on the
+    layout piece, whose saved and current shapes are the two layouts (nodes x ranks per node)."""
+    where = str(tmp_path / "ckpt")
+    launch(4, "checkpoint", "onebit", where, "save", *saved, "m=0")
+    result = launch(4, "checkpoint", "onebit", where, "load", *loaded)
+    assert result["raised_on"] == 4, result
+    expected = f"saved torch.Size({saved_shape}) and current: torch.Size({loaded_shape}) for {LAYOUT_KEY}"
+    assert expected in result["message"], result["message"]
+
+
+def test_dcp_load_with_other_ranks_in_each_node_is_refused_naming_both(tmp_path):
+    """2 x 2 saved with nodes [[0, 1], [2, 3]], loaded with nodes [[0, 2], [1, 3]]: the pieces have
+    the same sizes, so dcp.load reads them, and every rank's load_state_dict refuses, naming both."""
+    where = str(tmp_path / "ckpt")
+    launch(4, "checkpoint", "onebit", where, "save", "hsdp=2", "m=0")
+    result = launch(4, "checkpoint", "onebit", where, "load", "hsdp=2", "interleave=1")
+    assert result["raised_on"] == 4, result
+    assert ("written by a job of 2 nodes x 2 ranks (nodes [[0, 1], [2, 3]]); this job has 2 nodes x 2 ranks "
+            "(nodes [[0, 2], [1, 3]])") in result["message"], result["message"]

@@ -29,9 +29,9 @@ from ..exchange.reduce_scatter import ShardLayout
 
 
 def replica_group(shard_group, owner: str):
-    """The process group of this rank's replicas (every rank calls it; it creates one group per
-    place in the node, in the same order everywhere). Raises ValueError when the nodes' shard
-    groups differ in size."""
+    """The process group of this rank's replicas, and the nodes (every node's ranks, nodes sorted;
+    the checkpoint's layout). Every rank calls it; it creates one group per place in the node, in
+    the same order everywhere. Raises ValueError when the nodes' shard groups differ in size."""
     mine = dist.get_process_group_ranks(shard_group)
     every: List[List[int]] = [None] * dist.get_world_size()   # type: ignore[list-item]
     dist.all_gather_object(every, mine)
@@ -46,7 +46,7 @@ def replica_group(shard_group, owner: str):
         group = dist.new_group(ranks=ranks, backend="gloo")
         if p == place:
             chosen = group
-    return chosen
+    return chosen, [list(n) for n in nodes]
 
 
 def share_optimizer_momentum(compressions, params, optimizer, owner: str) -> None:
@@ -99,13 +99,16 @@ class HSDPCompressionState:
 
     Fields: codec (the first module's; every module's has the same options), hooks (the modules'
     :class:`ReplicaAverage`, in model order), node_size (L, the ranks FSDP2 shards over),
-    replicas (the number of nodes), world_size and rank (in the job), device_type (the modules'
-    mesh's), per_rank (:class:`PerRankState`)."""
+    replicas (the number of nodes), nodes (every node's global ranks, in node order),
+    world_size and rank (in the job), device_type (the modules' mesh's), per_rank
+    (:class:`PerRankState`)."""
 
     mode = "hsdp"
 
-    def __init__(self, hooks: List[ReplicaAverage], node_size: int, replicas: int, device_type: str = "cpu"):
+    def __init__(self, hooks: List[ReplicaAverage], nodes: List[List[int]], device_type: str = "cpu"):
         self.hooks = hooks
+        self.nodes = nodes
+        node_size, replicas = len(nodes[0]), len(nodes)
         self.codec = hooks[0].compression.codec
         self.node_size, self.replicas = node_size, replicas
         self.world_size, self.rank = node_size * replicas, dist.get_rank()

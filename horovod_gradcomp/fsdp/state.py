@@ -42,6 +42,7 @@ class FSDPCompressionState(CompressionHolder):
         self.bytes_dense_reduce_scatter = 0.0
         self._seen: set = set()
         self.mesh = None   # the modules' DeviceMesh (register() sets it): the checkpoint's DTensors
+        self.nodes = None  # [[the group's global ranks]] (register() sets it): the checkpoint's layout piece
 
     @property
     def memory(self):
