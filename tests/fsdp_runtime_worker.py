@@ -3,6 +3,7 @@
 
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py stall sharded|hsdp TIMEOUT
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py async CODEC
+    torchrun --nproc_per_node K tests/fsdp_runtime_worker.py fsdp_calls CODEC
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py compile CODEC BACKEND
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py accelerate CODEC DIR
     torchrun --nproc_per_node K tests/fsdp_runtime_worker.py offload CODEC NODES   (NODES 0: sharded mode)
@@ -75,6 +76,7 @@ def async_op(codec_key: str) -> dict:
             assert plain(out_sync, x.clone(), None, dist.ReduceOp.AVG) is None
             work = other(out_async, x.clone(), None, dist.ReduceOp.AVG, async_op=True)
             assert isinstance(work, dist.Work), type(work)
+            equal = equal and torch.equal(out_sync, out_async)   # final when the call returns, before wait()
             assert work.is_completed() and work.is_success() and work.exception() is None
             assert work.wait() is True
             assert work.get_future().wait()[0] is out_async and work.result()[0] is out_async
@@ -85,6 +87,36 @@ def async_op(codec_key: str) -> dict:
     hgc.ddp.keep_until_exit(flags)
     return {"ok": True, "calls": checked, "equal_everywhere": bool(flags.item()),
             "steps": [s.stats()["steps"] for s in states]}
+
+
+def fsdp_calls(codec_key: str) -> dict:
+    """Three training steps under FSDP2 with every call of the compressed reduce-scatter recorded:
+    how FSDP2 passes its arguments (positional count, keyword names) and what the call returned."""
+    from horovod_gradcomp.fsdp.comm import CompressedReduceScatter
+    name, codec_opts, reg_opts = CODECS[codec_key]
+    codec_opts = {key: v for key, v in codec_opts.items() if key != "impl"}
+    calls = []
+    original = CompressedReduceScatter.__call__
+
+    def recording(self, *args, **kwargs):
+        returned = original(self, *args, **kwargs)
+        calls.append({"positional": len(args), "keywords": sorted(kwargs), "returned": repr(returned)})
+        return returned
+
+    CompressedReduceScatter.__call__ = recording
+    try:
+        net = build()
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
+        state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts})
+        for x, y in batches(3, 16, seed=77 + dist.get_rank()):
+            torch.nn.functional.mse_loss(net(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    finally:
+        CompressedReduceScatter.__call__ = original
+    kinds = sorted({json.dumps(c, sort_keys=True) for c in calls})
+    return {"ok": True, "calls": len(calls), "modules": len(state.comms), "kinds": [json.loads(c) for c in kinds]}
 
 
 def compiled(codec_key: str, backend: str) -> dict:
@@ -218,6 +250,8 @@ def main() -> None:
         result = stall(sys.argv[2], float(sys.argv[3]))
     elif mode == "async":
         result = async_op(sys.argv[2])
+    elif mode == "fsdp_calls":
+        result = fsdp_calls(sys.argv[2])
     elif mode == "compile":
         result = compiled(sys.argv[2], sys.argv[3])
     elif mode == "accelerate":

@@ -7,6 +7,7 @@
     torchrun --nproc_per_node K tests/fsdp_worker.py accumulate
     torchrun --nproc_per_node K tests/fsdp_worker.py errors
     torchrun --nproc_per_node 4 tests/fsdp_worker.py hsdp CODEC [key=value ...]   (CODEC "dense": FSDP2's HSDP)
+    torchrun --nproc_per_node K tests/fsdp_worker.py memory CODEC hsdp=NODES [key=value ...]
     torchrun --nproc_per_node K tests/fsdp_worker.py checkpoint CODEC DIR save|resume|load [key=value ...]
         (hsdp=NODES: HSDP mode, FSDP2 over each of NODES groups of ranks)
 
@@ -71,9 +72,11 @@ class Net(torch.nn.Module):
         return self.out(self.mid(self.act(self.inp(x))))
 
 
-def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False) -> Net:
+def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False,
+          interleave: bool = False) -> Net:
     """Net (``width`` inputs) sharded by FSDP2 over every rank, or with ``nodes`` over each of
-    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout); with
+    ``nodes`` groups of ranks (the "shard" dimension of a 2-D mesh: HSDP mode's layout; node n holds
+    the ranks ``n * L ...``, or with ``interleave`` the ranks ``n, n + nodes, ...``); with
     ``offload`` FSDP2's ``CPUOffloadPolicy`` (unpinned: pinning needs an accelerator)."""
     torch.manual_seed(seed)
     net = Net(width)
@@ -81,7 +84,12 @@ def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool
     if offload:
         from torch.distributed.fsdp import CPUOffloadPolicy
         kw["offload_policy"] = CPUOffloadPolicy(pin_memory=False)
-    if nodes:
+    if nodes and interleave:
+        from torch.distributed.device_mesh import DeviceMesh
+        k = dist.get_world_size()
+        ranks = torch.arange(k).view(k // nodes, nodes).T   # row n: the ranks n, n + nodes, ...
+        kw["mesh"] = DeviceMesh(DEVICE.type, ranks, mesh_dim_names=("replicate", "shard"))["shard"]
+    elif nodes:
         from torch.distributed.device_mesh import init_device_mesh
         k = dist.get_world_size()
         kw["mesh"] = init_device_mesh(DEVICE.type, (nodes, k // nodes), mesh_dim_names=("replicate", "shard"))["shard"]
@@ -325,6 +333,32 @@ def hsdp(codec_key: str, extra: dict) -> dict:
             {key: v for key, v in state.stats().items() if key != "modules"}}
 
 
+def memory(codec_key: str, extra: dict) -> dict:
+    """HSDP mode over ``hsdp`` nodes (``width`` inputs): 3 training steps, then every rank's
+    ``stats()["memory_bytes"]`` and ``owner_memory_bytes``, by rank (the test computes what they
+    must be from the parameters' shapes)."""
+    nodes, width = int(extra.pop("hsdp")), int(extra.pop("width", 16))
+    net = build(nodes=nodes, width=width)
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
+    name, codec_opts, reg_opts = CODECS[codec_key]
+    codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
+    reg_opts = {"momentum": 0.9} if codec_key == "dgc" else reg_opts
+    state = hgc.fsdp.register(net, name, optimizer=opt, **{**codec_opts, **reg_opts, **extra})
+    assert state.mode == "hsdp", state
+    losses = []
+    for x, y in batches(3, 32, seed=77 + dist.get_rank(), width=width):
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    stats = state.stats()
+    every = [None] * dist.get_world_size()
+    dist.all_gather_object(every, [stats["memory_bytes"], stats["owner_memory_bytes"]])
+    return {"ok": True, "finite": all(map(math.isfinite, losses)), "steps": stats["steps"],
+            "memory_bytes": [m for m, _ in every], "owner_memory_bytes": [o for _, o in every]}
+
+
 class _Training:
     """Model and optimizer as one DCP ``Stateful`` (torch.distributed.checkpoint.state_dict's helpers)."""
 
@@ -351,7 +385,7 @@ def checkpoint(codec_key: str, directory: str, phase: str, extra: dict) -> dict:
     first, more = int(extra.pop("n", 4)), int(extra.pop("m", 4))
     nodes = int(extra.pop("hsdp", 0))   # HSDP mode: FSDP2 over each of `nodes` groups, the codec across them
     width = int(extra.pop("width", 16))   # wide inputs: buckets large enough for the two-phase pattern
-    net = build(nodes=nodes, width=width)
+    net = build(nodes=nodes, width=width, interleave=bool(extra.pop("interleave", 0)))
     opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.0 if codec_key == "dgc" else 0.9)
     name, codec_opts, reg_opts = CODECS[codec_key]
     codec_opts = {k_: v for k_, v in codec_opts.items() if k_ != "impl"}
@@ -470,6 +504,8 @@ def main() -> None:
         result = checkpoint(sys.argv[2], sys.argv[3], sys.argv[4], options(sys.argv[5:]))
     elif mode == "hsdp":
         result = hsdp(sys.argv[2], options(sys.argv[3:]))
+    elif mode == "memory":
+        result = memory(sys.argv[2], options(sys.argv[3:]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
     if dist.get_rank() == 0:

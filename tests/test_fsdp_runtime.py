@@ -1,5 +1,5 @@
-"""hgc.fsdp.register at run time (issue 40): the stall watchdog, ``async_op=True`` and
-``torch.compile`` of the model, on CPU with gloo under torchrun (tests/fsdp_runtime_worker.py)."""
+"""hgc.fsdp.register at run time (issue 40): the stall watchdog, how FSDP2 calls the reduce-scatter,
+``async_op=True`` and ``torch.compile`` of the model, on CPU with gloo under torchrun (tests/fsdp_runtime_worker.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -41,8 +41,24 @@ def test_a_stalled_rank_ends_the_others_with_a_stall_error(mode, k):
     assert elapsed < 100, f"the job took {elapsed:.0f} s to end"
 
 
+def test_fsdp2_calls_the_reduce_scatter_without_async_op():
+    """What FSDP2 (torch 2.13) does with the custom reduce-scatter: its only call,
+    torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:619 (foreach_reduce), passes
+    output_tensor, input_tensor, group and op by keyword and never async_op (so False), inside its
+    reduce-scatter stream, and drops what the call returns (it orders the later work with the
+    stream's event, recorded at :632). Three steps at K=2, 3 modules: 9 calls, all of that one
+    form, each returning None. Should a later torch pass async_op=True, this test says so."""
+    result = last_json(run(torchrun(2, WORKER, "fsdp_calls", "onebit"), timeout=TIMEOUT))
+    assert result["ok"] and result["modules"] == 3 and result["calls"] == 9, result
+    assert result["kinds"] == [{"positional": 0, "keywords": ["group", "input_tensor", "op", "output_tensor"],
+                                "returned": "None"}], result
+
+
 @pytest.mark.parametrize("codec", ["onebit", "qsgd-elias"])
 def test_async_op_returns_a_completed_work_with_the_same_output(codec):
+    """A caller that passes async_op=True (FSDP2 does not, see above) gets a completed
+    torch.distributed.Work: the output is final when the call returns (bitwise the synchronous
+    call's, before wait()), wait() returns True, the future and result() hold the output."""
     result = last_json(run(torchrun(2, WORKER, "async", codec), timeout=TIMEOUT))
     assert result["ok"] and result["calls"] == 9 and result["steps"] == [3, 3], result
     assert result["equal_everywhere"], result

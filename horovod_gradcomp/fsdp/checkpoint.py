@@ -17,6 +17,18 @@ pieces every state has:
   torch.Size([K'])" for ``<name>.world_size`` (both sizes named; the state cannot be redistributed);
   :func:`read_rows` checks the size again with its own message, and the compression's own
   ``load_state_dict`` once more;
+* ``layout_nodes_x_ranks_per_node``: ``[R, L]`` int64, the same on every rank (DCP writes it once):
+  the job's ranks, node by node (a node: the ranks one FSDP2 module is sharded over; sharded mode
+  is one "node" of all K ranks, ``[1, K]``; HSDP mode at R nodes of L ranks ``[R, L]``). It comes
+  right after ``world_size``, so a checkpoint loaded at the same world size but another split into
+  nodes (2 x 2 saved, 4 x 1 now; or saved in sharded mode and loaded in HSDP mode) fails on it
+  first, on every rank, with DCP's "Size mismatch between saved torch.Size([2, 2]) and current:
+  torch.Size([4, 1]) for <name>.layout_nodes_x_ranks_per_node", which names both layouts: DCP's
+  planner compares every piece's size before any of this package's code sees the checkpoint, and
+  the residual rows' sizes depend on the split, so the refusal cannot come later with other
+  words. A split of the same shape made of other ranks (nodes ``[[0, 1], [2, 3]]`` saved,
+  ``[[0, 2], [1, 3]]`` now) loads, and :func:`read_rows` then refuses it with a message naming both
+  (:func:`describe_nodes`);
 * ``meta``: ``[K, C]`` uint8 and ``meta_bytes`` ``[K, 1]``: everything that is not a memory
   tensor (codec, options, steps, the memory's counters, which keys each store holds, in which dtype
   and on which device), in :func:`~horovod_gradcomp.state.checkpoint_data.to_bytes`'s format and
@@ -119,9 +131,22 @@ def unpack(flat: torch.Tensor, entries: Mapping[str, Sequence[str]], slots: Slot
     return tensors
 
 
-def write_rows(mesh, rank: int, meta: dict, capacity: int, flats: Mapping[str, torch.Tensor], owner: str) -> dict:
-    """The pieces of one rank (see the module doc): ``world_size``, ``meta`` (``meta`` in
-    ``capacity`` bytes; ValueError when it needs more) and ``meta_bytes``, then ``flats`` by name."""
+#: The piece holding the job's split into nodes (see the module doc).
+LAYOUT = "layout_nodes_x_ranks_per_node"
+
+
+def describe_nodes(nodes: Sequence[Sequence[int]]) -> str:
+    """``nodes`` (the ranks of each node) in words: "2 nodes x 2 ranks (nodes [[0, 1], [2, 3]])"."""
+    rows = [list(map(int, n)) for n in nodes]
+    return (f"{len(rows)} node{'s' if len(rows) != 1 else ''} x {len(rows[0]) if rows else 0} ranks "
+            f"(nodes {rows})")
+
+
+def write_rows(mesh, rank: int, nodes: Sequence[Sequence[int]], meta: dict, capacity: int,
+               flats: Mapping[str, torch.Tensor], owner: str) -> dict:
+    """The pieces of one rank (see the module doc): ``world_size``, the layout piece (``nodes``:
+    the ranks of every node, in node order), ``meta`` (``meta`` in ``capacity`` bytes; ValueError
+    when it needs more) and ``meta_bytes``, then ``flats`` by name."""
     device = mesh_device(mesh)
     data = to_bytes(meta)
     if data.numel() > capacity:
@@ -130,6 +155,7 @@ def write_rows(mesh, rank: int, meta: dict, capacity: int, flats: Mapping[str, t
     padded = torch.zeros(capacity, dtype=torch.uint8, device=device)
     padded[: data.numel()].copy_(data)
     out = {"world_size": _rows(mesh, torch.tensor([rank], dtype=torch.int64, device=device), row=False),
+           LAYOUT: torch.tensor([list(map(int, n)) for n in nodes], dtype=torch.int64),
            "meta": _rows(mesh, padded),
            "meta_bytes": _rows(mesh, torch.tensor([data.numel()], dtype=torch.int64, device=device))}
     for name, flat in flats.items():
@@ -137,12 +163,14 @@ def write_rows(mesh, rank: int, meta: dict, capacity: int, flats: Mapping[str, t
     return out
 
 
-def read_rows(saved: Mapping, pieces: Sequence[str], rank: int, world: int, capacity: int, owner: str,
-              writer: str) -> Tuple[dict, Callable]:
+def read_rows(saved: Mapping, pieces: Sequence[str], rank: int, nodes: Sequence[Sequence[int]], capacity: int,
+              owner: str, writer: str) -> Tuple[dict, Callable]:
     """This rank's ``meta`` of :func:`write_rows`'s pieces as ``dcp.load`` filled them, and a function
-    giving this rank's row of a piece. Raises ValueError when a piece is missing (``writer``: what
-    writes them), when the checkpoint has another number of ranks (naming both) or a bad meta size."""
-    missing = [p for p in ("world_size", "meta", "meta_bytes", *pieces) if p not in saved]
+    giving this rank's row of a piece. ``nodes``: this job's ranks, node by node. Raises ValueError
+    when a piece is missing (``writer``: what writes them), when the checkpoint has another number
+    of ranks or another split into nodes (naming both) or a bad meta size."""
+    world = sum(len(n) for n in nodes)
+    missing = [p for p in ("world_size", LAYOUT, "meta", "meta_bytes", *pieces) if p not in saved]
     if missing:
         raise ValueError(f"{owner}: the checkpoint lacks {missing}: it was not written by {writer}")
     rows = int(saved["world_size"].shape[0])
@@ -150,6 +178,11 @@ def read_rows(saved: Mapping, pieces: Sequence[str], rank: int, world: int, capa
         raise ValueError(f"{owner}: this checkpoint was written by a job of {rows} ranks; this job has {world}. "
                          "The compression state (each rank's residuals) cannot be redistributed "
                          "to another number of ranks: start it fresh instead (do not load it)")
+    saved_nodes = saved[LAYOUT].tolist()
+    if saved_nodes != [list(map(int, n)) for n in nodes]:
+        raise ValueError(f"{owner}: this checkpoint was written by a job of {describe_nodes(saved_nodes)}; this job "
+                         f"has {describe_nodes(nodes)}. Each rank's residuals are of its own shard and replicas: "
+                         "start the compression state fresh instead (do not load it)")
 
     def local(piece):
         return piece.to_local()[0] if hasattr(piece, "to_local") else piece[rank]
@@ -177,7 +210,8 @@ def dcp_state_dict(state) -> dict:
         layout[store] = pack(flats[store], dict(memory_state.get(store) or {}), slots, owner, store)
         memory_state[store] = {}
     meta = {**full, "memory_state": memory_state, "stores": layout}
-    return write_rows(state.mesh, state.communicator.rank, meta, meta_capacity(1, len(slots)), flats, owner)
+    return write_rows(state.mesh, state.communicator.rank, state.nodes, meta, meta_capacity(1, len(slots)), flats,
+                      owner)
 
 
 def load_dcp_state_dict(state, saved: dict) -> None:
@@ -185,8 +219,8 @@ def load_dcp_state_dict(state, saved: dict) -> None:
     owner = _owner(state)
     stores = memory_stores(state.memory)
     slots, _ = _slots(state)
-    full, local = read_rows(saved, stores, state.communicator.rank, state.communicator.size,
-                            meta_capacity(1, len(slots)), owner, "an FSDPCompressionState of this codec")
+    full, local = read_rows(saved, stores, state.communicator.rank, state.nodes, meta_capacity(1, len(slots)), owner,
+                            "an FSDPCompressionState of this codec")
     memory_state = dict(full["memory_state"])
     for store, entries in dict(full.pop("stores")).items():
         memory_state[store] = unpack(local(saved[store]), entries, slots, owner, store)

@@ -7,9 +7,18 @@ factors to the input and output itself, outside this call) and runs the compress
 reduce-scatter job (:mod:`horovod_gradcomp.exchange.reduce_scatter`), or the dense one during
 the codec's warm-up steps, through the blocking driver (:mod:`horovod_gradcomp.exchange.blocking_driver`).
 
-``async_op=True``: the reduce-scatter still runs to its end inside the call, on the calling thread
-and the current stream (on CUDA: the stream FSDP2 makes current for its reduce-scatters; the decode's
-kernels are queued there), and the call returns a :class:`CompletedWork`, a
+What FSDP2 does with it (torch 2.13): its only call of the custom reduce-scatter,
+``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py:619`` in ``foreach_reduce``, runs inside
+``with device_handle.stream(reduce_scatter_stream)``, passes ``output_tensor``, ``input_tensor``,
+``group`` and ``op`` and never ``async_op`` (so False), and drops the returned value: FSDP2 orders
+its later work (the all-reduce hook, the post-divide, the gradient copy-out) with the reduce-scatter
+stream's event, ``reduce_scatter_stream.record_event()`` at :632, not with a ``Work``
+(tests/test_fsdp_runtime.py records the calls). So FSDP2 never asks for a pending work here, and
+nothing in its path could overlap a returned one with its own computation.
+
+``async_op=True`` (another caller): the reduce-scatter still runs to its end inside the call, on the
+calling thread and the current stream (on CUDA: the stream FSDP2 makes current for its
+reduce-scatters; the decode's kernels are queued there), and the call returns a :class:`CompletedWork`, a
 ``torch.distributed.Work`` that is already complete: ``wait()`` returns True at once, as a NCCL
 work's ``wait()`` does once its kernels are ordered before the current stream's later work. Nothing
 overlaps with the caller's next computation: the work is done before the call returns.

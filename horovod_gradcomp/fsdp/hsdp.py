@@ -9,7 +9,10 @@ engine, patterns (allgather, two-phase), error feedback, agreement and non-finit
 Horovod path (``CodecCompression.exchange``), so every NIC carries 1/L of the node's traffic and
 every replica decodes the same payloads in the same order (bitwise the same shard).
 
-The memory here is the size of the rank's shard (the residuals of its own segments only).
+The memory here is the size of the rank's shard (the residuals of its own segments only; DGC's
+velocities and accumulations the same), plus, for a module whose exchange takes the two-phase pattern
+(three nodes or more), the owner residuals of the stripes of its shard that this rank owns among its
+R replicas (about 1/R of the shard); ``stats()["memory_bytes"]`` counts them all.
 
 Checkpoints: :class:`HSDPCompressionState` is a ``torch.distributed.checkpoint`` ``Stateful``
 (:mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`: same world size and layout only); the per-rank dict
@@ -26,9 +29,9 @@ from ..exchange.reduce_scatter import ShardLayout
 
 
 def replica_group(shard_group, owner: str):
-    """The process group of this rank's replicas (every rank calls it; it creates one group per
-    place in the node, in the same order everywhere). Raises ValueError when the nodes' shard
-    groups differ in size."""
+    """The process group of this rank's replicas, and the nodes (every node's ranks, nodes sorted;
+    the checkpoint's layout). Every rank calls it; it creates one group per place in the node, in
+    the same order everywhere. Raises ValueError when the nodes' shard groups differ in size."""
     mine = dist.get_process_group_ranks(shard_group)
     every: List[List[int]] = [None] * dist.get_world_size()   # type: ignore[list-item]
     dist.all_gather_object(every, mine)
@@ -43,7 +46,7 @@ def replica_group(shard_group, owner: str):
         group = dist.new_group(ranks=ranks, backend="gloo")
         if p == place:
             chosen = group
-    return chosen
+    return chosen, [list(n) for n in nodes]
 
 
 def share_optimizer_momentum(compressions, params, optimizer, owner: str) -> None:
@@ -96,13 +99,16 @@ class HSDPCompressionState:
 
     Fields: codec (the first module's; every module's has the same options), hooks (the modules'
     :class:`ReplicaAverage`, in model order), node_size (L, the ranks FSDP2 shards over),
-    replicas (the number of nodes), world_size and rank (in the job), device_type (the modules'
-    mesh's), per_rank (:class:`PerRankState`)."""
+    replicas (the number of nodes), nodes (every node's global ranks, in node order),
+    world_size and rank (in the job), device_type (the modules' mesh's), per_rank
+    (:class:`PerRankState`)."""
 
     mode = "hsdp"
 
-    def __init__(self, hooks: List[ReplicaAverage], node_size: int, replicas: int, device_type: str = "cpu"):
+    def __init__(self, hooks: List[ReplicaAverage], nodes: List[List[int]], device_type: str = "cpu"):
         self.hooks = hooks
+        self.nodes = nodes
+        node_size, replicas = len(nodes[0]), len(nodes)
         self.codec = hooks[0].compression.codec
         self.node_size, self.replicas = node_size, replicas
         self.world_size, self.rank = node_size * replicas, dist.get_rank()
@@ -131,15 +137,17 @@ class HSDPCompressionState:
         summed: payloads, preambles, shared scales), ``bytes_sent_reduce_scatter`` (FSDP2's dense
         reduce-scatter inside the node, (L-1)/L of its input), ``bytes_sent`` (both), ``steps``
         (backward passes: the most any module exchanged), ``calls``, ``nonfinite_steps``,
-        ``memory_bytes`` (the residuals: the size of the rank's shard) and the modules' own
-        ``modules`` stats."""
+        ``memory_bytes`` (every tensor of every module's compression state: the residuals, or DGC's
+        velocities and accumulations, the size of the rank's shard each; and, where a module's
+        exchange takes the two-phase pattern (three nodes or more), the owner residuals of the
+        stripes of the shard this rank owns among its replicas, about 1/R of the shard),
+        ``owner_memory_bytes`` (that last part alone) and the modules' own ``modules`` stats."""
         each = [h.compression.stats() for h in self.hooks]
         replica = sum(s["bytes_sent"] for s in each)
         steps = max(s["steps"] for s in each)
-        memory = 0
-        for h in self.hooks:
-            for store in h.compression.state.memory.stores().values():
-                memory += sum(t.numel() * t.element_size() for t in store.values())
+        memory = sum(h.compression.state.nbytes() for h in self.hooks)
+        owner_memory = sum(t.numel() * t.element_size() for h in self.hooks
+                           for t in h.compression.state.owner_memory.residuals.values())
         total = replica + self.bytes_reduce_scatter
         return {"mode": "hsdp", "steps": steps, "calls": self.calls, "bytes_sent_replica": replica,
                 "bytes_sent_reduce_scatter": self.bytes_reduce_scatter, "bytes_sent": total,
@@ -147,6 +155,7 @@ class HSDPCompressionState:
                 "bytes_sent_replica_per_step": replica / steps if steps else 0.0,
                 "bytes_dense_replica": sum(s["bytes_dense"] for s in each),
                 "nonfinite_steps": max(s["nonfinite_steps"] for s in each), "memory_bytes": memory,
+                "owner_memory_bytes": owner_memory,
                 "modules": {h.module: s for h, s in zip(self.hooks, each)}}
 
     def state_dict(self) -> dict:

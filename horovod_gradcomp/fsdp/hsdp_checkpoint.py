@@ -1,13 +1,13 @@
 """HSDP mode's compression state as tensors for ``torch.distributed.checkpoint`` (DCP).
 
 The rows of :mod:`horovod_gradcomp.fsdp.checkpoint` (one row per rank of the job, over a 1-D mesh
-of all K ranks, ``world_size`` first so that another world size is refused naming both sizes),
+of all K ranks, ``world_size`` and the layout piece first so that another world size or split into
+nodes is refused naming both),
 filled with the state of every module's compression (one per ``FSDPModule``, over the rank's
 replicas):
 
 * ``meta``: per module, the compression's ``state_dict()`` without its tensors (codec, options,
-  step, the memory's counters), which keys each store holds (dtype and device), and the layout of
-  the job (K, the ranks per node L and the number of nodes), compared on load;
+  step, the memory's counters) and which keys each store holds (dtype and device);
 * one ``[K, N]`` float32 per memory store (``residuals``; DGC's ``velocities`` and
   ``accumulations``), N the rank's shard of every module (the worker memory is keyed by parameter
   and is the size of the shard), each parameter at a fixed slot from the modules' layouts;
@@ -15,13 +15,14 @@ replicas):
   two-phase pattern's owner residuals (keys ``"<parameter>[<replica>]"``, the stripes of the shard
   this rank owns among its replicas, less than N values in all), at offsets recorded in ``meta``.
 
-Loading needs the same world size and the same layout (ranks per node, nodes): ``ValueError``
-naming both otherwise, on every rank (the pieces' shapes are computed from the layouts, so a
-different layout usually fails in ``dcp.load`` first, on every rank, with its size mismatch).
+Loading needs the same world size and the same split into nodes (the same ranks in each node):
+another split of another shape fails in ``dcp.load`` on the layout piece, on every rank, with DCP's
+size mismatch naming both (:mod:`horovod_gradcomp.fsdp.checkpoint`); one of the same shape made of
+other ranks gets a ``ValueError`` naming both, on every rank.
 """
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Tuple
 
 import torch
 
@@ -57,10 +58,6 @@ def _meta_capacity(state, slots: Slots) -> int:
     return meta_capacity(len(state.hooks), 2 * len(slots))
 
 
-def _job(state) -> Dict[str, int]:
-    return {"world_size": state.world_size, "node_size": state.node_size, "replicas": state.replicas}
-
-
 def hsdp_state_dict(state) -> dict:
     """This rank's row of every piece (see the module doc); a collective-free call."""
     owner = _owner(state)
@@ -88,23 +85,17 @@ def hsdp_state_dict(state) -> dict:
             stores[OWNER] = pack(flats[OWNER], owned, owner_slots, owner, OWNER)
         owner_state["residuals"] = {}
         modules[hook.module] = {**full, "memory_state": memory_state, "owner_memory": owner_state, "stores": stores}
-    meta = {**_job(state), "modules": modules,
+    meta = {"modules": modules,
             "owner_slots": {key: [offset, list(shape)] for key, (offset, shape) in owner_slots.items()}}
-    return write_rows(state.mesh, state.rank, meta, _meta_capacity(state, slots), flats, owner)
+    return write_rows(state.mesh, state.rank, state.nodes, meta, _meta_capacity(state, slots), flats, owner)
 
 
 def load_hsdp_state_dict(state, saved: dict) -> None:
     """Restore this rank's row of :func:`hsdp_state_dict`'s pieces (as ``dcp.load`` filled them)."""
     owner = _owner(state)
     slots, total = _slots(state)
-    meta, local = read_rows(saved, _pieces(state), state.rank, state.world_size, _meta_capacity(state, slots), owner,
+    meta, local = read_rows(saved, _pieces(state), state.rank, state.nodes, _meta_capacity(state, slots), owner,
                             "an HSDPCompressionState of this codec")
-    saved_job, job = {k: meta.get(k) for k in _job(state)}, _job(state)
-    if saved_job != job:
-        raise ValueError(f"{owner}: this checkpoint was written by a job of {saved_job['replicas']} nodes of "
-                         f"{saved_job['node_size']} ranks ({saved_job['world_size']} in all); this job has "
-                         f"{job['replicas']} nodes of {job['node_size']} ({job['world_size']}). Each rank's residuals "
-                         "are of its own shard and replicas: start the compression state fresh instead")
     modules = dict(meta["modules"])
     if sorted(modules) != sorted(h.module for h in state.hooks):
         raise ValueError(f"{owner}: the checkpoint holds the modules {sorted(modules)}, this model registered "

@@ -57,14 +57,16 @@ compressed reduce-scatter (sharded) and replica exchange (HSDP) runs under the s
 parameter all-gathers, HSDP's dense reduce-scatter inside the node) are not guarded: their deadline
 is the process group's ``timeout``.
 
-``async_op=True`` (a caller of the reduce-scatter that asks for a work handle): the reduce-scatter
-runs to its end inside the call and a completed ``Work`` is returned (:mod:`horovod_gradcomp.fsdp.comm`).
+``async_op=True`` (a caller of the reduce-scatter that asks for a work handle; FSDP2 in torch 2.13
+never does): the reduce-scatter runs to its end inside the call and a completed ``Work`` is returned
+(:mod:`horovod_gradcomp.fsdp.comm`, which cites FSDP2's call).
 
 Checkpoints: both modes' states are ``torch.distributed.checkpoint`` ``Stateful`` objects, saved and
 loaded by ``dcp.save`` / ``dcp.load`` with the model and the optimizer and resumed bitwise at the
-same world size; another world size (or, in HSDP mode, another split into nodes) is refused on every
-rank with a message naming both (sharded: :mod:`horovod_gradcomp.fsdp.checkpoint`; HSDP:
-:mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`). Nothing is unpickled.
+same world size; another world size, or another split into nodes at the same world size (sharded
+mode is one "node" of every rank), is refused on every rank with a message naming both (sharded:
+:mod:`horovod_gradcomp.fsdp.checkpoint`; HSDP: :mod:`horovod_gradcomp.fsdp.hsdp_checkpoint`).
+Nothing is unpickled.
 
 DGC's momentum. In sharded mode one compression holds every parameter and takes an SGD's momentum
 as under Horovod and DDP (``momentum=None``: at the optimizer's first ``step()``). In HSDP mode each
@@ -234,6 +236,7 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
         compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
     state = FSDPCompressionState(compression, communicator, check_agreement)
     state.mesh = layouts[0][3].mesh_info.mesh
+    state.nodes = [dist.get_process_group_ranks(process_group)]
     for name, module, group_layout, group in layouts:
         reduce_unused_params(module)
         module.set_custom_reduce_scatter(state.add_module(name, group_layout))
@@ -262,7 +265,7 @@ def _low_precision_memory(codec, dtype, mode, options, owner) -> None:
 
 def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, check_agreement, replicas, options):
     """HSDP mode (:mod:`horovod_gradcomp.fsdp.hsdp`): one compression per module over the replicas."""
-    group = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
+    group, nodes = replica_group(layouts[0][3].mesh_info.shard_process_group, owner)
     communicator = TorchDistributedCommunicator(group)
     replicas_global = dist.get_process_group_ranks(group)
     hooks = []
@@ -289,8 +292,10 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
     if codec == "dgc" and options.get("momentum") is None:
         share_optimizer_momentum([h.compression for h in hooks], [p for _, p in model.named_parameters()
                                                                   if p.requires_grad], optimizer, owner)
-    state = HSDPCompressionState(hooks, layouts[0][2].world_size, replicas,
-                                 device_type=layouts[0][3].mesh_info.mesh.device_type)
+    if len(nodes) != replicas:
+        raise ValueError(f"{owner}: HSDP needs the nodes' shard groups to split the {dist.get_world_size()} ranks "
+                         f"into {replicas} nodes of {len(nodes[0])}; they are {nodes}")
+    state = HSDPCompressionState(hooks, nodes, device_type=layouts[0][3].mesh_info.mesh.device_type)
     for (name, module, layout, fsdp_group), hook in zip(layouts, hooks):
         reduce_unused_params(module)
         module.set_all_reduce_hook(CountingHook(state, hook))

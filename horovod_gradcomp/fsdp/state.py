@@ -42,6 +42,7 @@ class FSDPCompressionState(CompressionHolder):
         self.bytes_dense_reduce_scatter = 0.0
         self._seen: set = set()
         self.mesh = None   # the modules' DeviceMesh (register() sets it): the checkpoint's DTensors
+        self.nodes = None  # [[the group's global ranks]] (register() sets it): the checkpoint's layout piece
 
     @property
     def memory(self):
@@ -126,8 +127,9 @@ class FSDPCompressionState(CompressionHolder):
         return d
 
     def memory_bytes(self) -> int:
-        """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations)."""
-        return sum(t.numel() * t.element_size() for store in self.memory.stores().values() for t in store.values())
+        """Bytes of this rank's compression state (residuals; DGC's velocities and accumulations;
+        owner residuals, which the compressed reduce-scatter never makes: it decodes once)."""
+        return self.compression.state.nbytes()
 
     def state_dict(self) -> dict:
         """This rank's compression state as DTensors over the modules' mesh, for ``dcp.save`` /

@@ -51,6 +51,12 @@ class CompressionState:
         self.memory.restore(worker)
         self.owner_memory.restore(owner)
 
+    def nbytes(self) -> int:
+        """Bytes of every tensor this state holds between steps: the worker memory's stores
+        (residuals; DGC's velocities and accumulations) and the owner residuals."""
+        stores = [*self.memory.stores().values(), *self.owner_memory.stores().values()]
+        return sum(t.numel() * t.element_size() for store in stores for t in store.values())
+
     def state_dict(self) -> dict:
         """Copies of everything above (tensors cloned: the live state is updated in place)."""
         return {"memory": repr(self.memory), "memory_state": self.memory.state_dict(),
