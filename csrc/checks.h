@@ -97,6 +97,16 @@ inline void check_column_window(int64_t n, int64_t full_cols, int64_t col0, int6
               ") must hold at least 2 of the ", full_cols, " columns");
 }
 
+// onebit_encode_columns: the window [col0, col1) of `full` (full_cols columns; the encode's
+// checks on it and its residual). Returns the window's value count, rows * (col1 - col0).
+inline int64_t check_onebit_encode_columns_args(const at::Tensor& full, const c10::optional<at::Tensor>& residual,
+                                                int64_t full_cols, int64_t col0, int64_t col1,
+                                                at::DeviceType device_type) {
+  check_onebit_encode_args(full, residual, full_cols, device_type);
+  check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
+  return full.numel() / full_cols * (col1 - col0);
+}
+
 // terngrad_encode: n < 2^32 values, scale >= 0, clip >= 0 (inf: none), two 32-bit keys.
 inline void check_terngrad_encode_args(int64_t n, double scale, double clip, int64_t key0, int64_t key1) {
   TORCH_CHECK(n <= (int64_t(1) << 32), "terngrad_encode: at most 2^32 values per tensor, got ", n);

@@ -109,6 +109,21 @@ inline int64_t check_onebit_decode_args(const at::Tensor& bits, const at::Tensor
   return K;
 }
 
+// onebit_decode_columns: out (contiguous, on `device_type`) whose window [col0, col1) of its
+// full_cols columns receives one flat payload (bits, scales) of the window's values. Returns their
+// count, rows * (col1 - col0).
+inline int64_t check_onebit_decode_columns_args(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
+                                                int64_t full_cols, int64_t col0, int64_t col1,
+                                                at::DeviceType device_type) {
+  constexpr const char* op = "onebit_decode_columns";
+  check_onebit_columns_out(out, device_type, op);
+  check_column_window(out.numel(), full_cols, col0, col1, op);
+  const int64_t n = out.numel() / full_cols * (col1 - col0);
+  check_onebit_flat_payload(bits, scales, op);
+  check_onebit_decode_args(bits.unsqueeze(0), scales.unsqueeze(0), n, col1 - col0, out.scalar_type(), device_type);
+  return n;
+}
+
 // terngrad_decode_sum: K >= 1 stacked payloads, codes uint8 [K, >= ceil(n/4)], scales float32
 // [K, >= 1]. Returns K.
 inline int64_t check_terngrad_decode_args(const at::Tensor& codes, const at::Tensor& scales, int64_t n,

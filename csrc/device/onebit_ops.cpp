@@ -80,26 +80,20 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor
                                                                 const c10::optional<at::Tensor>& residual,
                                                                 int64_t full_cols, int64_t col0, int64_t col1,
                                                                 const c10::optional<at::Tensor>& scales) {
-  hgc::check_onebit_encode_args(full, residual, full_cols, hgc_dev::kDeviceType);
-  hgc::check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
-  const int64_t rows = full.numel() / full_cols, cols = col1 - col0;
-  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0, scales);
+  const int64_t n =
+      hgc::check_onebit_encode_columns_args(full, residual, full_cols, col0, col1, hgc_dev::kDeviceType);
+  return encode_matrix(full, residual, n, col1 - col0, full_cols, col0, scales);
 }
 
 void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                   int64_t full_cols, int64_t col0, int64_t col1) {
-  constexpr const char* op = "onebit_decode_columns";
-  hgc::check_onebit_columns_out(out, hgc_dev::kDeviceType, op);
-  hgc::check_column_window(out.numel(), full_cols, col0, col1, op);
-  const int64_t rows = out.numel() / full_cols, cols = col1 - col0, n = rows * cols;
-  hgc::check_onebit_flat_payload(bits, scales, op);
-  const auto stacked_bits = bits.unsqueeze(0), stacked_scales = scales.unsqueeze(0);
-  hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), hgc_dev::kDeviceType);
-  TORCH_CHECK(bits.device() == out.device(), op, ": out is on ", out.device(), ", the payload on ", bits.device());
+  const int64_t n =
+      hgc::check_onebit_decode_columns_args(bits, scales, out, full_cols, col0, col1, hgc_dev::kDeviceType);
+  TORCH_CHECK(bits.device() == out.device(), "onebit_decode_columns: out is on ", out.device(), ", the payload on ",
+              bits.device());
   const hgc_dev::DeviceGuard guard(out.device());
-  hgc_dev::onebit_decode_sum(hgc_dev::current_ctx(), hgc_dev::dev_dtype(out.scalar_type()),
-                             stacked_bits.data_ptr<uint8_t>(), 0, stacked_scales.data_ptr<float>(), 0, 1, n, cols,
-                             full_cols, 1.0, at_element(out, col0));
+  hgc_dev::onebit_decode_sum(hgc_dev::current_ctx(), hgc_dev::dev_dtype(out.scalar_type()), bits.data_ptr<uint8_t>(),
+                             0, scales.data_ptr<float>(), 0, 1, n, col1 - col0, full_cols, 1.0, at_element(out, col0));
 }
 
 namespace {
