@@ -308,4 +308,54 @@ inline int64_t check_dgc_index_decode_args(const at::Tensor& code, int64_t count
   return count == 0 ? 0 : len / count;
 }
 
+// ---- the bucket decoders' lists (the `_many` ops, CPU and CUDA entry points) -----------------
+
+// dgc_scatter_sum_many / dgc_decode_sum_many: one entry per tensor in every list, each tensor with
+// the same K >= 1 payloads (as many index as value buffers). Returns K (0 for no tensors).
+inline int64_t check_dgc_sum_lists(const char* op, const std::vector<std::vector<at::Tensor>>& indices,
+                                   const std::vector<std::vector<at::Tensor>>& values, const std::vector<int64_t>& n,
+                                   const std::vector<at::ScalarType>& dtypes,
+                                   const std::vector<c10::optional<at::Tensor>>& outs) {
+  const std::size_t count = indices.size();
+  TORCH_CHECK(values.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
+              ": indices, values, n, dtypes and outs must have one entry per tensor (got ", count, ", ", values.size(),
+              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  if (count == 0) return 0;
+  const int64_t K = static_cast<int64_t>(indices[0].size());
+  TORCH_CHECK(K >= 1, op, ": tensor 0 has no payloads");
+  for (std::size_t t = 0; t < count; ++t) {
+    TORCH_CHECK(static_cast<int64_t>(indices[t].size()) == K && static_cast<int64_t>(values[t].size()) == K, op,
+                ": tensor ", t, " has ", indices[t].size(), " index and ", values[t].size(),
+                " value buffers, tensor 0 has ", K, " payloads (a bucket's tensors come from the same K ranks)");
+  }
+  return K;
+}
+
+// qsgd_decode_elias_many: one entry per tensor in every list, each tensor with the same K >= 1
+// payloads (one norms, nbits and stream each). Returns K (-1 for no tensors).
+inline int64_t check_qsgd_elias_many_lists(const std::vector<std::vector<at::Tensor>>& norms,
+                                           const std::vector<std::vector<at::Tensor>>& nbits,
+                                           const std::vector<std::vector<at::Tensor>>& streams,
+                                           const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
+                                           const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "qsgd_decode_elias_many";
+  const std::size_t count = norms.size();
+  TORCH_CHECK(nbits.size() == count && streams.size() == count && n.size() == count && dtypes.size() == count &&
+                  outs.size() == count,
+              op, ": norms, nbits, streams, n, dtypes and outs must have one entry per tensor (got ", count, ", ",
+              nbits.size(), ", ", streams.size(), ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  int64_t K = -1;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int64_t k = static_cast<int64_t>(norms[i].size());
+    TORCH_CHECK(nbits[i].size() == norms[i].size() && streams[i].size() == norms[i].size(), op, ": tensor ", i,
+                " has ", k, " norms, ", nbits[i].size(), " nbits and ", streams[i].size(),
+                " streams (one of each per payload)");
+    TORCH_CHECK(k >= 1, op, ": tensor ", i, " has no payloads");
+    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
+                " (a bucket's tensors come from the same K ranks)");
+    K = k;
+  }
+  return K;
+}
+
 }  // namespace hgc

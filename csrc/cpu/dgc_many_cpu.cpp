@@ -5,21 +5,11 @@
 #include "dgc_index_cpu.h"
 #include "dgc_memory_cpu.h"
 
+#include "../payload_checks.h"
+
 namespace {
 
 using PayloadLists = std::vector<std::vector<at::Tensor>>;
-
-// The lists of a bucket decode: one entry per tensor, and every tensor as many payloads as tensor 0.
-void check_sum_lists(const char* op, const PayloadLists& indices, const PayloadLists& values,
-                     const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
-                     const std::vector<c10::optional<at::Tensor>>& outs) {
-  const std::size_t count = indices.size();
-  TORCH_CHECK(values.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": indices, values, n, dtypes and outs must have one entry per tensor");
-  for (std::size_t t = 0; t < count; ++t)
-    TORCH_CHECK(indices[t].size() == indices[0].size(), op, ": tensor ", t, " has ", indices[t].size(),
-                " payloads, tensor 0 has ", indices[0].size(), " (a bucket's tensors come from the same K ranks)");
-}
 
 }  // namespace
 
@@ -54,7 +44,7 @@ std::vector<at::Tensor> dgc_scatter_sum_many_cpu(const PayloadLists& indices, co
                                                  const std::vector<int64_t>& n,
                                                  const std::vector<at::ScalarType>& dtypes, double scale,
                                                  const std::vector<c10::optional<at::Tensor>>& outs) {
-  check_sum_lists("dgc_scatter_sum_many", indices, values, n, dtypes, outs);
+  hgc::check_dgc_sum_lists("dgc_scatter_sum_many", indices, values, n, dtypes, outs);
   std::vector<at::Tensor> results;
   for (std::size_t t = 0; t < indices.size(); ++t)
     results.push_back(dgc_scatter_sum_cpu(indices[t], values[t], n[t], dtypes[t], scale, outs[t]));
@@ -65,7 +55,7 @@ std::vector<at::Tensor> dgc_decode_sum_many_cpu(const PayloadLists& codes, const
                                                 const std::vector<int64_t>& n,
                                                 const std::vector<at::ScalarType>& dtypes, double scale,
                                                 const std::vector<c10::optional<at::Tensor>>& outs) {
-  check_sum_lists("dgc_decode_sum_many", codes, values, n, dtypes, outs);
+  hgc::check_dgc_sum_lists("dgc_decode_sum_many", codes, values, n, dtypes, outs);
   std::vector<at::Tensor> results;
   for (std::size_t t = 0; t < codes.size(); ++t) {
     std::vector<at::Tensor> indices;
