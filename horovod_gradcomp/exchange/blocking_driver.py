@@ -31,10 +31,6 @@ class BlockingDriver:
         self.threads_allowed = threads_allowed
         self.wire = WireThread()
 
-    def overlaps(self, comm) -> bool:
-        """True when collectives on ``comm`` can be issued ahead (a pattern then pipelines its chunks)."""
-        return self.threads_allowed(comm)
-
     def run(self, steps: Steps):
         """Answer every request of ``steps``; return its result. On an error, the collectives
         issued to the wire thread and not waited for are cancelled or waited out first."""
