@@ -8,13 +8,11 @@ hands over during backward:
 
 1. records the bucket (its parameters' names and gradient views) and returns at once a
    ``torch.futures.Future`` that completes with the bucket's buffer holding the mean over ranks;
-2. on the sequencer thread (below): checks agreement and non-finite values (preamble), encodes
-   the bucket through the memory, and starts its collectives with ``async_op=True``; a waiter
-   thread per collective in flight waits for it and then resumes the bucket where it stopped
-   (owner requantization, the second collective, the decode into the bucket's gradient views),
-   in turn with the sequencer, while backward goes on computing the next buckets
-   (:meth:`StepEngine.bucket_steps <horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`, run
-   by :mod:`horovod_gradcomp.ddp.future_driver`).
+2. on the sequencer thread (below): runs the bucket's request sequence (:meth:`StepEngine.bucket_steps
+   <horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`: preamble, encode, collectives), its
+   collectives issued with ``async_op=True`` (:mod:`horovod_gradcomp.ddp.future_driver`); a waiter
+   thread per collective in flight waits for it and resumes the bucket where it stopped, in turn
+   with the sequencer, while backward goes on computing the next buckets.
 
 Order. Collectives pair across ranks by the order in which each rank issues them, and the
 completions that resume a bucket arrive in an order that differs between ranks. So one thread
@@ -41,7 +39,8 @@ transport: the tests check them bitwise. The user's side of what follows (one ex
 for DGC's ``clip_norm`` or ``per_bucket=False``, sparse buckets, the errors ``backward()``
 raises) is docs/guide/ddp.md.
 
-Errors. A failed step's futures complete with their buffers and ``backward()`` raises its
+Errors. DDP casts a future's value to a tensor, so a future cannot carry the exception: a failed
+step's futures complete with their buffers and ``backward()`` raises its
 :class:`DDPExchangeError` (how: :func:`_raise_after_ddp`; outside a backward pass the futures
 raise it, :meth:`_Step.future_for`); the memory of its buckets is rolled back
 (:meth:`StepEngine.fail_step`). A rank that stops taking part is ended by the stall watchdog
@@ -95,11 +94,11 @@ class _Step:
     completed with its bucket's buffer when the step closes (see :meth:`future_for` for a step
     that fails)."""
 
-    def __init__(self, number: int, raises_from_backward: bool = False):
+    def __init__(self, number: int):
         self.number = number
         #: the step's error is raised by a callback of the autograd engine (see the module doc);
         #: otherwise each future raises it from wait()
-        self.raises_from_backward = raises_from_backward
+        self.raises_from_backward = False
         self.sparse_results: List[torch.Tensor] = []   # the sparse buckets' means (the buffers)
         self.densified: List[Tuple[torch.Tensor, torch.Tensor]] = []   # sparse_as_dense: (dense copy, buffer)
         self._lock = threading.Lock()
@@ -216,10 +215,7 @@ class DDPCompressionState(CompressionHolder):
         self._waiting: List[tuple] = []        # jobs not started yet, in order
         self._active: Optional[_Running] = None  # the job allowed to issue collectives
         self._open: List[_Step] = []            # steps neither closed nor failed
-        # DDP's buckets go to the sequencer thread, in order; a waiter thread per collective in
-        # flight waits for it and then resumes its bucket itself; either holds _turn while it
-        # runs a bucket's steps, so that one thread at a time issues collectives
-        self._turn = threading.Lock()
+        self._turn = threading.Lock()   # held by the sequencer or a waiter running a bucket's steps (module doc: Order)
         self._sequencer = DaemonThreads("hgc-ddp", limit=1, setup=self._set_device, on_error=self._fail_open)
         self._waiters = DaemonThreads("hgc-ddp-wait", setup=self._set_device)
         _LIVE_STATES.add(self)
