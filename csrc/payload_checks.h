@@ -317,9 +317,8 @@ inline int64_t check_dgc_sum_lists(const char* op, const std::vector<std::vector
                                    const std::vector<at::ScalarType>& dtypes,
                                    const std::vector<c10::optional<at::Tensor>>& outs) {
   const std::size_t count = indices.size();
-  TORCH_CHECK(values.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": indices, values, n, dtypes and outs must have one entry per tensor (got ", count, ", ", values.size(),
-              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  check_one_entry_per_tensor(op, "indices, values, n, dtypes and outs", count,
+                             {values.size(), n.size(), dtypes.size(), outs.size()});
   if (count == 0) return 0;
   const int64_t K = static_cast<int64_t>(indices[0].size());
   TORCH_CHECK(K >= 1, op, ": tensor 0 has no payloads");
@@ -340,10 +339,8 @@ inline int64_t check_qsgd_elias_many_lists(const std::vector<std::vector<at::Ten
                                            const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "qsgd_decode_elias_many";
   const std::size_t count = norms.size();
-  TORCH_CHECK(nbits.size() == count && streams.size() == count && n.size() == count && dtypes.size() == count &&
-                  outs.size() == count,
-              op, ": norms, nbits, streams, n, dtypes and outs must have one entry per tensor (got ", count, ", ",
-              nbits.size(), ", ", streams.size(), ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  check_one_entry_per_tensor(op, "norms, nbits, streams, n, dtypes and outs", count,
+                             {nbits.size(), streams.size(), n.size(), dtypes.size(), outs.size()});
   int64_t K = -1;
   for (std::size_t i = 0; i < count; ++i) {
     const int64_t k = static_cast<int64_t>(norms[i].size());
@@ -351,9 +348,7 @@ inline int64_t check_qsgd_elias_many_lists(const std::vector<std::vector<at::Ten
                 " has ", k, " norms, ", nbits[i].size(), " nbits and ", streams[i].size(),
                 " streams (one of each per payload)");
     TORCH_CHECK(k >= 1, op, ": tensor ", i, " has no payloads");
-    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = k;
+    K = check_same_payload_count(op, i, k, K);
   }
   return K;
 }

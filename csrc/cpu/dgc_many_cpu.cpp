@@ -16,9 +16,8 @@ using PayloadLists = std::vector<std::vector<at::Tensor>>;
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<double>, std::vector<int64_t>>
 dgc_select_many_cpu(const std::vector<at::Tensor>& xs, const std::vector<int64_t>& k,
                     const std::vector<int64_t>& sample_count, const std::vector<int64_t>& keys) {
-  TORCH_CHECK(k.size() == xs.size() && sample_count.size() == xs.size() && keys.size() == xs.size(),
-              "dgc_select_many: xs, k, sample_count and keys must have one entry per tensor (got ", xs.size(), ", ",
-              k.size(), ", ", sample_count.size(), ", ", keys.size(), ")");
+  hgc::check_one_entry_per_tensor("dgc_select_many", "xs, k, sample_count and keys", xs.size(),
+                                  {k.size(), sample_count.size(), keys.size()});
   std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<double>, std::vector<int64_t>> res;
   auto& [indices, values, thresholds, paths] = res;
   for (std::size_t i = 0; i < xs.size(); ++i) {
@@ -33,8 +32,7 @@ dgc_select_many_cpu(const std::vector<at::Tensor>& xs, const std::vector<int64_t
 
 std::vector<at::Tensor> dgc_index_encode_many_cpu(const std::vector<at::Tensor>& indices,
                                                   const std::vector<int64_t>& n) {
-  TORCH_CHECK(n.size() == indices.size(), "dgc_index_encode_many: indices and n must have one entry per tensor (got ",
-              indices.size(), ", ", n.size(), ")");
+  hgc::check_one_entry_per_tensor("dgc_index_encode_many", "indices and n", indices.size(), {n.size()});
   std::vector<at::Tensor> codes;
   for (std::size_t i = 0; i < indices.size(); ++i) codes.push_back(dgc_index_encode_cpu(indices[i], n[i]));
   return codes;
@@ -68,8 +66,7 @@ std::vector<at::Tensor> dgc_decode_sum_many_cpu(const PayloadLists& codes, const
 
 void dgc_accumulate_many_cpu(const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& v,
                              const std::vector<at::Tensor>& g, double momentum, bool nesterov, double coef) {
-  TORCH_CHECK(u.size() == g.size() && v.size() == g.size(),
-              "dgc_accumulate_many: u, v and g must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("dgc_accumulate_many", "g, u and v", g.size(), {u.size(), v.size()});
   for (std::size_t i = 0; i < g.size(); ++i) {
     at::Tensor ui = u[i], vi = v[i];
     dgc_accumulate_cpu(ui, vi, g[i], momentum, nesterov, coef);
@@ -78,8 +75,8 @@ void dgc_accumulate_many_cpu(const std::vector<at::Tensor>& u, const std::vector
 
 void dgc_mask_many_cpu(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& v,
                        const c10::optional<std::vector<at::Tensor>>& u) {
-  TORCH_CHECK(indices.size() == v.size() && (!u.has_value() || u->size() == v.size()),
-              "dgc_mask_many: indices, v (and u) must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("dgc_mask_many", "v, indices (and u, or None)", v.size(),
+                                  {indices.size(), u.has_value() ? u->size() : v.size()});
   for (std::size_t i = 0; i < v.size(); ++i) {
     const at::Tensor idx = indices[i].to(at::kLong);
     v[i].view(-1).index_fill_(0, idx, 0);

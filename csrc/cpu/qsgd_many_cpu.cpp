@@ -23,8 +23,8 @@ std::vector<at::Tensor> qsgd_decode_fixed_many_cpu(const std::vector<at::Tensor>
                                                    const std::vector<at::ScalarType>& dtypes, double scale,
                                                    const std::vector<c10::optional<at::Tensor>>& outs) {
   const std::size_t count = norms.size();
-  TORCH_CHECK(packed.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count,
-              "qsgd_decode_fixed_many: norms, packed, n, dtypes and outs must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("qsgd_decode_fixed_many", "norms, packed, n, dtypes and outs", count,
+                                  {packed.size(), n.size(), dtypes.size(), outs.size()});
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i)
     results.push_back(qsgd_decode_fixed_cpu(norms[i], packed[i], n[i], s, bucket, dtypes[i], scale, outs[i]));

@@ -214,8 +214,7 @@ void dgc_accumulate_many_device(const std::vector<at::Tensor>& u, const std::vec
                                 const std::vector<at::Tensor>& g, double momentum, bool nesterov, double coef) {
   constexpr const char* op = "dgc_accumulate_many";
   const std::size_t count = g.size();
-  TORCH_CHECK(u.size() == count && v.size() == count, op, ": u, v and g must have one entry per tensor (got ",
-              u.size(), ", ", v.size(), ", ", count, ")");
+  hgc::check_one_entry_per_tensor(op, "g, u and v", count, {u.size(), v.size()});
   if (count == 0) return;
   const at::Device device = hgc_dev::bucket_device(g, op, "gradient");
   std::vector<hgc_dev::DgcAccumulateItem> items(count);
@@ -233,9 +232,8 @@ void dgc_mask_many_device(const std::vector<at::Tensor>& indices, const std::vec
                           const c10::optional<std::vector<at::Tensor>>& u) {
   constexpr const char* op = "dgc_mask_many";
   const std::size_t count = v.size();
-  TORCH_CHECK(indices.size() == count && (!u.has_value() || u->size() == count), op,
-              ": indices, v (and u) must have one entry per tensor (got ", indices.size(), ", ", count, ", ",
-              u.has_value() ? u->size() : count, ")");
+  hgc::check_one_entry_per_tensor(op, "v, indices (and u, or None)", count,
+                                  {indices.size(), u.has_value() ? u->size() : count});
   if (count == 0) return;
   const at::Device device = hgc_dev::bucket_device(v, op, "accumulation");
   std::vector<hgc_dev::DgcMaskItem> items(count);
@@ -269,9 +267,8 @@ DgcSelection dgc_select_many_device(const std::vector<at::Tensor>& xs, const std
                                     const std::vector<int64_t>& sample_count, const std::vector<int64_t>& keys) {
   constexpr const char* op = "dgc_select_many";
   const std::size_t count = xs.size();
-  TORCH_CHECK(k.size() == count && sample_count.size() == count && keys.size() == count, op,
-              ": xs, k, sample_count and keys must have one entry per tensor (got ", count, ", ", k.size(), ", ",
-              sample_count.size(), ", ", keys.size(), ")");
+  hgc::check_one_entry_per_tensor(op, "xs, k, sample_count and keys", count,
+                                  {k.size(), sample_count.size(), keys.size()});
   DgcSelection res;
   auto& [idx, vals, thresholds, paths] = res;
   if (count == 0) return res;
@@ -324,8 +321,7 @@ std::vector<at::Tensor> dgc_index_encode_many_device(const std::vector<at::Tenso
                                                      const std::vector<int64_t>& n) {
   constexpr const char* op = "dgc_index_encode_many";
   const std::size_t count = indices.size();
-  TORCH_CHECK(n.size() == count, op, ": indices and n must have one entry per tensor (got ", count, ", ", n.size(),
-              ")");
+  hgc::check_one_entry_per_tensor(op, "indices and n", count, {n.size()});
   if (count == 0) return {};
   const at::Device device = hgc_dev::bucket_device(indices, op, "indices");
   std::vector<at::Tensor> ix(count);

@@ -243,11 +243,9 @@ std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tens
                                                       const c10::optional<std::vector<bool>>& by_rows) {
   constexpr const char* op = "onebit_decode_sum_many";
   const std::size_t count = bits.size();
-  TORCH_CHECK(scales.size() == count && n.size() == count && cols.size() == count && dtypes.size() == count &&
-                  outs.size() == count && (!by_rows.has_value() || by_rows->size() == count),
-              op, ": bits, scales, n, cols, dtypes and outs must have one entry per tensor (got ", count, ", ",
-              scales.size(), ", ", n.size(), ", ", cols.size(), ", ", dtypes.size(), ", ", outs.size(),
-              "; by_rows: one per tensor, or None)");
+  hgc::check_one_entry_per_tensor(op, "bits, scales, n, cols, dtypes, outs (and by_rows, or None)", count,
+                                  {scales.size(), n.size(), cols.size(), dtypes.size(), outs.size(),
+                                   by_rows.has_value() ? by_rows->size() : count});
   std::vector<at::Tensor> results;
   if (count == 0) return results;
   const at::Device device = hgc_dev::bucket_device(bits, op, "bits");
@@ -255,11 +253,9 @@ std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tens
   std::vector<hgc_dev::OnebitDecodeItem> items;
   for (std::size_t i = 0; i < count; ++i) {
     const bool rows = hgc::by_rows_at(by_rows, i);
-    const int64_t k =
-        hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType, rows);
-    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = k;
+    K = hgc::check_same_payload_count(
+        op, i, hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType, rows),
+        K);
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, op));
     items.push_back({bits[i].data_ptr<uint8_t>(), bits[i].stride(0), scales[i].data_ptr<float>(), scales[i].stride(0),
                      n[i], cols[i], cols[i], results[i].data_ptr(), rows});

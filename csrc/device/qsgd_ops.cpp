@@ -181,9 +181,8 @@ std::vector<at::Tensor> qsgd_decode_fixed_many_device(const std::vector<at::Tens
                                                       const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "qsgd_decode_fixed_many";
   const std::size_t count = norms.size();
-  TORCH_CHECK(packed.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": norms, packed, n, dtypes and outs must have one entry per tensor (got ", count, ", ", packed.size(),
-              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  hgc::check_one_entry_per_tensor(op, "norms, packed, n, dtypes and outs", count,
+                                  {packed.size(), n.size(), dtypes.size(), outs.size()});
   std::vector<at::Tensor> results;
   if (count == 0) return results;
   const at::Device device = hgc_dev::bucket_device(norms, op, "norms");
@@ -193,9 +192,7 @@ std::vector<at::Tensor> qsgd_decode_fixed_many_device(const std::vector<at::Tens
   for (std::size_t i = 0; i < count; ++i) {
     const hgc::QsgdFixedPayloads p =
         hgc::check_qsgd_fixed_decode_args(norms[i], packed[i], n[i], s, bucket, dtypes[i], hgc_dev::kDeviceType);
-    TORCH_CHECK(K < 0 || p.K == K, op, ": tensor ", i, " has ", p.K, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = p.K;
+    K = hgc::check_same_payload_count(op, i, p.K, K);
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
     items[i] = {hgc_dev::dev_dtype(dtypes[i]), p.norms.data_ptr<float>(), p.norms.stride(0),
                 p.packed.data_ptr<uint8_t>(), p.packed.stride(0), p.nbytes, n[i], results[i].data_ptr()};
