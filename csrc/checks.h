@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
+#include <string>
 #include <vector>
 
 #define HGC_CHECK_CPU(x) TORCH_CHECK(!(x).is_cuda(), #x " must be a CPU tensor")
@@ -47,6 +49,29 @@ inline void check_values_input(const at::Tensor& t, at::DeviceType device_type, 
   const at::ScalarType st = t.scalar_type();
   TORCH_CHECK(st == at::kFloat || st == at::kDouble || st == at::kHalf || st == at::kBFloat16, name,
               " must be fp16, bf16, fp32 or fp64, got ", st);
+}
+
+// ---- the bucket ops' lists ------------------------------------------------------------------
+
+// A bucket op's (`<op>_many`) lists hold one entry per tensor: `count` (the first list's length)
+// and every length of `sizes` are equal. `names` names the lists in the message.
+inline void check_one_entry_per_tensor(const char* op, const char* names, std::size_t count,
+                                       std::initializer_list<std::size_t> sizes) {
+  bool equal = true;
+  std::string got = std::to_string(count);
+  for (const std::size_t size : sizes) {
+    equal = equal && size == count;
+    got += ", " + std::to_string(size);
+  }
+  TORCH_CHECK(equal, op, ": ", names, " must have one entry per tensor (got ", got, ")");
+}
+
+// Tensor i of a bucket decode holds k payloads, as many as tensor 0 (K; -1 while i is 0): a
+// bucket's tensors come from the same K ranks. Returns k.
+inline int64_t check_same_payload_count(const char* op, std::size_t i, int64_t k, int64_t K) {
+  TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
+              " (a bucket's tensors come from the same K ranks)");
+  return k;
 }
 
 // ---- encode and state ops -------------------------------------------------------------------
@@ -95,6 +120,16 @@ inline void check_column_window(int64_t n, int64_t full_cols, int64_t col0, int6
   TORCH_CHECK(full_cols > 0 && n % full_cols == 0, op, ": ", n, " values do not split into columns of ", full_cols);
   TORCH_CHECK(0 <= col0 && col0 + 2 <= col1 && col1 <= full_cols, op, ": the column window [", col0, ", ", col1,
               ") must hold at least 2 of the ", full_cols, " columns");
+}
+
+// onebit_encode_columns: the window [col0, col1) of `full` (full_cols columns; the encode's
+// checks on it and its residual). Returns the window's value count, rows * (col1 - col0).
+inline int64_t check_onebit_encode_columns_args(const at::Tensor& full, const c10::optional<at::Tensor>& residual,
+                                                int64_t full_cols, int64_t col0, int64_t col1,
+                                                at::DeviceType device_type) {
+  check_onebit_encode_args(full, residual, full_cols, device_type);
+  check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
+  return full.numel() / full_cols * (col1 - col0);
 }
 
 // terngrad_encode: n < 2^32 values, scale >= 0, clip >= 0 (inf: none), two 32-bit keys.

@@ -109,6 +109,21 @@ inline int64_t check_onebit_decode_args(const at::Tensor& bits, const at::Tensor
   return K;
 }
 
+// onebit_decode_columns: out (contiguous, on `device_type`) whose window [col0, col1) of its
+// full_cols columns receives one flat payload (bits, scales) of the window's values. Returns their
+// count, rows * (col1 - col0).
+inline int64_t check_onebit_decode_columns_args(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
+                                                int64_t full_cols, int64_t col0, int64_t col1,
+                                                at::DeviceType device_type) {
+  constexpr const char* op = "onebit_decode_columns";
+  check_onebit_columns_out(out, device_type, op);
+  check_column_window(out.numel(), full_cols, col0, col1, op);
+  const int64_t n = out.numel() / full_cols * (col1 - col0);
+  check_onebit_flat_payload(bits, scales, op);
+  check_onebit_decode_args(bits.unsqueeze(0), scales.unsqueeze(0), n, col1 - col0, out.scalar_type(), device_type);
+  return n;
+}
+
 // terngrad_decode_sum: K >= 1 stacked payloads, codes uint8 [K, >= ceil(n/4)], scales float32
 // [K, >= 1]. Returns K.
 inline int64_t check_terngrad_decode_args(const at::Tensor& codes, const at::Tensor& scales, int64_t n,
@@ -291,6 +306,51 @@ inline int64_t check_dgc_index_decode_args(const at::Tensor& code, int64_t count
   TORCH_CHECK(len == count || len == 2 * count || len == abs_w * count, "dgc_index_decode: ", len,
               " bytes of index code for ", count, " values (1, 2 or ", abs_w, " bytes per index expected)");
   return count == 0 ? 0 : len / count;
+}
+
+// ---- the bucket decoders' lists (the `_many` ops, CPU and CUDA entry points) -----------------
+
+// dgc_scatter_sum_many / dgc_decode_sum_many: one entry per tensor in every list, each tensor with
+// the same K >= 1 payloads (as many index as value buffers). Returns K (0 for no tensors).
+inline int64_t check_dgc_sum_lists(const char* op, const std::vector<std::vector<at::Tensor>>& indices,
+                                   const std::vector<std::vector<at::Tensor>>& values, const std::vector<int64_t>& n,
+                                   const std::vector<at::ScalarType>& dtypes,
+                                   const std::vector<c10::optional<at::Tensor>>& outs) {
+  const std::size_t count = indices.size();
+  check_one_entry_per_tensor(op, "indices, values, n, dtypes and outs", count,
+                             {values.size(), n.size(), dtypes.size(), outs.size()});
+  if (count == 0) return 0;
+  const int64_t K = static_cast<int64_t>(indices[0].size());
+  TORCH_CHECK(K >= 1, op, ": tensor 0 has no payloads");
+  for (std::size_t t = 0; t < count; ++t) {
+    TORCH_CHECK(static_cast<int64_t>(indices[t].size()) == K && static_cast<int64_t>(values[t].size()) == K, op,
+                ": tensor ", t, " has ", indices[t].size(), " index and ", values[t].size(),
+                " value buffers, tensor 0 has ", K, " payloads (a bucket's tensors come from the same K ranks)");
+  }
+  return K;
+}
+
+// qsgd_decode_elias_many: one entry per tensor in every list, each tensor with the same K >= 1
+// payloads (one norms, nbits and stream each). Returns K (-1 for no tensors).
+inline int64_t check_qsgd_elias_many_lists(const std::vector<std::vector<at::Tensor>>& norms,
+                                           const std::vector<std::vector<at::Tensor>>& nbits,
+                                           const std::vector<std::vector<at::Tensor>>& streams,
+                                           const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
+                                           const std::vector<c10::optional<at::Tensor>>& outs) {
+  constexpr const char* op = "qsgd_decode_elias_many";
+  const std::size_t count = norms.size();
+  check_one_entry_per_tensor(op, "norms, nbits, streams, n, dtypes and outs", count,
+                             {nbits.size(), streams.size(), n.size(), dtypes.size(), outs.size()});
+  int64_t K = -1;
+  for (std::size_t i = 0; i < count; ++i) {
+    const int64_t k = static_cast<int64_t>(norms[i].size());
+    TORCH_CHECK(nbits[i].size() == norms[i].size() && streams[i].size() == norms[i].size(), op, ": tensor ", i,
+                " has ", k, " norms, ", nbits[i].size(), " nbits and ", streams[i].size(),
+                " streams (one of each per payload)");
+    TORCH_CHECK(k >= 1, op, ": tensor ", i, " has no payloads");
+    K = check_same_payload_count(op, i, k, K);
+  }
+  return K;
 }
 
 }  // namespace hgc

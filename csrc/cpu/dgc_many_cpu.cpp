@@ -5,30 +5,19 @@
 #include "dgc_index_cpu.h"
 #include "dgc_memory_cpu.h"
 
+#include "../payload_checks.h"
+
 namespace {
 
 using PayloadLists = std::vector<std::vector<at::Tensor>>;
-
-// The lists of a bucket decode: one entry per tensor, and every tensor as many payloads as tensor 0.
-void check_sum_lists(const char* op, const PayloadLists& indices, const PayloadLists& values,
-                     const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
-                     const std::vector<c10::optional<at::Tensor>>& outs) {
-  const std::size_t count = indices.size();
-  TORCH_CHECK(values.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": indices, values, n, dtypes and outs must have one entry per tensor");
-  for (std::size_t t = 0; t < count; ++t)
-    TORCH_CHECK(indices[t].size() == indices[0].size(), op, ": tensor ", t, " has ", indices[t].size(),
-                " payloads, tensor 0 has ", indices[0].size(), " (a bucket's tensors come from the same K ranks)");
-}
 
 }  // namespace
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<double>, std::vector<int64_t>>
 dgc_select_many_cpu(const std::vector<at::Tensor>& xs, const std::vector<int64_t>& k,
                     const std::vector<int64_t>& sample_count, const std::vector<int64_t>& keys) {
-  TORCH_CHECK(k.size() == xs.size() && sample_count.size() == xs.size() && keys.size() == xs.size(),
-              "dgc_select_many: xs, k, sample_count and keys must have one entry per tensor (got ", xs.size(), ", ",
-              k.size(), ", ", sample_count.size(), ", ", keys.size(), ")");
+  hgc::check_one_entry_per_tensor("dgc_select_many", "xs, k, sample_count and keys", xs.size(),
+                                  {k.size(), sample_count.size(), keys.size()});
   std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>, std::vector<double>, std::vector<int64_t>> res;
   auto& [indices, values, thresholds, paths] = res;
   for (std::size_t i = 0; i < xs.size(); ++i) {
@@ -43,8 +32,7 @@ dgc_select_many_cpu(const std::vector<at::Tensor>& xs, const std::vector<int64_t
 
 std::vector<at::Tensor> dgc_index_encode_many_cpu(const std::vector<at::Tensor>& indices,
                                                   const std::vector<int64_t>& n) {
-  TORCH_CHECK(n.size() == indices.size(), "dgc_index_encode_many: indices and n must have one entry per tensor (got ",
-              indices.size(), ", ", n.size(), ")");
+  hgc::check_one_entry_per_tensor("dgc_index_encode_many", "indices and n", indices.size(), {n.size()});
   std::vector<at::Tensor> codes;
   for (std::size_t i = 0; i < indices.size(); ++i) codes.push_back(dgc_index_encode_cpu(indices[i], n[i]));
   return codes;
@@ -54,7 +42,7 @@ std::vector<at::Tensor> dgc_scatter_sum_many_cpu(const PayloadLists& indices, co
                                                  const std::vector<int64_t>& n,
                                                  const std::vector<at::ScalarType>& dtypes, double scale,
                                                  const std::vector<c10::optional<at::Tensor>>& outs) {
-  check_sum_lists("dgc_scatter_sum_many", indices, values, n, dtypes, outs);
+  hgc::check_dgc_sum_lists("dgc_scatter_sum_many", indices, values, n, dtypes, outs);
   std::vector<at::Tensor> results;
   for (std::size_t t = 0; t < indices.size(); ++t)
     results.push_back(dgc_scatter_sum_cpu(indices[t], values[t], n[t], dtypes[t], scale, outs[t]));
@@ -65,7 +53,7 @@ std::vector<at::Tensor> dgc_decode_sum_many_cpu(const PayloadLists& codes, const
                                                 const std::vector<int64_t>& n,
                                                 const std::vector<at::ScalarType>& dtypes, double scale,
                                                 const std::vector<c10::optional<at::Tensor>>& outs) {
-  check_sum_lists("dgc_decode_sum_many", codes, values, n, dtypes, outs);
+  hgc::check_dgc_sum_lists("dgc_decode_sum_many", codes, values, n, dtypes, outs);
   std::vector<at::Tensor> results;
   for (std::size_t t = 0; t < codes.size(); ++t) {
     std::vector<at::Tensor> indices;
@@ -78,8 +66,7 @@ std::vector<at::Tensor> dgc_decode_sum_many_cpu(const PayloadLists& codes, const
 
 void dgc_accumulate_many_cpu(const std::vector<at::Tensor>& u, const std::vector<at::Tensor>& v,
                              const std::vector<at::Tensor>& g, double momentum, bool nesterov, double coef) {
-  TORCH_CHECK(u.size() == g.size() && v.size() == g.size(),
-              "dgc_accumulate_many: u, v and g must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("dgc_accumulate_many", "g, u and v", g.size(), {u.size(), v.size()});
   for (std::size_t i = 0; i < g.size(); ++i) {
     at::Tensor ui = u[i], vi = v[i];
     dgc_accumulate_cpu(ui, vi, g[i], momentum, nesterov, coef);
@@ -88,8 +75,8 @@ void dgc_accumulate_many_cpu(const std::vector<at::Tensor>& u, const std::vector
 
 void dgc_mask_many_cpu(const std::vector<at::Tensor>& indices, const std::vector<at::Tensor>& v,
                        const c10::optional<std::vector<at::Tensor>>& u) {
-  TORCH_CHECK(indices.size() == v.size() && (!u.has_value() || u->size() == v.size()),
-              "dgc_mask_many: indices, v (and u) must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("dgc_mask_many", "v, indices (and u, or None)", v.size(),
+                                  {indices.size(), u.has_value() ? u->size() : v.size()});
   for (std::size_t i = 0; i < v.size(); ++i) {
     const at::Tensor idx = indices[i].to(at::kLong);
     v[i].view(-1).index_fill_(0, idx, 0);

@@ -525,20 +525,12 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_cpu(const at::Tensor& f
                                                              const c10::optional<at::Tensor>& residual,
                                                              int64_t full_cols, int64_t col0, int64_t col1,
                                                              const c10::optional<at::Tensor>& scales) {
-  hgc::check_onebit_encode_args(full, residual, full_cols, at::kCPU);
-  hgc::check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
-  const int64_t rows = full.numel() / full_cols, cols = col1 - col0;
-  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0, scales);
+  const int64_t n = hgc::check_onebit_encode_columns_args(full, residual, full_cols, col0, col1, at::kCPU);
+  return encode_matrix(full, residual, n, col1 - col0, full_cols, col0, scales);
 }
 
 void onebit_decode_columns_cpu(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                int64_t full_cols, int64_t col0, int64_t col1) {
-  constexpr const char* op = "onebit_decode_columns";
-  hgc::check_onebit_columns_out(out, at::kCPU, op);
-  hgc::check_column_window(out.numel(), full_cols, col0, col1, op);
-  const int64_t rows = out.numel() / full_cols, cols = col1 - col0, n = rows * cols;
-  hgc::check_onebit_flat_payload(bits, scales, op);
-  const auto stacked_bits = bits.unsqueeze(0), stacked_scales = scales.unsqueeze(0);
-  hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), at::kCPU);
-  decode_sum_matrix(stacked_bits, stacked_scales, 1, n, cols, full_cols, 1.0, out, col0);
+  const int64_t n = hgc::check_onebit_decode_columns_args(bits, scales, out, full_cols, col0, col1, at::kCPU);
+  decode_sum_matrix(bits.unsqueeze(0), scales.unsqueeze(0), 1, n, col1 - col0, full_cols, 1.0, out, col0);
 }

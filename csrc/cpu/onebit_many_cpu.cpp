@@ -52,10 +52,9 @@ std::vector<at::Tensor> onebit_decode_sum_many_cpu(const std::vector<at::Tensor>
                                                    const std::vector<c10::optional<at::Tensor>>& outs,
                                                    const c10::optional<std::vector<bool>>& by_rows) {
   const std::size_t count = bits.size();
-  TORCH_CHECK(scales.size() == count && n.size() == count && cols.size() == count && dtypes.size() == count &&
-                  outs.size() == count && (!by_rows.has_value() || by_rows->size() == count),
-              "onebit_decode_sum_many: bits, scales, n, cols, dtypes, outs (and by_rows, or None) must have one "
-              "entry per tensor");
+  hgc::check_one_entry_per_tensor("onebit_decode_sum_many", "bits, scales, n, cols, dtypes, outs (and by_rows, or None)",
+                                  count, {scales.size(), n.size(), cols.size(), dtypes.size(), outs.size(),
+                                          by_rows.has_value() ? by_rows->size() : count});
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i)
     results.push_back(onebit_decode_sum_cpu(bits[i], scales[i], n[i], cols[i], dtypes[i], scale, outs[i],

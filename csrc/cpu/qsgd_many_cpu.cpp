@@ -3,6 +3,7 @@
 #include "qsgd_cpu.h"
 
 #include "../checks.h"
+#include "../payload_checks.h"
 
 std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> qsgd_encode_fixed_many_cpu(
     const std::vector<at::Tensor>& xs, int64_t s, int64_t bucket, bool max_norm, const std::vector<int64_t>& keys) {
@@ -22,8 +23,8 @@ std::vector<at::Tensor> qsgd_decode_fixed_many_cpu(const std::vector<at::Tensor>
                                                    const std::vector<at::ScalarType>& dtypes, double scale,
                                                    const std::vector<c10::optional<at::Tensor>>& outs) {
   const std::size_t count = norms.size();
-  TORCH_CHECK(packed.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count,
-              "qsgd_decode_fixed_many: norms, packed, n, dtypes and outs must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("qsgd_decode_fixed_many", "norms, packed, n, dtypes and outs", count,
+                                  {packed.size(), n.size(), dtypes.size(), outs.size()});
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i)
     results.push_back(qsgd_decode_fixed_cpu(norms[i], packed[i], n[i], s, bucket, dtypes[i], scale, outs[i]));
@@ -50,16 +51,11 @@ std::vector<at::Tensor> qsgd_decode_elias_many_cpu(const std::vector<std::vector
                                                    const std::vector<int64_t>& n, int64_t s, int64_t bucket,
                                                    int64_t group_buckets, const std::vector<at::ScalarType>& dtypes,
                                                    double scale, const std::vector<c10::optional<at::Tensor>>& outs) {
+  hgc::check_qsgd_elias_many_lists(norms, nbits, streams, n, dtypes, outs);
   const std::size_t count = norms.size();
-  TORCH_CHECK(nbits.size() == count && streams.size() == count && n.size() == count && dtypes.size() == count &&
-                  outs.size() == count,
-              "qsgd_decode_elias_many: norms, nbits, streams, n, dtypes and outs must have one entry per tensor");
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i) {
     const std::size_t K = norms[i].size();
-    TORCH_CHECK(K >= 1 && nbits[i].size() == K && streams[i].size() == K && (i == 0 || K == norms[0].size()),
-                "qsgd_decode_elias_many: tensor ", i, " needs one norms, nbits and stream per payload, as many "
-                "payloads as tensor 0");
     at::Tensor acc = at::zeros({n[i]}, at::TensorOptions().dtype(dtypes[i] == at::kDouble ? at::kDouble : at::kFloat));
     for (std::size_t k = 0; k < K; ++k) {
       acc.add_(qsgd_decode_elias_cpu(norms[i][k], nbits[i][k], streams[i][k], n[i], s, bucket, group_buckets,

@@ -2,6 +2,8 @@
 // terngrad_cpu.cpp, tensor by tensor (one host call each: there are no launches to save).
 #include "terngrad_cpu.h"
 
+#include "../checks.h"
+
 at::Tensor terngrad_scale_stats_many_cpu(const std::vector<at::Tensor>& grads, bool with_sigma) {
   const int64_t count = static_cast<int64_t>(grads.size());
   at::Tensor stats = at::zeros({2, count}, at::kDouble);
@@ -34,8 +36,8 @@ std::vector<at::Tensor> terngrad_decode_sum_many_cpu(const std::vector<at::Tenso
                                                      const std::vector<at::ScalarType>& dtypes, double scale,
                                                      const std::vector<c10::optional<at::Tensor>>& outs) {
   const std::size_t count = codes.size();
-  TORCH_CHECK(scales.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count,
-              "terngrad_decode_sum_many: codes, scales, n, dtypes and outs must have one entry per tensor");
+  hgc::check_one_entry_per_tensor("terngrad_decode_sum_many", "codes, scales, n, dtypes and outs", count,
+                                  {scales.size(), n.size(), dtypes.size(), outs.size()});
   std::vector<at::Tensor> results;
   for (std::size_t i = 0; i < count; ++i)
     results.push_back(terngrad_decode_sum_cpu(codes[i], scales[i], n[i], dtypes[i], scale, outs[i]));

@@ -117,26 +117,6 @@ void dgc_accumulate_device(at::Tensor& u, at::Tensor& v, const at::Tensor& g, do
 
 namespace {
 
-// The lists of a bucket decode-sum: one entry per tensor, each tensor with the same K >= 1
-// payloads; returns K.
-int64_t check_sum_lists(const char* op, const DgcPayloadLists& indices, const DgcPayloadLists& values,
-                        const std::vector<int64_t>& n, const std::vector<at::ScalarType>& dtypes,
-                        const std::vector<c10::optional<at::Tensor>>& outs) {
-  const std::size_t count = indices.size();
-  TORCH_CHECK(values.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": indices, values, n, dtypes and outs must have one entry per tensor (got ", count, ", ", values.size(),
-              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
-  if (count == 0) return 0;
-  const int64_t K = static_cast<int64_t>(indices[0].size());
-  TORCH_CHECK(K >= 1, op, ": tensor 0 has no payloads");
-  for (std::size_t t = 0; t < count; ++t) {
-    TORCH_CHECK(static_cast<int64_t>(indices[t].size()) == K && static_cast<int64_t>(values[t].size()) == K, op,
-                ": tensor ", t, " has ", indices[t].size(), " index and ", values[t].size(),
-                " value buffers, tensor 0 has ", K, " payloads (a bucket's tensors come from the same K ranks)");
-  }
-  return K;
-}
-
 // The one device of a bucket's payload buffers (every buffer checked).
 at::Device sum_device(const char* op, const DgcPayloadLists& indices, const DgcPayloadLists& values) {
   const at::Device device = indices[0][0].device();
@@ -185,7 +165,7 @@ std::vector<at::Tensor> dgc_scatter_sum_many_device(const DgcPayloadLists& indic
                                                     const std::vector<at::ScalarType>& dtypes, double scale,
                                                     const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "dgc_scatter_sum_many";
-  const int64_t K = check_sum_lists(op, indices, values, n, dtypes, outs);
+  const int64_t K = hgc::check_dgc_sum_lists(op, indices, values, n, dtypes, outs);
   if (K == 0) return {};
   const at::Device device = sum_device(op, indices, values);
   std::vector<at::Tensor> keep;  // contiguous buffers, alive until the launcher returns
@@ -208,7 +188,7 @@ std::vector<at::Tensor> dgc_decode_sum_many_device(const DgcPayloadLists& codes,
                                                    const std::vector<at::ScalarType>& dtypes, double scale,
                                                    const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "dgc_decode_sum_many";
-  const int64_t K = check_sum_lists(op, codes, values, n, dtypes, outs);
+  const int64_t K = hgc::check_dgc_sum_lists(op, codes, values, n, dtypes, outs);
   if (K == 0) return {};
   const at::Device device = sum_device(op, codes, values);
   std::vector<at::Tensor> keep;
@@ -234,8 +214,7 @@ void dgc_accumulate_many_device(const std::vector<at::Tensor>& u, const std::vec
                                 const std::vector<at::Tensor>& g, double momentum, bool nesterov, double coef) {
   constexpr const char* op = "dgc_accumulate_many";
   const std::size_t count = g.size();
-  TORCH_CHECK(u.size() == count && v.size() == count, op, ": u, v and g must have one entry per tensor (got ",
-              u.size(), ", ", v.size(), ", ", count, ")");
+  hgc::check_one_entry_per_tensor(op, "g, u and v", count, {u.size(), v.size()});
   if (count == 0) return;
   const at::Device device = hgc_dev::bucket_device(g, op, "gradient");
   std::vector<hgc_dev::DgcAccumulateItem> items(count);
@@ -253,9 +232,8 @@ void dgc_mask_many_device(const std::vector<at::Tensor>& indices, const std::vec
                           const c10::optional<std::vector<at::Tensor>>& u) {
   constexpr const char* op = "dgc_mask_many";
   const std::size_t count = v.size();
-  TORCH_CHECK(indices.size() == count && (!u.has_value() || u->size() == count), op,
-              ": indices, v (and u) must have one entry per tensor (got ", indices.size(), ", ", count, ", ",
-              u.has_value() ? u->size() : count, ")");
+  hgc::check_one_entry_per_tensor(op, "v, indices (and u, or None)", count,
+                                  {indices.size(), u.has_value() ? u->size() : count});
   if (count == 0) return;
   const at::Device device = hgc_dev::bucket_device(v, op, "accumulation");
   std::vector<hgc_dev::DgcMaskItem> items(count);
@@ -289,9 +267,8 @@ DgcSelection dgc_select_many_device(const std::vector<at::Tensor>& xs, const std
                                     const std::vector<int64_t>& sample_count, const std::vector<int64_t>& keys) {
   constexpr const char* op = "dgc_select_many";
   const std::size_t count = xs.size();
-  TORCH_CHECK(k.size() == count && sample_count.size() == count && keys.size() == count, op,
-              ": xs, k, sample_count and keys must have one entry per tensor (got ", count, ", ", k.size(), ", ",
-              sample_count.size(), ", ", keys.size(), ")");
+  hgc::check_one_entry_per_tensor(op, "xs, k, sample_count and keys", count,
+                                  {k.size(), sample_count.size(), keys.size()});
   DgcSelection res;
   auto& [idx, vals, thresholds, paths] = res;
   if (count == 0) return res;
@@ -344,8 +321,7 @@ std::vector<at::Tensor> dgc_index_encode_many_device(const std::vector<at::Tenso
                                                      const std::vector<int64_t>& n) {
   constexpr const char* op = "dgc_index_encode_many";
   const std::size_t count = indices.size();
-  TORCH_CHECK(n.size() == count, op, ": indices and n must have one entry per tensor (got ", count, ", ", n.size(),
-              ")");
+  hgc::check_one_entry_per_tensor(op, "indices and n", count, {n.size()});
   if (count == 0) return {};
   const at::Device device = hgc_dev::bucket_device(indices, op, "indices");
   std::vector<at::Tensor> ix(count);

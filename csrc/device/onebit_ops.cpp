@@ -80,26 +80,20 @@ std::tuple<at::Tensor, at::Tensor> onebit_encode_columns_device(const at::Tensor
                                                                 const c10::optional<at::Tensor>& residual,
                                                                 int64_t full_cols, int64_t col0, int64_t col1,
                                                                 const c10::optional<at::Tensor>& scales) {
-  hgc::check_onebit_encode_args(full, residual, full_cols, hgc_dev::kDeviceType);
-  hgc::check_column_window(full.numel(), full_cols, col0, col1, "onebit_encode_columns");
-  const int64_t rows = full.numel() / full_cols, cols = col1 - col0;
-  return encode_matrix(full, residual, rows * cols, cols, full_cols, col0, scales);
+  const int64_t n =
+      hgc::check_onebit_encode_columns_args(full, residual, full_cols, col0, col1, hgc_dev::kDeviceType);
+  return encode_matrix(full, residual, n, col1 - col0, full_cols, col0, scales);
 }
 
 void onebit_decode_columns_device(const at::Tensor& bits, const at::Tensor& scales, const at::Tensor& out,
                                   int64_t full_cols, int64_t col0, int64_t col1) {
-  constexpr const char* op = "onebit_decode_columns";
-  hgc::check_onebit_columns_out(out, hgc_dev::kDeviceType, op);
-  hgc::check_column_window(out.numel(), full_cols, col0, col1, op);
-  const int64_t rows = out.numel() / full_cols, cols = col1 - col0, n = rows * cols;
-  hgc::check_onebit_flat_payload(bits, scales, op);
-  const auto stacked_bits = bits.unsqueeze(0), stacked_scales = scales.unsqueeze(0);
-  hgc::check_onebit_decode_args(stacked_bits, stacked_scales, n, cols, out.scalar_type(), hgc_dev::kDeviceType);
-  TORCH_CHECK(bits.device() == out.device(), op, ": out is on ", out.device(), ", the payload on ", bits.device());
+  const int64_t n =
+      hgc::check_onebit_decode_columns_args(bits, scales, out, full_cols, col0, col1, hgc_dev::kDeviceType);
+  TORCH_CHECK(bits.device() == out.device(), "onebit_decode_columns: out is on ", out.device(), ", the payload on ",
+              bits.device());
   const hgc_dev::DeviceGuard guard(out.device());
-  hgc_dev::onebit_decode_sum(hgc_dev::current_ctx(), hgc_dev::dev_dtype(out.scalar_type()),
-                             stacked_bits.data_ptr<uint8_t>(), 0, stacked_scales.data_ptr<float>(), 0, 1, n, cols,
-                             full_cols, 1.0, at_element(out, col0));
+  hgc_dev::onebit_decode_sum(hgc_dev::current_ctx(), hgc_dev::dev_dtype(out.scalar_type()), bits.data_ptr<uint8_t>(),
+                             0, scales.data_ptr<float>(), 0, 1, n, col1 - col0, full_cols, 1.0, at_element(out, col0));
 }
 
 namespace {
@@ -249,11 +243,9 @@ std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tens
                                                       const c10::optional<std::vector<bool>>& by_rows) {
   constexpr const char* op = "onebit_decode_sum_many";
   const std::size_t count = bits.size();
-  TORCH_CHECK(scales.size() == count && n.size() == count && cols.size() == count && dtypes.size() == count &&
-                  outs.size() == count && (!by_rows.has_value() || by_rows->size() == count),
-              op, ": bits, scales, n, cols, dtypes and outs must have one entry per tensor (got ", count, ", ",
-              scales.size(), ", ", n.size(), ", ", cols.size(), ", ", dtypes.size(), ", ", outs.size(),
-              "; by_rows: one per tensor, or None)");
+  hgc::check_one_entry_per_tensor(op, "bits, scales, n, cols, dtypes, outs (and by_rows, or None)", count,
+                                  {scales.size(), n.size(), cols.size(), dtypes.size(), outs.size(),
+                                   by_rows.has_value() ? by_rows->size() : count});
   std::vector<at::Tensor> results;
   if (count == 0) return results;
   const at::Device device = hgc_dev::bucket_device(bits, op, "bits");
@@ -261,11 +253,9 @@ std::vector<at::Tensor> onebit_decode_sum_many_device(const std::vector<at::Tens
   std::vector<hgc_dev::OnebitDecodeItem> items;
   for (std::size_t i = 0; i < count; ++i) {
     const bool rows = hgc::by_rows_at(by_rows, i);
-    const int64_t k =
-        hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType, rows);
-    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = k;
+    K = hgc::check_same_payload_count(
+        op, i, hgc::check_onebit_decode_args(bits[i], scales[i], n[i], cols[i], dtypes[i], hgc_dev::kDeviceType, rows),
+        K);
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, op));
     items.push_back({bits[i].data_ptr<uint8_t>(), bits[i].stride(0), scales[i].data_ptr<float>(), scales[i].stride(0),
                      n[i], cols[i], cols[i], results[i].data_ptr(), rows});

@@ -1,6 +1,6 @@
-// Torch ops of the onebit device path (onebit_ops.cpp): the CPU ops' signatures, checks and
-// messages (csrc/cpu/onebit_cpu.h), for tensors on hgc_dev::kDeviceType (CUDA in _C, the CPU in
-// the twin _C_twin). onebit_ops.cpp registers them (device/registry.h): in _C as the `hgc` ops'
+// Torch ops of the onebit device path (onebit_ops.cpp): the CPU ops' signatures (csrc/cpu/onebit_cpu.h),
+// with their argument checks and messages (csrc/checks.h, csrc/payload_checks.h), for tensors on
+// hgc_dev::kDeviceType (CUDA in _C, the CPU in the twin _C_twin). onebit_ops.cpp registers them (device/registry.h): in _C as the `hgc` ops'
 // CUDA kernels, in the twin under `hgc_twin`.
 #pragma once
 #include <torch/extension.h>

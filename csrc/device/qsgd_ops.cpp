@@ -181,9 +181,8 @@ std::vector<at::Tensor> qsgd_decode_fixed_many_device(const std::vector<at::Tens
                                                       const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "qsgd_decode_fixed_many";
   const std::size_t count = norms.size();
-  TORCH_CHECK(packed.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": norms, packed, n, dtypes and outs must have one entry per tensor (got ", count, ", ", packed.size(),
-              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  hgc::check_one_entry_per_tensor(op, "norms, packed, n, dtypes and outs", count,
+                                  {packed.size(), n.size(), dtypes.size(), outs.size()});
   std::vector<at::Tensor> results;
   if (count == 0) return results;
   const at::Device device = hgc_dev::bucket_device(norms, op, "norms");
@@ -193,9 +192,7 @@ std::vector<at::Tensor> qsgd_decode_fixed_many_device(const std::vector<at::Tens
   for (std::size_t i = 0; i < count; ++i) {
     const hgc::QsgdFixedPayloads p =
         hgc::check_qsgd_fixed_decode_args(norms[i], packed[i], n[i], s, bucket, dtypes[i], hgc_dev::kDeviceType);
-    TORCH_CHECK(K < 0 || p.K == K, op, ": tensor ", i, " has ", p.K, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = p.K;
+    K = hgc::check_same_payload_count(op, i, p.K, K);
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, "qsgd_decode"));
     items[i] = {hgc_dev::dev_dtype(dtypes[i]), p.norms.data_ptr<float>(), p.norms.stride(0),
                 p.packed.data_ptr<uint8_t>(), p.packed.stride(0), p.nbytes, n[i], results[i].data_ptr()};
@@ -236,29 +233,6 @@ QsgdEliasBucket qsgd_encode_elias_many_device(const std::vector<at::Tensor>& xs,
   return {norms, nbits, streams};
 }
 
-namespace {
-
-// K payloads per tensor: each of norms, nbits, streams lists K for every tensor (the same K for
-// all, >= 1). Returns K.
-int64_t check_elias_many_k(const std::vector<std::vector<at::Tensor>>& norms,
-                           const std::vector<std::vector<at::Tensor>>& nbits,
-                           const std::vector<std::vector<at::Tensor>>& streams, const char* op) {
-  int64_t K = -1;
-  for (std::size_t i = 0; i < norms.size(); ++i) {
-    const int64_t k = static_cast<int64_t>(norms[i].size());
-    TORCH_CHECK(nbits[i].size() == norms[i].size() && streams[i].size() == norms[i].size(), op, ": tensor ", i,
-                " has ", k, " norms, ", nbits[i].size(), " nbits and ", streams[i].size(),
-                " streams (one of each per payload)");
-    TORCH_CHECK(k >= 1, op, ": tensor ", i, " has no payloads");
-    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = k;
-  }
-  return K;
-}
-
-}  // namespace
-
 std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vector<at::Tensor>>& norms,
                                                       const std::vector<std::vector<at::Tensor>>& nbits,
                                                       const std::vector<std::vector<at::Tensor>>& streams,
@@ -267,14 +241,10 @@ std::vector<at::Tensor> qsgd_decode_elias_many_device(const std::vector<std::vec
                                                       double scale,
                                                       const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "qsgd_decode_elias_many";
+  const int64_t K = hgc::check_qsgd_elias_many_lists(norms, nbits, streams, n, dtypes, outs);
   const std::size_t count = norms.size();
-  TORCH_CHECK(nbits.size() == count && streams.size() == count && n.size() == count && dtypes.size() == count &&
-                  outs.size() == count,
-              op, ": norms, nbits, streams, n, dtypes and outs must have one entry per tensor (got ", count, ", ",
-              nbits.size(), ", ", streams.size(), ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
   std::vector<at::Tensor> results;
   if (count == 0) return results;
-  const int64_t K = check_elias_many_k(norms, nbits, streams, op);
   const at::Device device = norms[0][0].device();
   // Every payload as qsgd_decode_elias checks it (its header's values are data: checked on the
   // device by the launcher, and here only when the launcher reports a refusal).

@@ -146,9 +146,8 @@ std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Te
                                                         const std::vector<c10::optional<at::Tensor>>& outs) {
   constexpr const char* op = "terngrad_decode_sum_many";
   const std::size_t count = codes.size();
-  TORCH_CHECK(scales.size() == count && n.size() == count && dtypes.size() == count && outs.size() == count, op,
-              ": codes, scales, n, dtypes and outs must have one entry per tensor (got ", count, ", ", scales.size(),
-              ", ", n.size(), ", ", dtypes.size(), ", ", outs.size(), ")");
+  hgc::check_one_entry_per_tensor(op, "codes, scales, n, dtypes and outs", count,
+                                  {scales.size(), n.size(), dtypes.size(), outs.size()});
   std::vector<at::Tensor> results;
   if (count == 0) return results;
   const at::Device device = hgc_dev::bucket_device(codes, op, "codes");
@@ -156,10 +155,8 @@ std::vector<at::Tensor> terngrad_decode_sum_many_device(const std::vector<at::Te
   int64_t K = -1;
   std::vector<hgc_dev::TerngradDecodeItem> items;
   for (std::size_t i = 0; i < count; ++i) {
-    const int64_t k = hgc::check_terngrad_decode_args(codes[i], scales[i], n[i], dtypes[i], hgc_dev::kDeviceType);
-    TORCH_CHECK(K < 0 || k == K, op, ": tensor ", i, " has ", k, " payloads, tensor 0 has ", K,
-                " (a bucket's tensors come from the same K ranks)");
-    K = k;
+    K = hgc::check_same_payload_count(
+        op, i, hgc::check_terngrad_decode_args(codes[i], scales[i], n[i], dtypes[i], hgc_dev::kDeviceType), K);
     results.push_back(hgc_decode_output(outs[i], n[i], dtypes[i], device, op));
     items.push_back({codes[i].data_ptr<uint8_t>(), codes[i].stride(0), scales[i].data_ptr<float>(),
                      scales[i].stride(0), n[i], results[i].data_ptr()});

@@ -40,11 +40,6 @@ class Waiting(Handle):
     last_out: bool = False
 
 
-def issue(call: Collective):
-    """Start ``call`` on its communicator's asynchronous twin; its ``Pending``."""
-    return getattr(call.comm, call.op + "_async")(*call.args)
-
-
 def advance(steps: Steps, answer: Any) -> Waiting:
     """Resume ``steps`` with ``answer`` and issue what it asks until it waits for a collective.
     Raises StopIteration (with the sequence's value) when it ends, and what it raises."""
@@ -58,7 +53,7 @@ def advance(steps: Steps, answer: Any) -> Waiting:
         if not isinstance(call, Collective):
             raise TypeError(f"hgc.ddp: a bucket's sequence yielded {request!r}, not a Collective, Issue or Wait")
         issued_at = time.perf_counter()
-        pending = issue(call)
+        pending = getattr(call.comm, call.op + "_async")(*call.args)   # its asynchronous twin
         last_out = last_out or call.last
         if not isinstance(request, Issue):
             return Waiting(pending, call.kind, issued_at, last_out)
@@ -85,4 +80,4 @@ def with_known_sizes(steps: Steps) -> Steps:
         return stop.value
 
 
-__all__ = ["Handle", "Waiting", "advance", "issue", "with_known_sizes"]
+__all__ = ["Handle", "Waiting", "advance", "with_known_sizes"]

@@ -8,13 +8,11 @@ hands over during backward:
 
 1. records the bucket (its parameters' names and gradient views) and returns at once a
    ``torch.futures.Future`` that completes with the bucket's buffer holding the mean over ranks;
-2. on the sequencer thread (below): checks agreement and non-finite values (preamble), encodes
-   the bucket through the memory, and starts its collectives with ``async_op=True``; a waiter
-   thread per collective in flight waits for it and then resumes the bucket where it stopped
-   (owner requantization, the second collective, the decode into the bucket's gradient views),
-   in turn with the sequencer, while backward goes on computing the next buckets
-   (:meth:`StepEngine.bucket_steps <horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`, run
-   by :mod:`horovod_gradcomp.ddp.future_driver`).
+2. on the sequencer thread (below): runs the bucket's request sequence (:meth:`StepEngine.bucket_steps
+   <horovod_gradcomp.exchange.engine.StepEngine.bucket_steps>`: preamble, encode, collectives), its
+   collectives issued with ``async_op=True`` (:mod:`horovod_gradcomp.ddp.future_driver`); a waiter
+   thread per collective in flight waits for it and resumes the bucket where it stopped, in turn
+   with the sequencer, while backward goes on computing the next buckets.
 
 Order. Collectives pair across ranks by the order in which each rank issues them, and the
 completions that resume a bucket arrive in an order that differs between ranks. So one thread
@@ -29,11 +27,8 @@ Threads. No Python runs on the backend's threads (why: :mod:`horovod_gradcomp.tr
 each bucket's future is completed by the hook's thread that closes the step; at exit the hook
 waits (bounded) until its threads are idle (:mod:`horovod_gradcomp.ddp.daemon_threads`).
 
-Streams (CUDA). Every hand-over between threads (``grad``, ``resume``, ``result``) goes through
-the engine's :class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff`; the thread that
-closes the step completes DDP's futures, CUDA-aware ones for CUDA buckets
-(``torch.futures.Future(devices=...)``), so DDP's own wait orders its stream after it. Written,
-not yet run on a GPU.
+Streams (CUDA): every hand-over between threads goes through the engine's
+:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (its module lists the hook's).
 
 Steps and results. A step ends when DDP has handed over its last bucket and every bucket's
 exchange is done: then the engine closes the step exactly as on the Horovod path
@@ -44,14 +39,11 @@ transport: the tests check them bitwise. The user's side of what follows (one ex
 for DGC's ``clip_norm`` or ``per_bucket=False``, sparse buckets, the errors ``backward()``
 raises) is docs/guide/ddp.md.
 
-Errors. DDP casts each future's value to a tensor, so a future cannot carry a Python exception
-to ``backward()``: every future of a failed step completes with its bucket's buffer, and at the
-step's first bucket the hook queues a callback on the autograd engine that queues a second one,
-which runs after DDP's own end-of-backward callback (DDP has waited for every future, its state
-stays consistent) and raises the step's :class:`DDPExchangeError`. Outside a backward pass
-(DDP's ``Join``) the futures raise it from ``wait()`` instead. Per bucket, the memory is rolled
-back to where the step began (each bucket's memory is kept before it is encoded); with one
-exchange per step nothing is kept. A rank that stops taking part is ended by the stall watchdog
+Errors. DDP casts a future's value to a tensor, so a future cannot carry the exception: a failed
+step's futures complete with their buffers and ``backward()`` raises its
+:class:`DDPExchangeError` (how: :func:`_raise_after_ddp`; outside a backward pass the futures
+raise it, :meth:`_Step.future_for`); the memory of its buckets is rolled back
+(:meth:`StepEngine.fail_step`). A rank that stops taking part is ended by the stall watchdog
 (``timeout=``, :mod:`horovod_gradcomp.ddp.stall`).
 
 Process group. DDP's own unless ``group=`` is given (gloo moves the bytes from the CPU, NCCL
@@ -91,8 +83,6 @@ class DDPExchangeError(RuntimeError):
     is chained as ``__cause__``)."""
 
 
-#: The sequencer and waiter threads end after this many idle seconds (and start again when needed).
-_IDLE_S = 2.0
 #: At exit, how long to wait for the hook's threads of every live state, in all.
 _EXIT_JOIN_S = 10.0
 _warned_one_exchange = False
@@ -104,17 +94,16 @@ class _Step:
     completed with its bucket's buffer when the step closes (see :meth:`future_for` for a step
     that fails)."""
 
-    def __init__(self, number: int, raises_from_backward: bool = False):
+    def __init__(self, number: int):
         self.number = number
         #: the step's error is raised by a callback of the autograd engine (see the module doc);
         #: otherwise each future raises it from wait()
-        self.raises_from_backward = raises_from_backward
+        self.raises_from_backward = False
         self.sparse_results: List[torch.Tensor] = []   # the sparse buckets' means (the buffers)
         self.densified: List[Tuple[torch.Tensor, torch.Tensor]] = []   # sparse_as_dense: (dense copy, buffer)
         self._lock = threading.Lock()
         self._futures: List[Tuple[torch.futures.Future, torch.Tensor]] = []
         self._settled = False
-        self.exchanged: List[str] = []
         self.partition: List[List[str]] = []
         self.pending: Dict[str, torch.Tensor] = {}   # one exchange per step: the grads so far
         self.marks: list = []                         # ... and their stream marks
@@ -226,13 +215,9 @@ class DDPCompressionState(CompressionHolder):
         self._waiting: List[tuple] = []        # jobs not started yet, in order
         self._active: Optional[_Running] = None  # the job allowed to issue collectives
         self._open: List[_Step] = []            # steps neither closed nor failed
-        # DDP's buckets go to the sequencer thread, in order; a waiter thread per collective in
-        # flight waits for it and then resumes its bucket itself; either holds _turn while it
-        # runs a bucket's steps, so that one thread at a time issues collectives
-        self._turn = threading.Lock()
-        self._sequencer = DaemonThreads("hgc-ddp", limit=1, setup=self._set_device, on_error=self._fail_open,
-                                        idle_s=_IDLE_S)
-        self._waiters = DaemonThreads("hgc-ddp-wait", setup=self._set_device, idle_s=_IDLE_S)
+        self._turn = threading.Lock()   # held by the sequencer or a waiter running a bucket's steps (module doc: Order)
+        self._sequencer = DaemonThreads("hgc-ddp", limit=1, setup=self._set_device, on_error=self._fail_open)
+        self._waiters = DaemonThreads("hgc-ddp-wait", setup=self._set_device)
         _LIVE_STATES.add(self)
         if per_bucket and not self.per_bucket:
             _warn_one_exchange(compression)
@@ -307,11 +292,9 @@ class DDPCompressionState(CompressionHolder):
             step.sparse_results.append(grads[names[0]])
             self._queue_job(step, tag, names, grads, snapshot=False, marks=[mark], sparse=True)
         elif self.per_bucket:
-            step.exchanged += names
             step.partition.append(names)
             self._queue_job(step, tag, names, grads, snapshot=True, marks=[mark])
         else:
-            step.exchanged += names
             step.pending.update(grads)
             step.marks.append(mark)
         if last:
@@ -427,7 +410,7 @@ class DDPCompressionState(CompressionHolder):
             return
         try:
             skipped = self.engine.step_nonfinite
-            self.engine.close_step(step.exchanged)
+            self.engine.close_step([n for names in step.partition for n in names])
             self.compression.index.end_step()
             if skipped:   # every result of the step NaN, the sparse means too
                 for t in step.sparse_results:
@@ -501,28 +484,19 @@ def _hook_group(ddp_model, group):
 def register(ddp_model: torch.nn.parallel.DistributedDataParallel, codec: str = "onebit", *, group=None,
              communicator: Optional[TorchDistributedCommunicator] = None, per_bucket: bool = True,
              sparse_as_dense: bool = False, **options) -> DDPCompressionState:
-    """Register the compressed exchange on ``ddp_model`` and return its state.
+    """Register the compressed exchange on ``ddp_model`` and return its state. Call it on every
+    rank at the same point (it may create a process group).
 
     ``codec``: a name of ``hgc.available_codecs()``; ``options`` go to its factory
     (``hgc.Compression.<codec>`` where there is one, else ``hgc.Compression.codec``), e.g.
-    ``pattern="two_phase"``, ``error_feedback=False``, ``density=0.01``, ``timeout=``,
-    ``pattern="hierarchical", ranks_per_node=L`` (its node groups are created here).
-    ``group``: the process group of the hook's collectives (None: DDP's own; see the module
-    doc for ``find_unused_parameters``). ``per_bucket``: exchange each DDP bucket as DDP hands
-    it over (default; DGC with ``clip_norm`` still exchanges once per step, its clipping needing
-    the whole step's gradient norm); False: once per step.
-    ``sparse_as_dense``: a sparse gradient's bucket is exchanged uncompressed as DDP's default does
-    (False, the default) or its dense copy compressed by the codec (True, as Horovod's option of
-    that name; the mean is written back into the sparse gradient, every row then holding values). The buckets are DDP's (``bucket_cap_mb``): ``bucket_bytes``/``overlap``/``transport``/
-    ``process_set`` are not taken. DGC's momentum lives in the compression, as under Horovod: with
-    ``momentum=None`` (its default) it takes over the momentum of the ``torch.optim.SGD`` that steps
-    the parameters, which then runs with momentum 0; under Adam/AdamW DGC runs without momentum
-    correction (:mod:`horovod_gradcomp.hvd_adapter.optimizer_check`). ``optimizer=``: the optimizer
-    that steps the parameters; under the Adam family (Adam, AdamW, NAdam, RAdam, Adamax) the codec's
-    Adam defaults (TernGrad ``clip=1.0``, DGC ``density=0.1``, onebit ``warmup_steps=100``) replace
-    the options not given, from the first step; without it they are taken at the optimizer's first
-    ``step()`` and hold from the second step on (:mod:`horovod_gradcomp.hvd_adapter.adam_defaults`).
-    Call it on every rank at the same point (it may create a process group)."""
+    ``pattern="hierarchical", ranks_per_node=L`` (its node groups are created here). ``group``: the
+    hook's process group (None: DDP's own; see the module doc). ``per_bucket``: exchange each DDP
+    bucket as DDP hands it over (default; DGC with ``clip_norm`` still once per step) or once per
+    step (False). ``sparse_as_dense``: a sparse gradient's bucket exchanged uncompressed as DDP's
+    default does (False) or its dense copy through the codec, the mean written back (True). The
+    options DDP's buckets replace (``bucket_bytes``, ``overlap``, ``transport``, ``process_set``)
+    are refused. DGC's momentum, the Adam defaults (``optimizer=``) and the rest of the user's
+    side: docs/guide/ddp.md."""
     require_ddp_model(ddp_model, "hgc.ddp.register")
     refuse_options(options, ("bucket_bytes", "overlap", "transport", "process_set"), "hgc.ddp.register",
                    "to the DDP hook (DDP's buckets are exchanged on a torch.distributed group: set bucket_cap_mb on "

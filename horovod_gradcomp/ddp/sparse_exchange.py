@@ -2,22 +2,13 @@
 
 DDP gives a sparse gradient (``nn.Embedding(sparse=True)``) a bucket of its own, whose buffer
 is the sparse COO gradient itself. PyTorch's default hook allreduces it (gloo's sparse allreduce
-allgathers every rank's indices and values and sums them); no codec applies to it. This job does
-the same with the hook's communicator, in its turn among the buckets (the sequencer of
-:mod:`horovod_gradcomp.ddp.hook`):
-
-1. the local gradient is coalesced (duplicate indices summed) and packed as bytes: its int64
-   indices ``[sparse_dim, nnz]`` then its values ``[nnz, *dense_shape]``;
-2. one allgather of every rank's ``nnz`` (8 bytes), then one allgather of the packed parts
-   (padded to the largest, as every variable-size part is);
-3. every rank concatenates the parts in rank order, coalesces the sum and divides it by K, so
-   the mean is bitwise the same on every rank, and writes it into the bucket's buffer (the
-   parameter's ``.grad``), which DDP then keeps.
-
-The collectives are the communicator's byte allgathers: on gloo from the CPU, on NCCL from the
-current CUDA device (the same code path; the NCCL one has not been run here, no GPU). A mean
-with a NaN or Inf (some rank had one: the sum carries it to every rank) makes the whole step
-non-finite, as a dense bucket's would (every result NaN, the memory rolled back).
+allgathers every rank's indices and values and sums them); no codec applies to it.
+:func:`sparse_job` does the same with the hook's communicator's byte allgathers, in its turn
+among the buckets (the sequencer of :mod:`horovod_gradcomp.ddp.hook`): every rank's ``nnz``,
+then its coalesced indices and values (:func:`pack`), summed in rank order (:func:`unpack_mean`:
+the same bits on every rank) into the bucket's buffer, which DDP keeps. On NCCL the same code
+runs from the current CUDA device (not run here: no GPU). A mean with a NaN or Inf makes the
+whole step non-finite, as a dense bucket's would.
 """
 from __future__ import annotations
 

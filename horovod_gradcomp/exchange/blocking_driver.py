@@ -1,13 +1,10 @@
-"""The blocking driver: a pattern's requests (:mod:`.requests`) done on the calling thread.
-
-Used by :class:`~horovod_gradcomp.exchange.engine.StepEngine` for Horovod, MPI and any
-communicator whose collectives block; each wait is timed as ``exchange_s`` under its phase
-(``wait`` for a :class:`~.requests.Wait`). An :class:`~.requests.Issue` goes to the driver's one
-:class:`~horovod_gradcomp.exchange.pipeline.WireThread` (shared by every pattern and the
-hierarchical pattern's inner exchange: it runs the issued collectives in issue order, the same
-on every rank), on the communicator's polling twin
-(:func:`~horovod_gradcomp.exchange.pipeline.wire_communicator`), when the communicator may be
-called from a second thread (``threads_allowed``); otherwise it is done at once.
+"""The blocking driver: a pattern's requests (:mod:`.requests`) done on the calling thread
+(the engine's, for Horovod, MPI and any communicator whose collectives block); each wait is
+timed as ``exchange_s`` under its phase (``wait`` for a :class:`~.requests.Wait`). An
+:class:`~.requests.Issue` goes to the driver's one :class:`~horovod_gradcomp.exchange.pipeline.WireThread`
+(shared by every pattern, the inner exchange of the hierarchical one too), on the communicator's
+polling twin (:func:`~horovod_gradcomp.exchange.pipeline.wire_communicator`), when the
+communicator may be called from a second thread (``threads_allowed``); otherwise it is done at once.
 """
 from __future__ import annotations
 
@@ -30,10 +27,6 @@ class BlockingDriver:
         self.stats = stats
         self.threads_allowed = threads_allowed
         self.wire = WireThread()
-
-    def overlaps(self, comm) -> bool:
-        """True when collectives on ``comm`` can be issued ahead (a pattern then pipelines its chunks)."""
-        return self.threads_allowed(comm)
 
     def run(self, steps: Steps):
         """Answer every request of ``steps``; return its result. On an error, the collectives

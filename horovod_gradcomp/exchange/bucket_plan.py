@@ -8,13 +8,12 @@ in that step (checked), so every rank builds the same plan.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Mapping, Sequence
+from typing import List, Mapping, Sequence
 
 
 class BucketPlan:
     """Fields:
         buckets: lists of names; bucket j is exchanged j-th on every rank.
-        bucket_of: name -> bucket index.
         names: frozenset of every name in the plan.
     """
 
@@ -32,8 +31,7 @@ class BucketPlan:
                 current, size = [], 0
         if current:
             self.buckets.append(current)
-        self.bucket_of: Dict[str, int] = {n: j for j, b in enumerate(self.buckets) for n in b}
-        self.names = frozenset(self.bucket_of)
+        self.names = frozenset(n for b in self.buckets for n in b)
 
     def __len__(self) -> int:
         return len(self.buckets)

@@ -14,16 +14,10 @@ shares (never hook order):
   through its own driver, so a step through either path with the same partition gives the same
   stream positions, residuals and results.
 
-One bucket, in one direction (engine -> pattern -> codec/state -> transport):
-:meth:`StepEngine.bucket_job` decides the pattern and measures the non-finite flag
-(:mod:`horovod_gradcomp.exchange.nonfinite_check`); :meth:`StepEngine.bucket_steps` is the
-bucket's request sequence (:mod:`.requests`): the preamble (:mod:`horovod_gradcomp.exchange.preamble`),
-:meth:`StepEngine.open_bucket`, the pattern's own sequence (:attr:`StepEngine.patterns`, made
-from the registry :mod:`.patterns`) and :meth:`StepEngine.close_bucket`. Here the engine's
-:class:`~.blocking_driver.BlockingDriver` runs it, under the stall watchdog's deadline
-(:mod:`horovod_gradcomp.exchange.watchdog`). The step closes with one ``stats`` record and
-``state.end_step()``; gradients and results cross threads through the engine's
-:class:`~horovod_gradcomp.exchange.stream_handoff.StreamHandoff` (``handoff``).
+One bucket: :meth:`StepEngine.bucket_job` (pattern, non-finite check), then
+:meth:`StepEngine.bucket_steps`, its request sequence, which the engine's
+:class:`~.blocking_driver.BlockingDriver` runs under the stall watchdog (the layers it crosses:
+docs/architecture.md). The step closes with one ``stats`` record and ``state.end_step()``.
 
 Non-finite gradients: when any rank has a NaN or Inf in a bucket, no rank encodes that bucket
 (its memory is untouched) and every result of the step is NaN on every rank, so every rank
@@ -219,13 +213,18 @@ class StepEngine:
     def close_step(self, exchanged: Sequence[str]) -> Dict[str, torch.Tensor]:
         """End the step whose buckets exchanged ``exchanged``: when some rank had a non-finite
         gradient, roll the memory back and make every result NaN; record the step's stats,
-        advance the state's step; return name -> mean over ranks (and forget them). The calling
+        advance the state's step, (re)plan the buckets from ``exchanged``; return name -> mean over ranks (and forget them). The calling
         thread's streams first wait for every bucket's results (:meth:`wait_results`)."""
         self.wait_results()
         if self._nonfinite:
             self._skip_step()
         self._snapshots = []
-        self._close_step(list(exchanged))
+        self.stats.record_step(self.totals)
+        self.totals = StepTotals()
+        self.state.end_step()
+        if self.bucket_bytes is not None and (self.plan is None or set(exchanged) != self.plan.names):
+            in_order = sorted(exchanged, key=self.registration.__getitem__, reverse=True)
+            self.plan = BucketPlan(in_order, {n: self.sizes[n] for n in in_order}, self.bucket_bytes)
         results, self._results = self._results, {}
         return results
 
@@ -340,7 +339,7 @@ class StepEngine:
             marks = [self._marks.get(n) for n in names]
         self.handoff.wait_all(marks)   # this thread's stream after the work that wrote the gradients
         job = self.bucket_job(names, grads, tag, comm)
-        overlap = self.pipeline_bytes is not None and self.driver.overlaps(comm)
+        overlap = self.pipeline_bytes is not None and _threads_allowed(comm)   # the wire thread may call comm
         with self.watchdog.guard(self.timeout, job.what):
             self.driver.run(self.bucket_steps(comm, job, self.plan is not None if snapshot is None else snapshot,
                                               overlap))
@@ -496,14 +495,6 @@ class StepEngine:
     def layout_key(self):
         """What a checkpoint records: the layout in use as lists of ranks, or ``"flat"``."""
         return self.layout.key() if self.layout is not None else "flat"
-
-    def _close_step(self, exchanged: List[str]) -> None:
-        self.stats.record_step(self.totals)
-        self.totals = StepTotals()
-        self.state.end_step()
-        if self.bucket_bytes is not None and (self.plan is None or set(exchanged) != self.plan.names):
-            in_order = sorted(exchanged, key=self.registration.__getitem__, reverse=True)
-            self.plan = BucketPlan(in_order, {n: self.sizes[n] for n in in_order}, self.bucket_bytes)
 
 
 def _threads_allowed(comm) -> bool:

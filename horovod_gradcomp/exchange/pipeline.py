@@ -44,15 +44,15 @@ MAX_CHUNKS = 8
 
 
 def plan_chunks(codec: Codec, entries: Sequence[Tuple[str, torch.Size, torch.dtype]],
-                chunk_bytes: int, max_chunks: int = MAX_CHUNKS) -> List[List[Tuple[str, torch.Size, torch.dtype]]]:
+                chunk_bytes: int) -> List[List[Tuple[str, torch.Size, torch.dtype]]]:
     """``entries`` (name, shape, dtype in exchange order) cut into consecutive chunks of at least
-    ``max(chunk_bytes, payload / max_chunks)`` of payload each (whole tensors; the last chunk
+    ``max(chunk_bytes, payload / MAX_CHUNKS)`` of payload each (whole tensors; the last chunk
     takes the remainder, and one of less than half that size joins the chunk before it).
     Depends on shapes only, so every rank gets the same chunks."""
-    if chunk_bytes <= 0 or max_chunks <= 0:
-        raise ValueError(f"chunk_bytes and max_chunks must be positive, got {chunk_bytes}, {max_chunks}")
+    if chunk_bytes <= 0:
+        raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
     sizes = [codec.payload_nbytes(shape, dtype) for _, shape, dtype in entries]
-    chunk_bytes = max(chunk_bytes, -(-sum(sizes) // max_chunks))
+    chunk_bytes = max(chunk_bytes, -(-sum(sizes) // MAX_CHUNKS))
     chunks: List[list] = []
     current, size = [], 0
     for entry, nbytes in zip(entries, sizes):

@@ -28,8 +28,7 @@ PREAMBLE_BYTES = 24  # digest, flag byte, padding to 8
 
 def has_nonfinite(grads: Mapping[str, torch.Tensor]) -> bool:
     """True when any value of any gradient is NaN or +-Inf (one reduction per tensor, one sync):
-    the check of the cases no encode pass covers (:func:`~horovod_gradcomp.exchange.nonfinite_check.check_kind`
-    ``"pass"``: DGC without clipping, non-fused error feedback, dense warm-up).
+    the check where no encode pass covers it (kind ``"pass"`` of :mod:`~horovod_gradcomp.exchange.nonfinite_check`).
 
     A NaN or Inf makes the tensor's sum non-finite; a sum of finite values overflows only past
     the accumulation type's range (float32 for narrow dtypes), which a gradient does not reach."""

@@ -49,9 +49,8 @@ OPS = COLLECTIVES + ("sizes",)
 
 @dataclass
 class Collective:
-    """One collective: ``comm.<op>(*args)``, resumed with its result (see the module doc).
-    ``kind``: what it carries, as timelines name it (default: ``op``); ``phase``: the phase its
-    wait is timed under (``""``: the plain exchange)."""
+    """One collective: ``comm.<op>(*args)``, resumed with its result (the fields: see the module
+    doc; ``kind`` defaults to ``op``)."""
     op: str
     args: tuple
     comm: Any

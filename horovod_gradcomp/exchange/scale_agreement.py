@@ -1,12 +1,8 @@
-"""The encode options every pattern agrees on before bytes travel: shared scales, and the
-scales measured before the preamble.
-
-A codec with ``shared_scale`` (TernGrad) encodes every tensor with the maximum over ranks of its
-``local_scale``: all of a bucket's scales travel in one MAX-allreduce (:func:`agree_scales`).
-The local scales are usually measured before the preamble (they are the non-finite check of a
-shared-scale codec, :mod:`horovod_gradcomp.exchange.nonfinite_check`) and only reduced here;
-onebit's measured scales join the encode options there too. Where each
-encode draws its random numbers is :mod:`horovod_gradcomp.exchange.stream_positions`.
+"""The encode options every pattern agrees on before bytes travel (:func:`agree_scales`, the same
+call in every pattern): a ``shared_scale`` codec's scales (TernGrad: the maximum over ranks of each
+tensor's ``local_scale``), and what the non-finite check measured before the preamble
+(:mod:`horovod_gradcomp.exchange.nonfinite_check`). Where each encode draws its random numbers:
+:mod:`horovod_gradcomp.exchange.stream_positions`.
 """
 from __future__ import annotations
 

@@ -6,13 +6,10 @@ the communicator hands to MPI and MPI writes received bytes into:
 * :class:`DirectStaging` (wire device = payload device): the concatenation writes straight into
   the buffer MPI reads, and received bytes are used where MPI wrote them; no copy at all. On the
   CPU this is the host staging (:class:`HostStaging`, what every CPU test executes). On a CUDA
-  device it is the *direct path* for a CUDA-aware MPI: the fused send buffer and the receive
-  buffer are device tensors that mpi4py takes through ``__cuda_array_interface__``. MPI does
-  not order its reads and writes with CUDA streams, so before MPI reads a buffer the staging
-  waits on the host for an event recorded after the concatenation on the current stream (that
-  event only, never a ``synchronize()`` of the whole device); the communicator does the same
-  before MPI writes into a freshly allocated receive buffer
-  (:meth:`~horovod_gradcomp.transports.mpi.MPICommunicator.allgather` and the others).
+  device it is the *direct path* for a CUDA-aware MPI (:mod:`horovod_gradcomp.transports.mpi`,
+  which takes device buffers): MPI does not order its reads with CUDA streams, so before MPI
+  reads the buffer the staging waits on the host for an event recorded after the concatenation
+  on the current stream (that event only, never a ``synchronize()`` of the whole device).
 * :class:`CudaStaging` (payloads on CUDA, wire in host memory): the buffers are concatenated on
   the device, copied to the (pinned) host buffer MPI will read with one asynchronous copy on the
   current stream, and an event recorded after it; :meth:`CudaStaging.gather` returns once that

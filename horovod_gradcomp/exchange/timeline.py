@@ -67,14 +67,12 @@ class TimedCommunicator:
     """A communicator whose collectives are recorded as ``collective`` on ``timeline``; every
     other attribute is the wrapped communicator's."""
 
-    COLLECTIVES = COLLECTIVES
-
     def __init__(self, comm, timeline: Timeline):
         self._comm, self._timeline = comm, timeline
 
     def __getattr__(self, name):
         attr = getattr(self._comm, name)
-        if name in self.COLLECTIVES:
+        if name in COLLECTIVES:
             return self._timeline.wrap("collective", attr)
         return attr
 

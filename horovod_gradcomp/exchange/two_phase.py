@@ -26,11 +26,10 @@ One run of :meth:`TwoPhasePattern.steps` (a request sequence, :mod:`.requests`) 
    its part of the result. Each gradient is thus quantized twice (once, with an exact owner
    sum); every rank gets bitwise the same result (all decode the same bytes).
 
-Pipelined chunks (``chunk_bytes``, :mod:`horovod_gradcomp.exchange.pipeline`): each chunk of
-consecutive tensors goes through the four phases with its own stripe plan, its two collectives
-on the wire while the next chunk is encoded; the shared scales of all chunks are agreed in one
-allreduce first and every stripe keeps its stream position (S = K stripes, F = 2 phases,
-:mod:`horovod_gradcomp.exchange.stream_positions`) and residuals: the same bits as without chunks.
+Pipelined chunks (``chunk_bytes``, :mod:`horovod_gradcomp.exchange.pipeline`): each chunk goes
+through the four phases with its own stripe plan; the shared scales of all chunks are agreed in
+one allreduce first and every stripe keeps its stream position (S = K stripes, F = 2 phases,
+:mod:`horovod_gradcomp.exchange.stream_positions`): the same bits as without chunks.
 
 Striping axis (``axis``): ``"rows"`` cuts the 2-D view ``[shape[0], -1]`` by rows
 (contiguous, no copies). A per-column codec (onebit: two float32 values per column) then
@@ -54,7 +53,7 @@ fixed size: variable-size codecs (dgc, qsgd with coding="elias") are rejected.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -233,13 +232,10 @@ class TwoPhasePattern:
         the same names, shapes, dtypes and step).
 
         Results: the mean over ranks, twice quantized, of each gradient's shape, dtype and device;
-        bitwise equal on every rank. ``info``: ``k``, ``payload_bytes_phase1`` (this rank's K
-        segments), ``payload_bytes_phase2`` (its owned stripes' requantized payloads),
-        ``sent_bytes`` (phase 1 to the K-1 other owners plus its phase-2 part times K-1).
-
-        With ``chunk_bytes`` and ``overlap`` (the driver can keep collectives in flight) the
-        bucket goes in chunks of consecutive tensors, each through the four phases on its own
-        (:meth:`_chunk_steps`); the results are the same bits."""
+        bitwise equal on every rank. ``info``: ``k``, ``chunks`` and the :class:`StripePlan` s'
+        byte counts summed over the chunks (``payload_bytes_phase1``, ``payload_bytes_phase2``,
+        ``sent_bytes``). With ``chunk_bytes`` and ``overlap`` (the driver can keep collectives in
+        flight) the chunks are pipelined (:meth:`_chunk_steps`)."""
         memory = bucket.state.memory
         if not memory.supports_owner_stripes:
             raise ValueError(f"two-phase exchange works with error feedback only, got {memory!r}")
@@ -249,7 +245,9 @@ class TwoPhasePattern:
         pipelined = chunks is not None and overlap
         plans = [self.plan(chunk, k) for chunk in chunks] if pipelined else [self.plan(entries, k)]
         positions = StepPositions(bucket.state.step, bucket.order, stripes=k, phases=2)
-        jobs = [self._stripe_jobs(plan, bucket, stats) for plan in plans]
+        with stats.timed("encode_s"):
+            jobs = [self._jobs(plan, grads, lambda n, g: memory.residual(n, g) if memory.enabled else None)
+                    for plan in plans]
         flat = [job for chunk_jobs in jobs for job in chunk_jobs]
         options = iter((yield from agree_scales(   # the stripes' shared scales in one collective
             self.codec, comm, [stripe_key(j.name, j.stripe.owner) for j in flat],
@@ -280,29 +278,32 @@ class TwoPhasePattern:
 
     def units(self, memory: Memory, names: Sequence[str], grads, k: int) -> List[Unit]:
         """The stripe encodes of a bucket, as :mod:`horovod_gradcomp.exchange.nonfinite_check` reads them
-        before the preamble (keys ``stripe_key(name, owner)``, the order of :meth:`_stripe_jobs`):
-        column windows encoded in place name their window of the whole tensor; other stripes
-        are taken (a view for rows, a copy for columns). Residuals are read, never created."""
+        before the preamble (keys ``stripe_key(name, owner)``, the order of :meth:`_jobs`): column
+        windows encoded in place name their window of the whole tensor. Residuals are read, never created."""
         plan = self.plan([(n, tuple(grads[n].shape), grads[n].dtype) for n in names], k)
-        return [Unit(stripe_key(n, st.owner), g, r, (n, st.start, st.stop)) if in_place
-                else Unit(stripe_key(n, st.owner), st.take(g), None if r is None else st.take(r))
-                for n, st, g, r, in_place in self._cut(plan, grads, lambda n, g: peek_residual(memory, n, g))]
+        return [Unit(stripe_key(j.name, j.stripe.owner), j.grad, j.residual, (j.name, j.stripe.start, j.stripe.stop))
+                if j.grad_part is None else Unit(stripe_key(j.name, j.stripe.owner), j.grad_part, j.residual_part)
+                for j in self._jobs(plan, grads, lambda n, g: peek_residual(memory, n, g))]
 
-    def _cut(self, plan: StripePlan, grads, residual_of) -> Iterator[tuple]:
-        """``(name, stripe, gradient, residual, in place)`` of every non-empty stripe of the plan's
-        tensors, in tensor then owner order (``residual_of(name, gradient)``: its residual or None)."""
+    def _jobs(self, plan: StripePlan, grads, residual_of) -> List["_StripeJob"]:
+        """A :class:`_StripeJob` for every non-empty stripe of the plan's tensors, in tensor then owner
+        order (``residual_of(name, gradient)``: its residual or None). A column window the codec
+        encodes in place (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`; not
+        with a shared scale, which reads the stripe's values) takes no copies; other stripes are
+        taken (a view for row stripes, a copy for columns)."""
+        jobs = []
         for n, _, _ in plan.entries:
             g = grads[n].detach()
             r = residual_of(n, g)
             for st in plan.stripes[n]:
-                if st.numel:
-                    yield n, st, g, r, self._in_place(g, st)
-
-    def _in_place(self, g: torch.Tensor, st: Stripe) -> bool:
-        """True when stripe ``st`` of ``g`` is a column window the codec encodes in place (a shared
-        scale reads the stripe's values: those are taken)."""
-        return (not self.codec.shared_scale and not st.is_view
-                and self.codec.encodes_column_windows(g, st.stop - st.start))
+                if not st.numel:
+                    continue
+                if not self.codec.shared_scale and not st.is_view and self.codec.encodes_column_windows(
+                        g, st.stop - st.start):
+                    jobs.append(_StripeJob(n, st, g, None, r, None))
+                else:
+                    jobs.append(_StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r)))
+        return jobs
 
     def _chunk_steps(self, comm, work: List["_ChunkWork"], bucket: Bucket, positions: StepPositions,
                      devices, results, stats: ExchangeStats) -> Steps:
@@ -330,17 +331,6 @@ class TwoPhasePattern:
             yield from finish(w)
 
     # -- the phases -----------------------------------------------------------------
-    def _stripe_jobs(self, plan: StripePlan, bucket: Bucket, stats: ExchangeStats) -> List["_StripeJob"]:
-        """A :class:`_StripeJob` for every non-empty stripe of the plan's tensors: column stripes
-        the codec encodes in place (:meth:`~horovod_gradcomp.codecs.base.Codec.encodes_column_windows`)
-        take no copies; other stripes are taken (a view for row stripes, a copy for columns)."""
-        memory = bucket.state.memory
-        with stats.timed("encode_s"):
-            return [_StripeJob(n, st, g, None, r, None) if in_place
-                    else _StripeJob(n, st, g, st.take(g), r, None if r is None else st.take(r))
-                    for n, st, g, r, in_place in self._cut(plan, bucket.grads,
-                                                           lambda n, g: memory.residual(n, g) if memory.enabled else None)]
-
     def _phase1(self, comm, w: "_ChunkWork", positions: StepPositions, stats: ExchangeStats):
         """Worker side: every stripe compensated and encoded (worker residual updated), packed
         for the alltoallv: ``(send, send counts, receive counts)``."""

@@ -92,10 +92,6 @@ class HorovodCommunicator(Communicator):
         """Horovod allgather along dim 0 (first dims may differ between ranks)."""
         return self._hvd.allgather(rows, name=name, process_set=self.process_set)
 
-    def _sizes(self, n: int, name: str) -> np.ndarray:
-        """Every rank's n (one allgather of an int64)."""
-        return self._gather_rows(torch.tensor([n], dtype=torch.int64), name).numpy()
-
     # -- the Communicator interface (its contracts there) --------------------------------------
     def allgather(self, send: torch.Tensor) -> torch.Tensor:
         check_bytes(send, "allgather")
@@ -109,7 +105,7 @@ class HorovodCommunicator(Communicator):
         """One allgather of the sizes, then one allgather of the data."""
         check_bytes(send, "allgatherv")
         call = self._name("allgatherv")
-        sizes = self._sizes(send.numel(), call + ".sizes")
+        sizes = self._gather_rows(torch.tensor([send.numel()], dtype=torch.int64), call + ".sizes").numpy()
         return split_parts(self._gather_rows(send, call), sizes)
 
     def alltoallv(self, send: torch.Tensor, send_counts: Sequence[int], recv_counts: Sequence[int]) -> torch.Tensor:

@@ -26,19 +26,9 @@ from .mpi_lifetime import register_exit_check
 
 
 class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunicator):
-    """Collectives on uint8 tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``):
-    host tensors, or CUDA tensors with a CUDA-aware MPI (see the module doc).
-
-    Nothing here performs a collective outside the collective methods: ``rank`` and ``size``
-    are local calls on ``base``, and the duplicate is made by :meth:`connect`, which the
-    first collective of this object calls. That first collective is the preamble of the
-    first bucket, inside the stall watchdog's guard, so every rank duplicates at the same
-    point of the same exchange, and a rank that never arrives ends in the watchdog's abort
-    instead of a hang.
-
-    ``comm``: an mpi4py communicator (or an object with its methods) to use as is, without
-    duplicating anything.
-    """
+    """Collectives on uint8 tensors over a duplicate of ``base`` (default ``MPI.COMM_WORLD``),
+    made by the first collective (:meth:`connect`; see the module doc for why), or over ``comm``
+    (an mpi4py communicator, or an object with its methods) as is, without duplicating anything."""
 
     def __init__(self, comm=None, base=None):
         self._comm = comm
@@ -60,10 +50,10 @@ class MPICommunicator(Communicator, SplittableCommunicator, DeviceBufferCommunic
         return self._comm is not None
 
     def connect(self):
-        """The mpi4py communicator the collectives run on, duplicating ``base`` the first time.
-
-        The duplicate is a collective over ``base``: call it only where every rank calls it
-        at the same point, under the stall watchdog (the collective methods below do)."""
+        """The mpi4py communicator the collectives run on, duplicating ``base`` the first time:
+        a collective over ``base``, called by the first collective of this object, the preamble
+        of the first bucket, under the stall watchdog, so every rank duplicates at the same point
+        and a rank that never arrives ends in the watchdog's abort instead of a hang."""
         if self._comm is None:
             with self._lock:
                 if self._comm is None:

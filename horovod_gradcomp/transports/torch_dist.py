@@ -12,9 +12,8 @@ GIL, and the process aborts if Python is shutting down by then (the cause, as me
 :class:`Pending` finishes its result (slicing, stacking, the copy to numpy) on the thread that
 waits for it, never in a ``Future.then`` callback; and the communicator keeps a reference to
 its most recent works (:data:`KEEP_WORKS`, at most :data:`KEEP_BYTES` of their tensors beyond
-the last :data:`KEEP_WORKS_MIN`), so that a worker thread drops its own reference only, and
-the work is freed later, with the GIL, by the thread that issues a newer collective or by
-Python's teardown. A work that leaves this window is many collectives old, long freed by its worker.
+the last :data:`KEEP_WORKS_MIN`), so that the work is freed later, with the GIL, by the thread
+that issues a newer collective or by Python's teardown, not by a worker thread.
 
 Its group: the one given (``hgc.ddp.register`` passes DDP's own process group, or ``group=``),
 else a new gloo group over all ranks. The backend decides where the bytes live:
