@@ -119,13 +119,30 @@ def fsdp_calls(codec_key: str) -> dict:
     return {"ok": True, "calls": len(calls), "modules": len(state.comms), "kinds": [json.loads(c) for c in kinds]}
 
 
+def gather_json(obj) -> list:
+    """Every rank's ``obj`` (JSON-able), in rank order: an all_gather of the UTF-8 bytes instead of
+    ``all_gather_object``, whose buffers a gloo worker may free last while the interpreter exits
+    (the abort horovod_gradcomp/ddp/gloo_exit.py describes); the tensors here are kept until exit."""
+    k = dist.get_world_size()
+    mine = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+    size = torch.tensor([mine.numel()])
+    sizes = [torch.zeros_like(size) for _ in range(k)]
+    dist.all_gather(sizes, size)
+    padded = torch.zeros(int(max(sizes)), dtype=torch.uint8)
+    padded[:mine.numel()] = mine
+    every = [torch.empty_like(padded) for _ in range(k)]
+    dist.all_gather(every, padded)
+    hgc.ddp.keep_until_exit(size, *sizes, padded, *every)
+    return [json.loads(bytes(e[:int(n)].tolist()).decode()) for e, n in zip(every, sizes)]
+
+
 def compiled(codec_key: str, backend: str) -> dict:
     """The same compressed training run (12 SGD steps) twice: the model as it is and
     ``torch.compile(model, backend=backend)``. Reports both runs' losses and parameter digests on
     every rank, the compressed reduce-scatter's call counts, and how many graphs the backend was
     given (dynamo compiled the model, not only fell back to eager)."""
     from torch._dynamo import lookup_backend
-    k, me = dist.get_world_size(), dist.get_rank()
+    me = dist.get_rank()
     graphs = []
 
     def counting(gm, example_inputs):
@@ -149,16 +166,14 @@ def compiled(codec_key: str, backend: str) -> dict:
             losses.append(loss.item())
         runs[mode] = {"losses": losses, "digest": shard_digest(net), "calls": state.stats()["calls"],
                       "steps": state.stats()["steps"], "graphs": len(graphs)}
-    every = [None] * k
-    dist.all_gather_object(every, runs)
-    return {"ok": True, "runs": every}
+    return {"ok": True, "runs": gather_json(runs)}
 
 
 def offloaded(codec_key: str, nodes: int) -> dict:
     """The same compressed training run (6 SGD steps) without and with FSDP2's ``CPUOffloadPolicy``
     (sharded mode, or HSDP over ``nodes`` nodes): reports both runs' losses and parameter digests on
     every rank, the mode, and where the offloaded run keeps its sharded parameters and gradients."""
-    k, me = dist.get_world_size(), dist.get_rank()
+    me = dist.get_rank()
     name, codec_opts, reg_opts = CODECS[codec_key]
     codec_opts = {key: v for key, v in codec_opts.items() if key != "impl"}
     runs = {}
@@ -181,9 +196,7 @@ def offloaded(codec_key: str, nodes: int) -> dict:
             "losses": losses, "digest": shard_digest(net), "mode": state.mode, "steps": state.stats()["steps"],
             "policies": sorted(policies), "grad_devices": grads,
             "param_devices": sorted({str(p.to_local().device) for p in net.parameters()})}
-    every = [None] * k
-    dist.all_gather_object(every, runs)
-    return {"ok": True, "runs": every}
+    return {"ok": True, "runs": gather_json(runs)}
 
 
 def shard_digest(net) -> str:
@@ -236,8 +249,7 @@ def accelerated(codec_key: str, directory: str) -> dict:
     moved = _memory_digest(state)
     accelerator.load_state(directory)
     restored = _memory_digest(state)
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, {"saved": saved, "moved": moved, "restored": restored})
+    every = gather_json({"saved": saved, "moved": moved, "restored": restored})
     return {"ok": True, "mode": state.mode, "type": type(state).__name__, "steps": state.stats()["steps"],
             "memory_bytes": state.memory_bytes(), "losses": losses, "digests": every}
 
