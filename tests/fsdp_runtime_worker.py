@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
 
 import horovod_gradcomp as hgc
-from fsdp_worker import CODECS, Net, batches, build, rank_input
+from fsdp_worker import CODECS, Net, batches, build, gather_json, rank_input
 
 
 def _kept_net(hsdp: bool) -> Net:
@@ -117,23 +117,6 @@ def fsdp_calls(codec_key: str) -> dict:
         CompressedReduceScatter.__call__ = original
     kinds = sorted({json.dumps(c, sort_keys=True) for c in calls})
     return {"ok": True, "calls": len(calls), "modules": len(state.comms), "kinds": [json.loads(c) for c in kinds]}
-
-
-def gather_json(obj) -> list:
-    """Every rank's ``obj`` (JSON-able), in rank order: an all_gather of the UTF-8 bytes instead of
-    ``all_gather_object``, whose buffers a gloo worker may free last while the interpreter exits
-    (the abort horovod_gradcomp/ddp/gloo_exit.py describes); the tensors here are kept until exit."""
-    k = dist.get_world_size()
-    mine = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
-    size = torch.tensor([mine.numel()])
-    sizes = [torch.zeros_like(size) for _ in range(k)]
-    dist.all_gather(sizes, size)
-    padded = torch.zeros(int(max(sizes)), dtype=torch.uint8)
-    padded[:mine.numel()] = mine
-    every = [torch.empty_like(padded) for _ in range(k)]
-    dist.all_gather(every, padded)
-    hgc.ddp.keep_until_exit(size, *sizes, padded, *every)
-    return [json.loads(bytes(e[:int(n)].tolist()).decode()) for e, n in zip(every, sizes)]
 
 
 def compiled(codec_key: str, backend: str) -> dict:

@@ -72,6 +72,23 @@ class Net(torch.nn.Module):
         return self.out(self.mid(self.act(self.inp(x))))
 
 
+def gather_json(obj) -> list:
+    """Every rank's ``obj`` (JSON-able), in rank order: an all_gather of the UTF-8 bytes instead of
+    ``all_gather_object``, whose buffers a gloo worker may free last while the interpreter exits
+    (the abort horovod_gradcomp/ddp/gloo_exit.py describes); the tensors here are kept until exit."""
+    k = dist.get_world_size()
+    mine = torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+    size = torch.tensor([mine.numel()])
+    sizes = [torch.zeros_like(size) for _ in range(k)]
+    dist.all_gather(sizes, size)
+    padded = torch.zeros(int(max(sizes)), dtype=torch.uint8)
+    padded[:mine.numel()] = mine
+    every = [torch.empty_like(padded) for _ in range(k)]
+    dist.all_gather(every, padded)
+    hgc.ddp.keep_until_exit(size, *sizes, padded, *every)
+    return [json.loads(bytes(e[:int(n)].tolist()).decode()) for e, n in zip(every, sizes)]
+
+
 def build(seed: int = 0, mp=None, nodes: int = 0, width: int = 16, offload: bool = False,
           interleave: bool = False) -> Net:
     """Net (``width`` inputs) sharded by FSDP2 over every rank, or with ``nodes`` over each of
@@ -323,8 +340,7 @@ def hsdp(codec_key: str, extra: dict) -> dict:
         if codec_key == "dgc" else None
     sgd_momenta = sorted({g["momentum"] for g in opt.param_groups})
     flat = torch.cat([p.to_local().detach().reshape(-1) for p in net.parameters()])
-    digests = [None] * k
-    dist.all_gather_object(digests, hashlib.sha256(flat.numpy().tobytes()).hexdigest())
+    digests = gather_json(hashlib.sha256(flat.numpy().tobytes()).hexdigest())
     half = k // 2
     same = all(digests[r] == digests[r + half] for r in range(half))
     return {"ok": True, "codec": codec_key, "first": sum(losses[:5]) / 5, "last": sum(losses[-5:]) / 5,
@@ -353,8 +369,7 @@ def memory(codec_key: str, extra: dict) -> dict:
         opt.zero_grad()
         losses.append(loss.item())
     stats = state.stats()
-    every = [None] * dist.get_world_size()
-    dist.all_gather_object(every, [stats["memory_bytes"], stats["owner_memory_bytes"]])
+    every = gather_json([stats["memory_bytes"], stats["owner_memory_bytes"]])
     return {"ok": True, "finite": all(map(math.isfinite, losses)), "steps": stats["steps"],
             "memory_bytes": [m for m, _ in every], "owner_memory_bytes": [o for _, o in every]}
 
