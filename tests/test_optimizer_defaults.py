@@ -119,6 +119,10 @@ def test_density_for_mean():
 def test_node_means_select_at_l_times_the_default_density():
     model = _model()
     comp = _make("dgc", model, momentum=0.0, check_optimizer=False)
+    # this small model's floor of 1,024 values would select everything: the L factor alone here
+    # (the floor's order with it: tests/test_dgc_memory.py)
+    assert comp.memory.current_density() == 1.0
+    comp.memory.set_density_floor(0.0)
     assert comp.memory.current_density() == DGCCodec.DEFAULT_DENSITY
     comp.memory.set_mean_of(2)
     assert comp.memory.current_density() == pytest.approx(2 * DGCCodec.DEFAULT_DENSITY)
@@ -140,6 +144,7 @@ def test_an_explicit_density_is_used_as_given_for_node_means():
 def test_the_adam_density_and_the_warm_up_scale_too():
     model = _model()
     adam = _make("dgc", model, optimizer=torch.optim.Adam(model.parameters()), momentum=0.0, check_optimizer=False)
+    adam.memory.set_density_floor(0.0)   # the L factor alone (see above)
     adam.memory.set_mean_of(2)
     assert adam.memory.current_density() == pytest.approx(0.2)   # the Adam default 0.1, not passed: scaled
     warm = _make("dgc", model, momentum=0.0, check_optimizer=False, warmup_length=10, warmup_unit="step")
