@@ -25,17 +25,10 @@ skips the same step (``torch.amp.GradScaler``'s rule). Buckets that left earlier
 are rolled back to the memory they had before it (the engine snapshots a bucket's memory before
 encoding it whenever a step has several buckets).
 
-``pattern="auto"`` picks per bucket, identically on every rank, from the codec's layout:
-``allgather`` for variable-size codecs, for K <= 2, and when the allgather would send less
-than ``AUTO_MIN_BYTES`` per rank (latency-bound: two collectives cost more than the bytes
-saved); otherwise whichever sends fewer bytes per rank (two-phase: about 2(K-1)/K payloads,
-allgather: K-1). Where the job has more than one node and more than one rank per node, all nodes
-of one size (:attr:`~horovod_gradcomp.exchange.topology.Layout.multi_level`), ``"auto"`` picks
-``hierarchical`` for every bucket instead. It looks for nodes only where a layout is given
-(``ranks_per_node``, ``HOROVOD_GRADCOMP_RANKS_PER_NODE``) or the launcher's environment says a
-node holds fewer than K ranks (:func:`~horovod_gradcomp.exchange.topology.launcher_hint`), so a
-job on one host never runs the discovery's collectives. The layout and the hierarchical
-pattern's sub-communicators are made at the first bucket (:meth:`StepEngine.connect_layout`).
+``pattern="auto"`` picks per bucket, identically on every rank: :meth:`StepEngine.flat_auto`
+(the rule in words: docs/guide/exchange.md), or ``hierarchical`` on a multi-level layout, looked
+for at the first bucket only where one is given or the launcher hints at it
+(:meth:`StepEngine.connect_layout`).
 """
 from __future__ import annotations
 
@@ -436,7 +429,8 @@ class StepEngine:
         return self.flat_auto(grads, k)
 
     def flat_auto(self, grads: Mapping[str, torch.Tensor], k: int) -> str:
-        """The flat ``"auto"`` rule among ``k`` ranks (see the module doc): "allgather" or "two_phase"."""
+        """The flat ``"auto"`` rule among ``k`` ranks: "allgather" for variable-size codecs, K <= 2 and
+        under ``AUTO_MIN_BYTES`` per rank (latency-bound); else the pattern sending fewer bytes per rank."""
         two_phase = self.patterns.get("two_phase")
         if two_phase is None or k <= 2 or not grads:
             return "allgather"
@@ -449,8 +443,10 @@ class StepEngine:
 
     def connect_layout(self, comm) -> None:
         """Find the node layout and make the hierarchical pattern's sub-communicators, once, where
-        the pattern may need them (see the module doc): collectives on ``comm``, under the stall
-        watchdog. Every rank calls it at its first bucket (the DDP hook: at ``register``). Raises
+        the pattern may need them: ``pattern="hierarchical"``, or ``"auto"`` with a layout given
+        (``ranks_per_node``, ``HOROVOD_GRADCOMP_RANKS_PER_NODE``) or a launcher that says a node
+        holds fewer than K ranks (``launcher_hint``: a one-host job runs no discovery collectives).
+        Collectives on ``comm``, under the stall watchdog. Every rank calls it at its first bucket (the DDP hook: at ``register``). Raises
         on unequal nodes with ``pattern="hierarchical"``, and when a loaded checkpoint was written
         on another layout."""
         if self._layout_resolved:

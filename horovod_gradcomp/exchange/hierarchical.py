@@ -13,7 +13,7 @@ owners; rows for variable-size codecs); shard l of the bucket is stripe l of eve
    form a bucket that the codec's own pattern exchanges among the ranks with local rank l, one
    per node (the ``peers`` communicator, N ranks): :class:`~horovod_gradcomp.exchange.allgather.AllgatherPattern`
    or :class:`~horovod_gradcomp.exchange.two_phase.TwoPhasePattern` (``inner``: either, or
-   ``"auto"``, the flat rule of :meth:`~horovod_gradcomp.exchange.engine.StepEngine.choose_pattern`
+   ``"auto"``, the flat rule of :meth:`~horovod_gradcomp.exchange.engine.StepEngine.flat_auto`
    with K = N), unchanged: its error feedback (or DGC memory) is this rank's state keyed by the
    shard keys (the shard's owner keeps it; checkpointed with the state), its stream positions
    count P x L shard keys (index ``i * L + l`` for the tensor of sorted index i), its encodes
@@ -23,10 +23,8 @@ owners; rows for variable-size codecs); shard l of the bucket is stripe l of eve
    local rank's decoded shard (in the gradient's dtype); every rank writes each stripe into its
    place of the results. Every rank of the job thus holds bitwise the same result.
 
-Traffic per rank, a bucket of B dense bytes and payload S: (L-1)/L x B x 2 inside the node
-(float32 or float64 on the wire), and what the inner pattern sends for S/L among N ranks between
-nodes: with the allgather pattern (N-1) x S/L, so a node's L NICs together carry (N-1) x S,
-against L x (K-1) x S for the flat allgather: less than 1/L of it (the guide's table).
+Traffic per rank (a bucket of B dense bytes, payload S): 2 (L-1)/L B inside the node, what the
+inner pattern sends for S/L between nodes; the table: docs/guide/multi_gpu_nodes.md.
 
 The engine keeps everything else as on the flat path (the preamble over all K ranks, its
 signature naming the layout; snapshots of the shard keys' memory, :meth:`memory_keys`). Codec

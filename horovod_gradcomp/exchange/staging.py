@@ -20,10 +20,8 @@ Which one: :func:`staging_for` (sending) and :func:`staging_into` (received byte
 staging that matches where they are). Horovod's and torch.distributed's communicators take no
 device buffers, so they always get host buffers.
 
-What has run: every CPU exchange goes through :class:`DirectStaging` on the CPU (its counters are
-checked by the tests), and the choice between the classes is tested with
-:func:`~horovod_gradcomp.transports.mpi.cuda_aware_mpi` replaced. The CUDA copies and events, and
-an MPI reading or writing device memory, run only in ``ci/gpu_exchange_check.py`` (a GPU).
+What has run: every CPU exchange (:class:`DirectStaging`, counters tested) and the choice of class;
+the CUDA copies and events, and MPI on device memory, only in ``ci/gpu_exchange_check.py`` (a GPU).
 """
 from __future__ import annotations
 
