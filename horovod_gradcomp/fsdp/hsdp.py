@@ -146,8 +146,7 @@ class HSDPCompressionState:
         replica = sum(s["bytes_sent"] for s in each)
         steps = max(s["steps"] for s in each)
         memory = sum(h.compression.state.nbytes() for h in self.hooks)
-        owner_memory = sum(t.numel() * t.element_size() for h in self.hooks
-                           for t in h.compression.state.owner_memory.residuals.values())
+        owner_memory = sum(h.compression.state.owner_nbytes() for h in self.hooks)
         total = replica + self.bytes_reduce_scatter
         return {"mode": "hsdp", "steps": steps, "calls": self.calls, "bytes_sent_replica": replica,
                 "bytes_sent_reduce_scatter": self.bytes_reduce_scatter, "bytes_sent": total,

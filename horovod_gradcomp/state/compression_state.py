@@ -53,9 +53,12 @@ class CompressionState:
 
     def nbytes(self) -> int:
         """Bytes of every tensor this state holds between steps: the worker memory's stores
-        (residuals; DGC's velocities and accumulations) and the owner residuals."""
-        stores = [*self.memory.stores().values(), *self.owner_memory.stores().values()]
-        return sum(t.numel() * t.element_size() for store in stores for t in store.values())
+        (residuals; DGC's velocities and accumulations) and the owner residuals (:meth:`owner_nbytes`)."""
+        return _store_bytes(self.memory) + self.owner_nbytes()
+
+    def owner_nbytes(self) -> int:
+        """Bytes of the owner residuals alone (a two-phase owner's; none elsewhere)."""
+        return _store_bytes(self.owner_memory)
 
     def state_dict(self) -> dict:
         """Copies of everything above (tensors cloned: the live state is updated in place)."""
@@ -73,3 +76,8 @@ class CompressionState:
 
     def __repr__(self) -> str:
         return f"CompressionState(memory={self.memory!r}, step={self.step})"
+
+
+def _store_bytes(memory) -> int:
+    """Bytes of every tensor in ``memory``'s stores."""
+    return sum(t.numel() * t.element_size() for store in memory.stores().values() for t in store.values())
