@@ -282,16 +282,15 @@ def _register_hsdp(model, layouts, names, codec, factory, owner, optimizer, chec
         compression.engine.owner = (f"hgc.fsdp HSDP ({codec}, module {name or '<root>'!r}, replica group of global "
                                     f"ranks {replicas_global})")
         hooks.append(ReplicaAverage(compression, layout, name))
+    trainable = [p for _, p in model.named_parameters() if p.requires_grad]
     if codec == "dgc":
         # each module's compression encodes its shard: the floor counts the values one rank encodes
         # per step over all modules (the model over the node's ranks), not each module's own
-        values = sum(p.numel() for _, p in model.named_parameters() if p.requires_grad)
-        per_rank = -(-values // layouts[0][2].world_size)
+        per_rank = -(-sum(p.numel() for p in trainable) // layouts[0][2].world_size)
         for hook in hooks:
             hook.compression.memory.set_density_floor(density_floor(per_rank))
-    if codec == "dgc" and options.get("momentum") is None:
-        share_optimizer_momentum([h.compression for h in hooks], [p for _, p in model.named_parameters()
-                                                                  if p.requires_grad], optimizer, owner)
+        if options.get("momentum") is None:
+            share_optimizer_momentum([h.compression for h in hooks], trainable, optimizer, owner)
     if len(nodes) != replicas:
         raise ValueError(f"{owner}: HSDP needs the nodes' shard groups to split the {dist.get_world_size()} ranks "
                          f"into {replicas} nodes of {len(nodes[0])}; they are {nodes}")
