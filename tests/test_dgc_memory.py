@@ -340,7 +340,8 @@ def test_default_density_sends_at_least_1024_values_per_step():
     given = hgc.Compression.dgc(small, density=0.001, check_optimizer=False, momentum=0.9, rank_stream=0)
     assert given.memory.current_density() == 0.001
     big = [("w", torch.nn.Parameter(torch.zeros(1000, 2000)))]
-    assert hgc.Compression.dgc(big, check_optimizer=False, momentum=0.9, rank_stream=0).memory.current_density() == 0.001
+    paper = hgc.Compression.dgc(big, check_optimizer=False, momentum=0.9, rank_stream=0)
+    assert paper.memory.current_density() == 0.001
 
 
 def test_density_floor_travels_with_the_checkpoint():

@@ -205,9 +205,9 @@ class StepEngine:
 
     def close_step(self, exchanged: Sequence[str]) -> Dict[str, torch.Tensor]:
         """End the step whose buckets exchanged ``exchanged``: when some rank had a non-finite
-        gradient, roll the memory back and make every result NaN; record the step's stats,
-        advance the state's step, (re)plan the buckets from ``exchanged``; return name -> mean over ranks (and forget them). The calling
-        thread's streams first wait for every bucket's results (:meth:`wait_results`)."""
+        gradient, roll the memory back and make every result NaN; record the step's stats, advance
+        the state's step, (re)plan the buckets from ``exchanged``; return name -> mean over ranks
+        (and forget them). The calling thread's streams first wait for every bucket's results."""
         self.wait_results()
         if self._nonfinite:
             self._skip_step()
@@ -446,9 +446,9 @@ class StepEngine:
         the pattern may need them: ``pattern="hierarchical"``, or ``"auto"`` with a layout given
         (``ranks_per_node``, ``HOROVOD_GRADCOMP_RANKS_PER_NODE``) or a launcher that says a node
         holds fewer than K ranks (``launcher_hint``: a one-host job runs no discovery collectives).
-        Collectives on ``comm``, under the stall watchdog. Every rank calls it at its first bucket (the DDP hook: at ``register``). Raises
-        on unequal nodes with ``pattern="hierarchical"``, and when a loaded checkpoint was written
-        on another layout."""
+        Collectives on ``comm``, under the stall watchdog. Every rank calls it at its first bucket
+        (the DDP hook: at ``register``). Raises on unequal nodes with ``pattern="hierarchical"``,
+        and when a loaded checkpoint was written on another layout."""
         if self._layout_resolved:
             return
         wanted = self.pattern == "hierarchical" or (
