@@ -88,13 +88,16 @@ def _fail(message, error):
 
 def codec_options(pairs, error=None):
     """The ``--codec-opt KEY=VALUE`` pairs as a dict (VALUE a Python literal where it parses as
-    one, else the string). A pair without ``=`` is refused with a message naming it: through
+    one, ``true``/``false`` in any case as a bool, else the string). A pair without ``=`` is refused with a message naming it: through
     ``error(message)`` when given (a parser's ``p.error``), else ``SystemExit(message)``."""
     opts = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep:
             _fail(f"--codec-opt expects KEY=VALUE, got {pair!r}", error)
+        if value.lower() in ("true", "false"):
+            opts[key] = value.lower() == "true"
+            continue
         try:
             opts[key] = ast.literal_eval(value)
         except (ValueError, SyntaxError):

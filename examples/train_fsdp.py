@@ -10,8 +10,8 @@ Run (4 processes on gloo, 1-bit SGD with error feedback):
 ``bits=4``). ``--hsdp NODES``: FSDP2 shards over each of NODES groups of ranks and the codec
 averages across the groups (HSDP mode). Every transformer block is its own ``fully_shard`` unit, then the whole model. With
 ``--ckpt-dir DIR`` saves model, optimizer and compression state (sharded or HSDP mode) with
-``torch.distributed.checkpoint`` at the end; ``--resume DIR`` loads them first (same world size). With
-``--json`` rank 0 prints one JSON object as its last line: the losses, the test loss and, for a
+``torch.distributed.checkpoint`` at the end; ``--resume DIR`` loads them first (same world size).
+``--cosine-steps T`` decays the lr along a cosine to 0 at training step T. With ``--json`` rank 0 prints one JSON object as its last line: the losses, the test loss and, for a
 codec, ``stats()`` (bytes sent per step against FSDP2's dense reduce-scatter of the same inputs).
 """
 from __future__ import annotations
@@ -54,6 +54,14 @@ class CharTransformer(nn.Module):
         return self.head(self.norm(h[:, -1]))
 
 
+def steps_count(text: str) -> int:
+    """argparse type: an int >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def training_parser(description: str, codec_help: str) -> argparse.ArgumentParser:
     """The options of the language model's training run (model size, steps, optimizer, seed,
     ``--json``, ``--codec``), which examples/train_lm_ddp.py shares."""
@@ -67,9 +75,20 @@ def training_parser(description: str, codec_help: str) -> argparse.ArgumentParse
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--optimizer", choices=("sgd", "adamw"), default="adamw")
     p.add_argument("--lr", type=float, default=None, help="default: 3e-3 (adamw), 0.1 (sgd, momentum 0.9)")
+    p.add_argument("--cosine-steps", type=steps_count, default=0, metavar="T",
+                   help="lr follows a cosine from --lr down to 0 over the training's steps 0..T (counted across "
+                        "--resume; 0, the default: a constant lr)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
     return p
+
+
+def cosine_lr(base: float, step: int, total: int) -> float:
+    """The lr at training step ``step`` of a cosine from ``base`` (step 0) to 0 (step ``total``
+    and after); ``total == 0``: ``base`` at every step."""
+    if total <= 0:
+        return base
+    return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
 
 
 def parse_args(argv=None):
@@ -127,8 +146,12 @@ def train(model, opt, args, x_tr, y_tr, rank: int, start: int = 0):
     """``args.steps`` steps on this rank's minibatches (drawn from a generator seeded by the seed,
     the rank and ``start``, the steps already trained); returns (the losses, the seconds taken)."""
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 7919 * int(start))
+    base_lr = [group["lr"] for group in opt.param_groups]
     losses, t0 = [], time.perf_counter()
     for step in range(args.steps):
+        if args.cosine_steps:
+            for group, base in zip(opt.param_groups, base_lr):
+                group["lr"] = cosine_lr(base, int(start) + step, args.cosine_steps)
         idx = torch.randint(0, len(x_tr), (args.batch_size,), generator=gen)
         loss = nn.functional.cross_entropy(model(x_tr[idx]).float(), y_tr[idx])
         loss.backward()
@@ -148,7 +171,7 @@ def summarize(args, model, losses, elapsed: float, x_te, y_te, **extra) -> dict:
     hgc.ddp.keep_until_exit(mean)
     mean = (mean / dist.get_world_size()).tolist()
     return {"codec": args.codec, "options": args.options, "world_size": dist.get_world_size(), **extra,
-            "optimizer": args.optimizer, "steps": args.steps, "first_loss": sum(mean[:10]) / 10,
+            "optimizer": args.optimizer, "steps": args.steps, "cosine_steps": args.cosine_steps, "first_loss": sum(mean[:10]) / 10,
             "last_loss": sum(mean[-20:]) / 20, "test_loss": test, "seconds": elapsed,
             "finite": all(map(math.isfinite, mean)), "parameters": sum(p.numel() for p in model.parameters())}
 

@@ -32,7 +32,11 @@ def test_schedule_rejects_bad_options(kwargs, match):
 
 
 @pytest.mark.parametrize("kwargs, match", [(dict(momentum=1.0), "momentum"), (dict(momentum=-0.1), "momentum"),
-                                           (dict(clip_norm=0.0), "clip_norm"), (dict(clip_norm=True), "clip_norm")])
+                                           (dict(clip_norm=0.0), "clip_norm"), (dict(clip_norm=True), "clip_norm"),
+                                           # bool("false") is True: a flag read as a string must not turn on
+                                           (dict(momentum_masking="false"), "momentum_masking must be True or False"),
+                                           (dict(momentum_masking=0), "momentum_masking"),
+                                           (dict(nesterov="no"), "nesterov must be True or False")])
 def test_memory_rejects_bad_options(kwargs, match):
     with pytest.raises(ValueError, match=match):
         DGCMemory(DensitySchedule(0.1), **kwargs)

@@ -98,6 +98,8 @@ def test_constructor_checks():
         DoubleBufferedStep([named[0], ("other", named[0][1])], opt, comp)
     with pytest.raises(ValueError, match="not in the optimizer"):
         DoubleBufferedStep(named, torch.optim.SGD([named[0][1]], lr=0.1), comp)
+    with pytest.raises(ValueError, match="double_buffering must be True or False, got 'false'"):
+        DoubleBufferedStep(named, opt, comp, double_buffering="false")
     with pytest.raises(TypeError, match="torch.optim.Optimizer"):
         DoubleBufferedStep(named, object(), comp)
     with pytest.raises(TypeError, match="exchange"):

@@ -66,6 +66,7 @@ import torch
 
 from ..codecs import available_codecs
 from ..exchange.timeline import Interval
+from ..flags import require_flag
 from ..hvd_adapter.adam_defaults import AdamDefaultsGuard
 from ..hvd_adapter.factories import Compression
 from ..state.compression_holder import CompressionHolder
@@ -202,12 +203,12 @@ class DDPCompressionState(CompressionHolder):
 
     def __init__(self, compression, names: Dict[int, str], per_bucket: bool = True, sparse_as_dense: bool = False):
         self.compression = compression
-        self.sparse_as_dense = bool(sparse_as_dense)
+        self.sparse_as_dense = require_flag("DDP hook", "sparse_as_dense", sparse_as_dense)
         self.engine = compression.engine
         self.handoff = self.engine.handoff
         self.communicator = compression.communicator
         self._names = names
-        self.per_bucket = bool(per_bucket) and not compression.state.memory.needs_all_grads
+        self.per_bucket = require_flag("DDP hook", "per_bucket", per_bucket) and not compression.state.memory.needs_all_grads
         self.last_partition: List[List[str]] = []
         self._timeline = None
         self._step: Optional[_Step] = None

@@ -40,6 +40,7 @@ from typing import Callable, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from ..codecs.base import Codec
+from ..flags import require_flag
 from ..state.compression_state import CompressionState
 from ..transports.interface import ThreadLevelCommunicator
 from .blocking_driver import BlockingDriver
@@ -132,7 +133,7 @@ class StepEngine:
         self.sizes = dict(sizes)
         self.order = {n: i for i, n in enumerate(sorted(self.registration))}
         self.pattern, self.bucket_bytes = pattern, bucket_bytes
-        self.overlap, self.check_agreement = bool(overlap), check_agreement
+        self.overlap, self.check_agreement = require_flag("exchange", "overlap", overlap), check_agreement
         self.pipeline_bytes = pipeline_bytes or None
         wire_poll_s()  # a bad HOROVOD_GRADCOMP_WIRE_POLL_S fails here, on every rank, before any step
         self.communicator = communicator

@@ -32,6 +32,7 @@ from typing import Iterable, Optional, Tuple
 
 import torch
 
+from ..flags import require_flag
 from ..hvd_adapter.factories import Compression
 
 _NAMED_HINT = "pass model.named_parameters() (the names key the exchange and its error feedback)"
@@ -93,7 +94,7 @@ class OnebitAdam(torch.optim.Optimizer):
         defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
         super().__init__([p for _, p in named], defaults)
         self.names = {p: n for n, p in named}
-        self.warmup_steps, self.decoupled = warmup_steps, bool(decoupled)
+        self.warmup_steps, self.decoupled = warmup_steps, require_flag(owner, "decoupled", decoupled)
         exchange = dict(pattern=pattern, bucket_bytes=bucket_bytes, overlap=False, timeout=timeout)
         if communicator is not None:
             if transport != "auto" or process_set is not None:

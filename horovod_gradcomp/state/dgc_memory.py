@@ -58,6 +58,7 @@ import torch
 
 from ..codecs.base import Codec, Payload
 from ..codecs.dgc import density_for_mean
+from ..flags import require_flag
 from .error_feedback import encode_each
 from .memory import Memory
 
@@ -140,8 +141,8 @@ class DGCMemory(Memory):
             raise ValueError(f"dgc: clip_norm must be a positive number or None, got {clip_norm!r}")
         self.schedule = schedule
         self.momentum = float(momentum)
-        self.nesterov = bool(nesterov)
-        self.momentum_masking = bool(momentum_masking)
+        self.nesterov = require_flag("dgc", "nesterov", nesterov)
+        self.momentum_masking = require_flag("dgc", "momentum_masking", momentum_masking)
         self.momentum_from_optimizer = bool(momentum_from_optimizer)
         self.momentum_restored = False
         self.density_given = bool(density_given)

@@ -54,6 +54,8 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Un
 
 import torch
 
+from ..flags import require_flag
+
 __all__ = ["DoubleBufferedStep", "double_buffering_pays", "predicted_step_s", "split_halves"]
 
 Minibatch = Union[torch.Tensor, Sequence[torch.Tensor]]
@@ -186,9 +188,9 @@ class DoubleBufferedStep:
             raise ValueError(f"half_weight must be a positive number, got {half_weight!r}")
         self.optimizer = optimizer
         self.compression = compression
-        self.double_buffering = bool(double_buffering)
+        self.double_buffering = require_flag("DoubleBufferedStep", "double_buffering", double_buffering)
         self.half_weight = float(half_weight)
-        self.overlap = bool(overlap)
+        self.overlap = require_flag("DoubleBufferedStep", "overlap", overlap)
         self._exchanger = _Exchanger(self._exchange)
         self._pending: Optional[Future] = None
         self._broken: Optional[BaseException] = None

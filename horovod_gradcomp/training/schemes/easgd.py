@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from ...flags import require_flag
 from .base import Scheme
 from .client import CenterClient
 from .collective import allgather_messages, allreduce_sum, broadcast_
@@ -31,7 +32,7 @@ class EASGD(Scheme):
             raise ValueError(f"easgd: period must be an integer >= 1, got {period!r}")
         if not 0.0 < float(alpha) <= 1.0:
             raise ValueError(f"easgd: alpha must be in (0, 1], got {alpha!r}")
-        self.period, self.alpha, self.asynchronous = period, float(alpha), bool(asynchronous)
+        self.period, self.alpha, self.asynchronous = period, float(alpha), require_flag("easgd", "asynchronous", asynchronous)
         super().__init__(model, optimizer, **kwargs)
         if self.asynchronous:
             self.client = CenterClient(self, track_pushes)
