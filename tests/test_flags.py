@@ -35,6 +35,13 @@ def test_dgc_factory_refuses_a_string_flag():
                             check_optimizer=False, rank_stream=(0, 1))
 
 
+@pytest.mark.parametrize("option", ["error_feedback", "overlap", "check_agreement"])
+def test_every_codec_factory_refuses_a_string_flag(option):
+    model = torch.nn.Linear(4, 2)
+    with pytest.raises(ValueError, match=f"{option} must be True or False, got 'false'"):
+        hgc.Compression.codec("onebit", model.named_parameters(), **{option: "false"})
+
+
 def test_codec_opt_reads_true_and_false_in_any_case():
     got = codec_options(["momentum_masking=false", "a=TRUE", "b=False", "density=0.01", "c=name"])
     assert got == {"momentum_masking": False, "a": True, "b": False, "density": 0.01, "c": "name"}

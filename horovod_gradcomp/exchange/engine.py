@@ -133,7 +133,8 @@ class StepEngine:
         self.sizes = dict(sizes)
         self.order = {n: i for i, n in enumerate(sorted(self.registration))}
         self.pattern, self.bucket_bytes = pattern, bucket_bytes
-        self.overlap, self.check_agreement = require_flag("exchange", "overlap", overlap), check_agreement
+        self.overlap = require_flag("exchange", "overlap", overlap)
+        self.check_agreement = require_flag("exchange", "check_agreement", check_agreement)
         self.pipeline_bytes = pipeline_bytes or None
         wire_poll_s()  # a bad HOROVOD_GRADCOMP_WIRE_POLL_S fails here, on every rank, before any step
         self.communicator = communicator

@@ -34,6 +34,7 @@ from ..transports.mpi import MPICommunicator
 from ..exchange.pipeline import DEFAULT_CHUNK_BYTES
 from ..state.dgc_memory import DensitySchedule, DGCMemory
 from ..codecs.dgc import DGCCodec, density_floor
+from ..flags import require_flag
 from .adam_defaults import apply_adam_defaults
 from .compression import CodecCompression
 from .dense import DenseCompression
@@ -130,6 +131,7 @@ class Compression:
         codec_options = {**codec_class(name).adapter_defaults, **codec_options}
         if error_feedback is None:
             error_feedback = codec_class(name).error_feedback_default
+        require_flag(f"Compression.{name}", "error_feedback", error_feedback)
         if communicator is None:
             communicator = select_communicator(transport, process_set, owner=f"Compression.{name}")
         elif transport != "auto" or process_set is not None:
@@ -217,6 +219,7 @@ class Compression:
         density = DGCCodec.DEFAULT_DENSITY if density is None else density
         schedule = DensitySchedule(density, start=warmup_start, length=warmup_length, unit=warmup_unit)
         adopt = momentum is None
+        require_flag("Compression.dgc", "check_optimizer", check_optimizer)
         if adopt and not check_optimizer:
             raise ValueError("Compression.dgc: momentum=None takes the momentum from the wrapped optimizer, which "
                              "needs check_optimizer=True; pass momentum= explicitly with check_optimizer=False")

@@ -21,6 +21,7 @@ import torch
 from ...codecs import get_codec
 from ...codecs.base import Codec
 from ...exchange.watchdog import default_watchdog, resolve_timeout
+from ...flags import require_flag
 from ...state.error_feedback import ErrorFeedback
 from .coding import RangeCoder, pieces_of_range
 
@@ -77,7 +78,8 @@ class Scheme:
         elif codec_options:
             raise ValueError(f"{self.name}: codec_options given without a codec name")
         self.codec: Optional[Codec] = codec
-        self.feedback = ErrorFeedback(enabled=error_feedback) if codec is not None else None
+        self.feedback = (ErrorFeedback(enabled=require_flag(self.name, "error_feedback", error_feedback))
+                         if codec is not None else None)
         self.local_steps = 0
         self.finished = False
         self._counters: Dict[str, int] = collections.Counter()

@@ -10,6 +10,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ...flags import require_flag
 from .base import Scheme
 from .sharded_center import ShardedCenter
 from .backoff_waits import barrier
@@ -25,6 +26,7 @@ class CenterClient:
     """
 
     def __init__(self, scheme: Scheme, track_pushes: bool = False):
+        require_flag(type(scheme).__name__, "track_pushes", track_pushes)
         self.scheme = scheme
         with scheme.guard("starting the center"):
             self.center = ShardedCenter(scheme, scheme.get_flat())
