@@ -88,8 +88,9 @@ def _fail(message, error):
 
 def codec_options(pairs, error=None):
     """The ``--codec-opt KEY=VALUE`` pairs as a dict (VALUE a Python literal where it parses as
-    one, ``true``/``false`` in any case as a bool, else the string). A pair without ``=`` is refused with a message naming it: through
-    ``error(message)`` when given (a parser's ``p.error``), else ``SystemExit(message)``."""
+    one, ``true``/``false`` in any case as a bool, else the string). A pair without ``=`` is
+    refused with a message naming it: through ``error(message)`` when given (a parser's
+    ``p.error``), else ``SystemExit(message)``."""
     opts = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")

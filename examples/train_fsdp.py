@@ -11,8 +11,9 @@ Run (4 processes on gloo, 1-bit SGD with error feedback):
 averages across the groups (HSDP mode). Every transformer block is its own ``fully_shard`` unit, then the whole model. With
 ``--ckpt-dir DIR`` saves model, optimizer and compression state (sharded or HSDP mode) with
 ``torch.distributed.checkpoint`` at the end; ``--resume DIR`` loads them first (same world size).
-``--cosine-steps T`` decays the lr along a cosine to 0 at training step T. With ``--json`` rank 0 prints one JSON object as its last line: the losses, the test loss and, for a
-codec, ``stats()`` (bytes sent per step against FSDP2's dense reduce-scatter of the same inputs).
+``--cosine-steps T`` decays the lr along a cosine to 0 at training step T. With ``--json`` rank 0
+prints one JSON object as its last line: the losses, the test loss and, for a codec, ``stats()``
+(bytes sent per step against FSDP2's dense reduce-scatter of the same inputs).
 """
 from __future__ import annotations
 
@@ -171,7 +172,8 @@ def summarize(args, model, losses, elapsed: float, x_te, y_te, **extra) -> dict:
     hgc.ddp.keep_until_exit(mean)
     mean = (mean / dist.get_world_size()).tolist()
     return {"codec": args.codec, "options": args.options, "world_size": dist.get_world_size(), **extra,
-            "optimizer": args.optimizer, "steps": args.steps, "cosine_steps": args.cosine_steps, "first_loss": sum(mean[:10]) / 10,
+            "optimizer": args.optimizer, "steps": args.steps, "cosine_steps": args.cosine_steps,
+            "first_loss": sum(mean[:10]) / 10,
             "last_loss": sum(mean[-20:]) / 20, "test_loss": test, "seconds": elapsed,
             "finite": all(map(math.isfinite, mean)), "parameters": sum(p.numel() for p in model.parameters())}
 

@@ -208,7 +208,8 @@ class DDPCompressionState(CompressionHolder):
         self.handoff = self.engine.handoff
         self.communicator = compression.communicator
         self._names = names
-        self.per_bucket = require_flag("DDP hook", "per_bucket", per_bucket) and not compression.state.memory.needs_all_grads
+        self.per_bucket = (require_flag("DDP hook", "per_bucket", per_bucket)
+                           and not compression.state.memory.needs_all_grads)
         self.last_partition: List[List[str]] = []
         self._timeline = None
         self._step: Optional[_Step] = None

@@ -223,9 +223,9 @@ class Compression:
         if adopt and not check_optimizer:
             raise ValueError("Compression.dgc: momentum=None takes the momentum from the wrapped optimizer, which "
                              "needs check_optimizer=True; pass momentum= explicitly with check_optimizer=False")
-        memory = DGCMemory(schedule, momentum=0.0 if adopt else momentum, nesterov=False if nesterov is None else nesterov,
-                           momentum_masking=momentum_masking, clip_norm=clip_norm, momentum_from_optimizer=adopt,
-                           density_given=bool(given))
+        memory = DGCMemory(schedule, momentum=0.0 if adopt else momentum,
+                           nesterov=False if nesterov is None else nesterov, momentum_masking=momentum_masking,
+                           clip_norm=clip_norm, momentum_from_optimizer=adopt, density_given=bool(given))
         memory.set_density_floor(density_floor(sum(p.numel() for _, p in named if p.requires_grad)))
         comp = Compression.codec("dgc", named, impl=impl, density=density, communicator=communicator,
                                  check_agreement=check_agreement, timeout=timeout, memory=memory, **options)

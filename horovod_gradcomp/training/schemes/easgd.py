@@ -32,7 +32,8 @@ class EASGD(Scheme):
             raise ValueError(f"easgd: period must be an integer >= 1, got {period!r}")
         if not 0.0 < float(alpha) <= 1.0:
             raise ValueError(f"easgd: alpha must be in (0, 1], got {alpha!r}")
-        self.period, self.alpha, self.asynchronous = period, float(alpha), require_flag("easgd", "asynchronous", asynchronous)
+        self.period, self.alpha = period, float(alpha)
+        self.asynchronous = require_flag("easgd", "asynchronous", asynchronous)
         super().__init__(model, optimizer, **kwargs)
         if self.asynchronous:
             self.client = CenterClient(self, track_pushes)
