@@ -234,7 +234,7 @@ def register(model: torch.nn.Module, codec: str = "onebit", *, optimizer: Option
                           **options)
     if optimizer is None:
         compression.adam_guard = AdamDefaultsGuard(compression, [p for _, p in named])
-    state = FSDPCompressionState(compression, communicator, check_agreement)
+    state = FSDPCompressionState(compression, communicator)
     state.mesh = layouts[0][3].mesh_info.mesh
     state.nodes = [dist.get_process_group_ranks(process_group)]
     for name, module, group_layout, group in layouts:

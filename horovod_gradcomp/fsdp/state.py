@@ -14,7 +14,6 @@ from ..exchange.stats import ExchangeStats
 from ..exchange.step_ramp import apply_ramp, ramp_factor
 from ..exchange.blocking_driver import BlockingDriver
 from ..ddp.stall import process_watchdog
-from ..flags import require_flag
 from ..state.compression_holder import CompressionHolder
 from ..transports.torch_dist import TorchDistributedCommunicator
 from .comm import CompressedReduceScatter
@@ -30,11 +29,11 @@ class FSDPCompressionState(CompressionHolder):
 
     mode = "sharded"
 
-    def __init__(self, compression, communicator: TorchDistributedCommunicator, check_agreement: bool = True):
+    def __init__(self, compression, communicator: TorchDistributedCommunicator):
         self.compression = compression
         self.codec = compression.codec
         self.communicator = communicator
-        self.check_agreement = require_flag("fsdp.register", "check_agreement", check_agreement)
+        self.check_agreement = compression.engine.check_agreement   # checked a bool by the engine
         self.timeout = compression.engine.timeout
         self.comms: List[CompressedReduceScatter] = []
         self.order: Dict[str, int] = {}
