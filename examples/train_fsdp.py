@@ -92,6 +92,13 @@ def cosine_lr(base: float, step: int, total: int) -> float:
     return base * 0.5 * (1.0 + math.cos(math.pi * min(step, total) / total))
 
 
+def set_cosine_lr(opt, step: int, total: int) -> None:
+    """Every param group's lr at ``step`` of :func:`cosine_lr` from the optimizer's constructed lr
+    (``opt.defaults``: a ``--resume`` restores the groups' decayed lr, not the base)."""
+    for group in opt.param_groups:
+        group["lr"] = cosine_lr(opt.defaults["lr"], step, total)
+
+
 def parse_args(argv=None):
     p = training_parser(__doc__.split("\n\n")[0], "none (FSDP2's dense reduce-scatter) or a codec name")
     p.add_argument("--bf16", action="store_true", help="MixedPrecisionPolicy(bf16 parameters, fp32 reduce)")
@@ -147,12 +154,10 @@ def train(model, opt, args, x_tr, y_tr, rank: int, start: int = 0):
     """``args.steps`` steps on this rank's minibatches (drawn from a generator seeded by the seed,
     the rank and ``start``, the steps already trained); returns (the losses, the seconds taken)."""
     gen = torch.Generator().manual_seed(args.seed * 1000 + rank + 7919 * int(start))
-    base_lr = [group["lr"] for group in opt.param_groups]
     losses, t0 = [], time.perf_counter()
     for step in range(args.steps):
         if args.cosine_steps:
-            for group, base in zip(opt.param_groups, base_lr):
-                group["lr"] = cosine_lr(base, int(start) + step, args.cosine_steps)
+            set_cosine_lr(opt, int(start) + step, args.cosine_steps)
         idx = torch.randint(0, len(x_tr), (args.batch_size,), generator=gen)
         loss = nn.functional.cross_entropy(model(x_tr[idx]).float(), y_tr[idx])
         loss.backward()

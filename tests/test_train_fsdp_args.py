@@ -7,6 +7,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "examples"))
 import train_fsdp  # noqa: E402
@@ -20,6 +21,17 @@ def test_cosine_goes_from_the_base_lr_to_zero_and_stays():
     assert train_fsdp.cosine_lr(base, total, total) == pytest.approx(0.0, abs=1e-18)
     assert train_fsdp.cosine_lr(base, total + 7, total) == pytest.approx(0.0, abs=1e-18)
     assert train_fsdp.cosine_lr(base, 123, 0) == base   # 0: a constant lr
+
+
+def test_a_resumed_optimizer_decays_from_its_constructed_lr_not_the_restored_one():
+    weight = torch.nn.Parameter(torch.zeros(3))
+    saved = torch.optim.SGD([weight], lr=0.1)
+    train_fsdp.set_cosine_lr(saved, 900, 1000)   # the lr a checkpoint at step 900 holds
+    resumed = torch.optim.SGD([weight], lr=0.1)
+    resumed.load_state_dict(saved.state_dict())
+    assert resumed.param_groups[0]["lr"] == pytest.approx(train_fsdp.cosine_lr(0.1, 900, 1000))
+    train_fsdp.set_cosine_lr(resumed, 500, 1000)
+    assert resumed.param_groups[0]["lr"] == pytest.approx(0.05, rel=1e-12)
 
 
 def test_negative_cosine_steps_is_a_usage_error(capsys):
